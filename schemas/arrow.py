@@ -80,9 +80,19 @@ def arrow_schema(model: type[BaseModel]) -> pa.Schema:
     return pa.schema(_fields(model), metadata={b"trajforge.record": model.__name__.encode()})
 
 
-def to_table(model: type[M], rows: Iterable[M]) -> pa.Table:
-    """Records -> Arrow table with the derived schema (validates every row against it)."""
-    return pa.Table.from_pylist([r.model_dump(mode="python") for r in rows], schema=arrow_schema(model))
+def to_table(model: type[M], rows: Iterable[M] | pa.Table) -> pa.Table:
+    """Records -> Arrow table with the derived schema (validates every row against it).
+
+    A stage that builds its output column by column (export: messages stay Arrow, never become
+    pydantic objects) passes a table: it is conformed to the schema (its columns in schema order,
+    cast; a missing column or an impossible cast raises, naming the column)."""
+    schema = arrow_schema(model)
+    if isinstance(rows, pa.Table):
+        missing = [n for n in schema.names if n not in rows.column_names]
+        if missing:
+            raise ValueError(f"{model.__name__} table lacks column(s) {missing}")
+        return rows.select(schema.names).cast(schema)
+    return pa.Table.from_pylist([r.model_dump(mode="python") for r in rows], schema=schema)
 
 
 def from_table(model: type[M], table: pa.Table) -> list[M]:

@@ -18,11 +18,12 @@ import posixpath
 from collections import defaultdict
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
-from ..schemas.arrow import to_table
+from ..schemas.arrow import arrow_schema, to_table
 from ..schemas.calibration import Calibration
 from ..schemas.common import INFRA_STATUSES, Reject
 from ..schemas.config import ExportFilters
@@ -36,19 +37,36 @@ from .verify import rollout_parts
 
 ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "harness", "sample", "messages", "tools_json", "status",
                    "turns", "prompt_tokens", "completion_tokens", "wall_s"]
+VERDICT_COLUMNS = ["rollout_id", "verified", "passed", "reward", "tests", "hack_flags", "quality"]
+TRAJECTORY_ADDED = [n for n in TrajectoryRow.model_fields if n not in ROLLOUT_COLUMNS]
 
 
-def filter_reason(v: Verdict, f: ExportFilters) -> str | None:
-    q = v.quality
-    if f.drop_hacks and v.hack_flags:
+def filter_reason(f: ExportFilters, *, hacks: int, inspect_before_act: bool, act_verify_share: float,
+                  repeated_commands: int) -> str | None:
+    """The reject reason of a verified trajectory under `export.filters`, or None to keep it."""
+    if f.drop_hacks and hacks:
         return "filter_hack"
-    if f.require_inspect_before_act and not q.inspect_before_act:
+    if f.require_inspect_before_act and not inspect_before_act:
         return "filter_no_inspect_before_act"
-    if f.min_act_verify_share is not None and q.act_verify_share < f.min_act_verify_share:
+    if f.min_act_verify_share is not None and act_verify_share < f.min_act_verify_share:
         return "filter_low_act_verify_share"
-    if f.max_repeated_commands is not None and q.repeated_commands > f.max_repeated_commands:
+    if f.max_repeated_commands is not None and repeated_commands > f.max_repeated_commands:
         return "filter_repeated_commands"
     return None
+
+
+def _index(table: pa.Table, *keys: str) -> dict:
+    cols = [table.column(k).to_pylist() for k in keys]
+    return {k[0] if len(k) == 1 else k: i for i, k in enumerate(zip(*cols))}
+
+
+def _list_sum(lists: pa.ChunkedArray, field: str) -> pa.Array:
+    """Per row, the number of true `field` values in a list<struct> column."""
+    arr = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+    offsets = arr.offsets.to_numpy()
+    flat = pc.struct_field(arr.values, field).to_numpy(zero_copy_only=False).astype(np.int64)
+    cum = np.concatenate([[0], np.cumsum(flat)])
+    return pa.array(cum[offsets[1:]] - cum[offsets[:-1]])
 
 
 class ExportStage(Stage):
@@ -64,32 +82,51 @@ class ExportStage(Stage):
         return [Shard(index=i, payload={"part": p}) for i, p in enumerate(rollout_parts(upstream))]
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
-        store = ctx.store
+        """Column-wise join on Arrow: rollout columns (messages, tools) are taken, never turned into
+        records; verdict, quality, environment and calibration columns are gathered beside them by
+        index. Per-row Python only decides the reject reason, from a handful of scalars."""
+        store, filters = ctx.store, ctx.config.export.filters
         table = store.read_table([shard.payload["part"]], Rollout, columns=ROLLOUT_COLUMNS)
-        ids = table.column("rollout_id").to_pylist()
-        verdicts = {v.rollout_id: v for v in store.read_records(verdict_parts(upstream), Verdict,
-                                                                 filters=[("rollout_id", "in", ids)])}
-        calib = {(c.env_id, c.teacher): c for c in store.read_records(upstream["calibrate"].parts, Calibration)}
-        envs = store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id", "family", "level"])
-        env_meta = {r["env_id"]: r for r in envs.to_pylist()}
-        rows, rejects = [], []
-        for r in table.to_pylist():
-            v = verdicts.get(r["rollout_id"])
-            reason = ("no_verdict" if v is None else "unverified" if not v.verified
-                      else filter_reason(v, ctx.config.export.filters))
+        ids, status = table.column("rollout_id").to_pylist(), table.column("status").to_pylist()
+        vt = store.read_table(verdict_parts(upstream), Verdict, columns=VERDICT_COLUMNS,
+                              filters=[("rollout_id", "in", ids)])
+        vidx = _index(vt, "rollout_id")  # the last verdict of a rollout wins (a re-run round)
+        quality = vt.column("quality").combine_chunks()
+        verified = vt.column("verified").to_pylist()
+        hacks = pc.list_value_length(vt.column("hack_flags")).to_pylist()
+        ibf, avs, rep = (quality.field(n).to_pylist()
+                         for n in ("inspect_before_act", "act_verify_share", "repeated_commands"))
+        keep, keep_v, rejects = [], [], []
+        for i, (rid, st) in enumerate(zip(ids, status)):
+            j = vidx.get(rid)
+            reason = ("no_verdict" if j is None else "unverified" if not verified[j]
+                      else filter_reason(filters, hacks=hacks[j], inspect_before_act=ibf[j],
+                                         act_verify_share=avs[j], repeated_commands=rep[j]))
             if reason:
-                rejects.append(Reject(key=r["rollout_id"], reason=reason, detail=r["status"]))
-                continue
-            c = calib[(r["env_id"], r["teacher"])]
-            meta, q = env_meta[r["env_id"]], v.quality
-            rows.append(TrajectoryRow(
-                family=meta["family"], level=meta["level"], passed=v.passed, reward=v.reward,
-                tests_passed=sum(t.passed for t in v.tests), tests_total=len(v.tests), hack_flags=v.hack_flags,
-                step_labels=q.labels, inspect_before_act=q.inspect_before_act, act_verify_share=q.act_verify_share,
-                ends_with_verify=q.ends_with_verify, repeated_commands=q.repeated_commands,
-                failed_commands=q.failed_commands, recoveries=q.recoveries,
-                difficulty=c.label, solve_rate=c.solve_rate, **r))
-        return ShardResult(rows, rejects, {"passed": sum(r.passed for r in rows)})
+                rejects.append(Reject(key=rid, reason=reason, detail=st))
+            else:
+                keep.append(i)
+                keep_v.append(j)
+        out = table.take(pa.array(keep, pa.int64()))
+        v = vt.take(pa.array(keep_v, pa.int64()))
+        q = v.column("quality").combine_chunks()
+        envs = store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id", "family", "level"])
+        calib = store.read_table(upstream["calibrate"].parts, Calibration,
+                                 columns=["env_id", "teacher", "label", "solve_rate"])
+        env_idx, cal_idx = _index(envs, "env_id"), _index(calib, "env_id", "teacher")
+        env_ids, teachers = out.column("env_id").to_pylist(), out.column("teacher").to_pylist()
+        e = envs.take(pa.array([env_idx[x] for x in env_ids], pa.int64()))
+        c = calib.take(pa.array([cal_idx[k] for k in zip(env_ids, teachers)], pa.int64()))
+        added = {"family": e.column("family"), "level": e.column("level"), "passed": v.column("passed"),
+                 "reward": v.column("reward"), "tests_passed": _list_sum(v.column("tests"), "passed"),
+                 "tests_total": pc.list_value_length(v.column("tests")), "hack_flags": v.column("hack_flags"),
+                 "step_labels": q.field("labels"), "difficulty": c.column("label"), "solve_rate": c.column("solve_rate"),
+                 **{n: q.field(n) for n in ("inspect_before_act", "act_verify_share", "ends_with_verify",
+                                            "repeated_commands", "failed_commands", "recoveries")}}
+        schema = arrow_schema(TrajectoryRow)
+        for name in TRAJECTORY_ADDED:
+            out = out.append_column(schema.field(name), pc.cast(added[name], schema.field(name).type))
+        return ShardResult(out, rejects, {"passed": pc.sum(out.column("passed")).as_py() or 0})
 
     def finalize(self, ctx: StageContext, out_dir: str, stats: dict[str, Any], upstream: dict[str, Manifest]) -> None:
         """Write the derived configs, gate each, then the card (all before the manifest)."""

@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import pyarrow as pa
 from pydantic import BaseModel
 
 from ..schemas.common import Reject
@@ -60,7 +61,7 @@ class Shard(BaseModel):
 
 @dataclass
 class ShardResult:
-    rows: list[BaseModel]
+    rows: list[BaseModel] | pa.Table  # records, or a table with the output record's columns
     rejects: list[Reject] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
 
@@ -260,7 +261,7 @@ def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
     marker = posixpath.join(plan_dir, "_done", shard.name)
     if ctx.store.exists(marker):
         return ctx.store.read_json(marker)
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     ctx.reporter = ProgressWriter(ctx.store, posixpath.join(plan_dir, "_progress", f"{shard.name}.json"))
     result = stage.run_shard(ctx, shard, upstream)
     part = stage.part_path(shard, posixpath.basename(plan_dir))
@@ -269,6 +270,7 @@ def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
         ctx.store.write_rejects(posixpath.join(plan_dir, "_rejects", f"{shard.name}.parquet"), result.rejects)
     info = {"shard": shard.name, "part": part, "rows": n, "rejects": len(result.rejects),
             "stats": result.stats, "seconds": round(time.monotonic() - t0, 3),
+            "started_at": round(started, 3), "finished_at": round(time.time(), 3),
             "worker": f"{socket.gethostname()}:{os.getpid()}"}
     ctx.store.write_json(marker, info)
     return info

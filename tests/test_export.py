@@ -1,0 +1,106 @@
+"""The export stage's column-wise join, on committed-looking upstream parts (no Docker needed):
+messages pass through untouched, verdict/quality/calibration columns land on the right rows, and
+every dropped rollout is a reject with its reason."""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+import pytest
+
+from trajforge.schemas.calibration import Calibration
+from trajforge.schemas.common import Reject
+from trajforge.schemas.config import load_config
+from trajforge.schemas.environment import EnvSpec, FileSpec
+from trajforge.schemas.export import TrajectoryRow
+from trajforge.schemas.trajectory import FunctionCall, Message, Rollout, ToolCall
+from trajforge.schemas.verdict import Quality, TestResult, Verdict
+from trajforge.tasks.export import ExportStage
+from trajforge.tasks.stage import Manifest, Shard, StageContext, execute_shard
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _messages(i: int) -> list[Message]:
+    call = ToolCall(id="c1", function=FunctionCall(name="bash", arguments=f'{{"command": "cat f{i}"}}'))
+    return [Message(role="system", content="s"), Message(role="user", content=f"task {i}"),
+            Message(role="assistant", tool_calls=[call]),
+            Message(role="tool", tool_call_id="c1", name="bash", content=f"[exit code 0]\n{i}")]
+
+
+def _verdict(i: int, env: str, **kw) -> Verdict:
+    base = dict(rollout_id=f"r{i}", env_id=env, teacher="t", sample=i, status="ok", verified=True,
+                passed=False, reward=0.5, tests=[TestResult(name="a", passed=True), TestResult(name="b", passed=False)],
+                quality=Quality(labels=["inspect", "act"], inspect_before_act=True, act_verify_share=0.5,
+                                repeated_commands=i))
+    return Verdict(**{**base, **kw})
+
+
+def _manifests(store, parts: dict) -> dict[str, Manifest]:
+    out = {}
+    for name, (model, rows) in parts.items():
+        path = posixpath.join(store.root, "up", name, "part-00000.parquet")
+        store.write_records(path, model, rows)
+        out[name] = Manifest(stage=name, fingerprint="x", build_id="b", dir=posixpath.dirname(path), parts=[path],
+                             rows=len(rows), rejects=0, reject_reasons={}, stats={}, components={}, gate={},
+                             created_at="")
+    return out
+
+
+@pytest.fixture
+def setup(tmp_path):
+    calls = iter(range(100))
+
+    def make(**filters):
+        cfg = load_config(ROOT / "configs/replay.yaml",
+                          {"runs": str(tmp_path / f"call{next(calls)}"), "dataset": "exp", **{f"export.filters.{k}": v for k, v in filters.items()}})
+        ctx = StageContext.create(cfg, "b")
+        envs = [EnvSpec(env_id=e, family=f"fam-{e}", level=k + 1, seed=k, instruction="x",
+                        tests=[FileSpec(path="test_x.py", content="def test_a(): pass")], solution=["true"])
+                for k, e in enumerate(["e0", "e1"])]
+        rollouts = [Rollout(rollout_id=f"r{i}", env_id=f"e{i % 2}", teacher="t", harness="h", sample=i,
+                            messages=_messages(i), status="ok" if i != 4 else "infra_error", turns=2,
+                            prompt_tokens=10 + i, completion_tokens=5, wall_s=1.0) for i in range(6)]
+        verdicts = [_verdict(0, "e0", passed=True, reward=1.0,
+                             tests=[TestResult(name="a", passed=True), TestResult(name="b", passed=True)]),
+                    _verdict(1, "e1"),
+                    _verdict(2, "e0", hack_flags=["forge_reward"]),
+                    _verdict(3, "e1", quality=Quality(labels=["act"], act_verify_share=0.0, repeated_commands=3)),
+                    _verdict(4, "e0", status="infra_error", verified=False, reward=0.0, tests=[])]
+        # r5 has no verdict at all
+        calib = [Calibration(env_id=e, family=f"fam-{e}", level=1, teacher="t", attempts=3, passes=1, excluded=1,
+                             solve_rate=0.33, ci_low=0.1, ci_high=0.8, label=lab, certain=False)
+                 for e, lab in [("e0", "medium"), ("e1", "hard")]]
+        up = _manifests(ctx.store, {"synthesize": (EnvSpec, envs), "rollout": (Rollout, rollouts),
+                                    "verify": (Verdict, verdicts), "calibrate": (Calibration, calib)})
+        plan = posixpath.join(ctx.store.root, "export-plan")
+        info = execute_shard(ExportStage(), ctx, plan, Shard(index=0, payload={"part": up["rollout"].parts[0]}), up)
+        rows = {r.rollout_id: r for r in ctx.store.read_records([posixpath.join(plan, info["part"])], TrajectoryRow)}
+        rejects = {r.key: r.reason for r in ctx.store.read_records(
+            [posixpath.join(plan, "_rejects", "part-00000.parquet")], Reject)}
+        return info, rows, rejects, {r.rollout_id: r for r in rollouts}
+    return make
+
+
+def test_join_puts_each_column_on_its_row(setup):
+    info, rows, rejects, rollouts = setup()
+    assert rejects == {"r4": "unverified", "r5": "no_verdict"}
+    assert sorted(rows) == ["r0", "r1", "r2", "r3"] and info["rows"] == 4 and info["stats"]["passed"] == 1
+    r0, r1, r3 = rows["r0"], rows["r1"], rows["r3"]
+    assert r0.messages == rollouts["r0"].messages and r3.messages == rollouts["r3"].messages
+    assert (r0.family, r0.level, r0.difficulty, r0.passed, r0.tests_passed, r0.tests_total) == \
+        ("fam-e0", 1, "medium", True, 2, 2)
+    assert (r1.family, r1.level, r1.difficulty, r1.passed, r1.tests_passed, r1.prompt_tokens) == \
+        ("fam-e1", 2, "hard", False, 1, 11)
+    assert rows["r2"].hack_flags == ["forge_reward"]
+    assert (r3.step_labels, r3.act_verify_share, r3.repeated_commands) == (["act"], 0.0, 3)
+
+
+def test_filters_drop_with_their_reason(setup):
+    _, rows, rejects, _ = setup(drop_hacks=True, min_act_verify_share=0.4)
+    assert sorted(rows) == ["r0", "r1"]
+    assert rejects == {"r2": "filter_hack", "r3": "filter_low_act_verify_share", "r4": "unverified",
+                       "r5": "no_verdict"}
+    _, rows, rejects, _ = setup(max_repeated_commands=1)
+    assert sorted(rows) == ["r0", "r1"] and rejects["r2"] == rejects["r3"] == "filter_repeated_commands"
