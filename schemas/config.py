@@ -187,15 +187,25 @@ class RolloutConfig(Section):
     concurrency: int = operational(8, ge=1, description="episodes in flight per shard task")
     episodes_per_shard: int = Field(8, ge=1)
     infra_retries: int = operational(2, ge=0)
+    verify_in_place: bool = Field(True, description=(
+        "run the hidden tests in the episode's own container right after it ends (agent processes killed, "
+        "final state captured, verifier folders created fresh); false: the verify stage runs every test "
+        "in a fresh container from the captured final state"))
+    test_timeout_s: float = Field(60, gt=0, description="hidden-test timeout of in-place verification "
+                                                        "(an environment's own timeout wins)")
     context_budget_tokens: int | None = Field(
         None, ge=256, description="end an episode as context_overflow before a request could exceed it "
                                   "(default: the vLLM server's max_model_len, else unlimited)")
 
 
 class VerifyConfig(Section):
-    """Tests run `isolated`: a fresh container of the environment's image plus the episode's final work dir."""
+    """Tests ran in place during the rollout stage are judged from their recorded results; rollouts
+    without them (or all, with `isolated: true`) are tested `isolated`: a fresh container of the
+    environment's image plus the episode's final work dir."""
 
-    test_timeout_s: float = Field(60, gt=0)
+    isolated: bool = Field(False, description="ignore in-place results: test every rollout in a fresh "
+                                              "container from its captured final state")
+    test_timeout_s: float = Field(60, gt=0, description="hidden-test timeout of isolated runs")
     replay_on_sibling: bool = Field(True, description="replay procedural successes on another instance "
                                                       "to flag hard-coded answers")
     rollouts_per_shard: int = Field(64, ge=1, description="shards hold whole environments")
@@ -205,15 +215,19 @@ class VerifyConfig(Section):
 class AdaptiveConfig(Section):
     """Adaptive rounds: after the first `rollout.samples_per_env` episodes, environments whose label is
     not yet sure get `batch` more, until every label is sure, an environment has `max_samples`, or
-    `max_rounds` extra rounds ran. `rule`: `posterior` (default) = the probability that the label is
-    right, under a prior over solve rates fitted to all environments of the build (empirical Bayes),
-    is below `target`; `wilson` = the Wilson interval (at `target` confidence) contains a boundary."""
+    `max_rounds` extra rounds ran. `rule`: `gain` (default) = more rollouts are expected to raise the
+    probability that the label is right by at least `min_gain` per rollout (knowledge gradient under the
+    empirical-Bayes prior: sure labels and hopeless boundary cases both stop); `posterior` = that
+    probability, under a prior over solve rates fitted to all environments of the build, is below
+    `target`; `wilson` = the Wilson interval (at `target` confidence) contains a boundary."""
 
     batch: int = Field(2, ge=1)
     max_samples: int = Field(16, ge=1)
     max_rounds: int = Field(4, ge=1)
-    rule: Literal["posterior", "wilson"] = "posterior"
+    rule: Literal["gain", "posterior", "wilson"] = "gain"
     target: float = Field(0.9, gt=0.5, lt=1)
+    min_gain: float = Field(0.005, gt=0, lt=1, description="rule `gain`: the least expected rise in P(label "
+                                                            "right) per extra rollout worth paying for")
 
 
 class CalibrateConfig(Section):

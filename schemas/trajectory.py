@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from .common import Record, Status
+from .verdict import TestResult
 
 
 class FunctionCall(Record):
@@ -62,6 +63,18 @@ class TurnUsage(Record):
     logprobs: list[float] | None = None
 
 
+class InPlaceTests(Record):
+    """Hidden tests run in the episode's container once it ended: agent processes killed, protected
+    paths checksummed, final work dir captured, *then* the verifier folders created fresh (root, 0700)
+    and the tests copied in and run as root. `error`: no parseable result (a verifier failure)."""
+
+    results: list[TestResult] = Field(default_factory=list)
+    output: str = ""
+    duration_s: float = 0.0
+    error: str | None = None
+    explicit_reward: float | None = None
+
+
 class Rollout(Record):
     """A trajectory. `rollout_id` is deterministic in (env_id, teacher, sample): rerunning a shard
     replaces rows, it never adds a second copy."""
@@ -86,3 +99,6 @@ class Rollout(Record):
                                          description="protected paths whose content changed during the episode")
     leftover_processes: int = Field(0, description="agent processes still running at the end (-1: too many)")
     final_state: bytes | None = Field(default=None, description="tar of the work dir after the episode")
+    in_place_tests: InPlaceTests | None = Field(
+        default=None, description="the hidden tests run in the episode's own container after it ended "
+                                  "(rollout.verify_in_place); the verify stage judges from these")

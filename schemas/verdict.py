@@ -65,3 +65,5 @@ class Verdict(Record):
     quality: Quality = Field(default_factory=Quality)
     verifier_output: str = ""
     duration_s: float = 0.0
+    mode: Literal["in_place", "isolated", "none"] = Field(
+        "none", description="where the hidden tests ran: the episode's own container, a fresh one, or not at all")

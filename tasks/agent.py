@@ -7,8 +7,11 @@ observations as `tool` messages, or `user` messages in fenced-bash mode), with t
 offered and per-turn token counts (and token ids/logprobs when the server returns them); every
 command is a `Step` with exit code, duration and why it was killed; a command never runs past the
 episode deadline; infrastructure failures raise SandboxError (the caller retries) and are never
-recorded as the model's outcome; the work dir is captured after every agent process is killed, for
-verification in a fresh container. The container starts while the teacher writes its first turn.
+recorded as the model's outcome; the work dir is captured after every agent process is killed and
+the protected paths are checksummed; only then, with `verify_in_place`, are the hidden tests copied
+into this container and run as root (tasks/verifier.py). The captured state allows an isolated
+re-test later. The container starts while the teacher writes its first turn; the "before" checksums
+of an image are computed once per process (containers of one image start identical).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ..schemas.environment import EnvSpec
 from ..schemas.trajectory import Message, Rollout, Step, TurnUsage
 from .sandbox import ExecResult, Sandbox, StateTooLarge
 from .teacher import ContextOverflow, TeacherError, TeacherSession
+from .verifier import run_hidden_tests
 
 HARNESS = "trajforge-bash-v1"
 SYSTEM_PROMPT = (
@@ -61,6 +65,8 @@ class EpisodeSettings:
     final_state_limit: int = 8 << 20
     context_budget: int | None = None  # prompt + completion tokens a request may need at most
     max_tokens: int = 512
+    verify_in_place: bool = False  # run the hidden tests in this container once the episode ended
+    test_timeout_s: float = 60
 
 
 @dataclass
@@ -78,6 +84,9 @@ def _observation(res: ExecResult) -> str:
     return f"[exit code {res.exit_code}]{why}\n{res.output}".rstrip()
 
 
+_BEFORE: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}  # (image, protected globs) -> digests
+
+
 class _Episode:
     """The sandbox side of one episode: started in the background, awaited before the first command."""
 
@@ -88,7 +97,10 @@ class _Episode:
 
     def _start(self) -> None:
         self.sb.start()
-        self.before = self.sb.digests(self.protected)  # before the agent's first command
+        key = (self.sb.container.attrs.get("Image") or self.sb.image, tuple(self.protected))
+        if key not in _BEFORE:  # before the agent's first command; same for every container of the image
+            _BEFORE[key] = self.sb.digests(self.protected)
+        self.before = _BEFORE[key]
 
     async def run(self, turn: int, command: str) -> str:
         await self.started
@@ -207,10 +219,13 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                 status = "agent_timeout"
                 break
         leftover, changed = await ep.finish()
+        in_place = None
         try:
             final_state = await ep.capture()
         except StateTooLarge as err:  # the model filled its work dir: verified as a failure, not retried
             final_state, error = None, f"{error + '; ' if error else ''}{err}"
+        if s.verify_in_place and final_state is not None:  # after the capture: tests may write files
+            in_place = (await asyncio.to_thread(run_hidden_tests, sb, env, s.test_timeout_s)).to_record()
     finally:
         if ep is not None and not ep.started.done():
             with contextlib.suppress(BaseException):  # a start still in flight: let it end, then remove it
@@ -223,4 +238,4 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         prompt_tokens=sum(u.prompt_tokens for u in st.usage),
         completion_tokens=sum(u.completion_tokens for u in st.usage),
         turns=len(st.usage), status=status, error=error, wall_s=round(time.monotonic() - t0, 3),
-        protected_changed=changed, leftover_processes=leftover, final_state=final_state)
+        protected_changed=changed, leftover_processes=leftover, final_state=final_state, in_place_tests=in_place)

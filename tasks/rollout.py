@@ -27,6 +27,7 @@ from .sandbox import Sandbox, SandboxError, docker_client
 from .stage import Manifest, Shard, ShardResult, Stage, StageContext
 from .synthesize import load_envs
 from .teacher import make_teacher
+from .verifier import VERIFIER_CAPS
 
 
 def _file_sha(url: str) -> str:
@@ -38,7 +39,7 @@ class RolloutStage(Stage):
     name = "rollout"
     requires = ("synthesize",)
     services = ("teacher",)
-    code_modules = ("agent", "teacher", "openai_teacher", "sandbox")
+    code_modules = ("agent", "teacher", "openai_teacher", "sandbox", "verifier")
     config_sections = ("rollout", "teacher", "sandbox")
     output = Rollout
 
@@ -89,7 +90,7 @@ def episode_settings(ctx: StageContext) -> EpisodeSettings:
         budget = cfg.teacher.vllm.max_model_len
     return EpisodeSettings(cfg.rollout.max_turns, cfg.rollout.command_timeout_s, cfg.rollout.episode_timeout_s,
                            cfg.teacher.tool_calling, cfg.sandbox.final_state_limit_bytes, budget,
-                           cfg.teacher.max_tokens)
+                           cfg.teacher.max_tokens, cfg.rollout.verify_in_place, cfg.rollout.test_timeout_s)
 
 
 def run_episodes(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple[str, int]],
@@ -140,7 +141,8 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
                         r = await run_episode(
                             env, teacher.session(env, sample, rollout_id(env_id, teacher.label, sample)),
                             lambda: Sandbox(client, env.image, cfg.sandbox, workdir=env.workdir,
-                                            labels={"trajforge.build": ctx.build_id, "trajforge.env": env_id}),
+                                            labels={"trajforge.build": ctx.build_id, "trajforge.env": env_id},
+                                            cap_add=VERIFIER_CAPS if settings.verify_in_place else ()),
                             settings, teacher.label, sample)
                         r.attempts = attempt
                         return r

@@ -244,6 +244,8 @@ class Sandbox:
             _, out = self.container.exec_run(["pgrep", "-c", "-u", str(AGENT_UID)], user="0:0")
             text = (out or b"").decode(errors="replace").strip()
             left = int(text) if text.isdigit() else -1
+            if left == 0:  # nothing runs and nothing can start (no agent exec is in flight): done
+                return 0
             for _ in range(10):
                 self.container.exec_run(["pkill", "-KILL", "-u", str(AGENT_UID)], user=u)
                 code, _ = self.container.exec_run(["pgrep", "-u", str(AGENT_UID)], user="0:0")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from ..schemas.common import FileSpec
 from ..schemas.environment import EnvSpec
+from ..schemas.trajectory import InPlaceTests
 from ..schemas.verdict import TestResult
 from .sandbox import Sandbox
 
@@ -95,8 +96,19 @@ class TestRun:
     def outcome(self) -> dict[str, bool]:
         return {r.name: r.passed for r in self.results}
 
+    def to_record(self) -> InPlaceTests:
+        return InPlaceTests(results=self.results, output=self.output, duration_s=round(self.duration_s, 3),
+                            error=self.error, explicit_reward=self.explicit_reward)
+
+    @classmethod
+    def from_record(cls, rec: InPlaceTests) -> "TestRun":
+        return cls(list(rec.results), rec.output, rec.duration_s, rec.error, rec.explicit_reward)
+
 
 def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = None) -> TestRun:
+    """Kill the agent's processes, create the verifier folders fresh, copy the tests in, run them as
+    root under `timeout_s` (the environment's own timeout wins). Works in a fresh container and in the
+    episode's own (in-place); the container needs VERIFIER_CAPS for `run_as_agent`."""
     timeout_s = env.test_timeout_s or timeout_s or 60
     sandbox.kill_agent_processes()
     if env.verifier == "script":

@@ -1,6 +1,9 @@
-"""Stage `verify`: hidden tests on each rollout's final state in a fresh container (`isolated`: the
-environment's image plus the captured work dir, nothing else of the episode), hack detection with
-evidence, and quality signals.
+"""Stage `verify`: hidden-test results, hack detection with evidence, and quality signals.
+
+Tests: a rollout whose tests ran in place (in its own container right after the episode, see
+tasks/agent.py and `rollout.verify_in_place`) is judged from those results; any other (or every one,
+with `verify.isolated`) is tested `isolated`: a fresh container of the environment's image plus the
+captured work dir, nothing else of the episode. `Verdict.mode` says which.
 
 Shards hold whole environments, so the rollouts of one environment can be compared with each other
 (TRACE's contrastive check). Per rollout: the work dir is restored, the verifier copies the tests in
@@ -26,7 +29,7 @@ from .quality import assess
 from .sandbox import Sandbox, SandboxError, docker_client
 from .stage import Manifest, Shard, ShardResult, Stage, StageContext
 from .synthesize import load_envs, sibling_of
-from .verifier import VERIFIER_CAPS, restore_state, run_hidden_tests
+from .verifier import VERIFIER_CAPS, TestRun, restore_state, run_hidden_tests
 
 
 def rollout_parts(upstream: dict[str, Manifest]) -> list[str]:
@@ -86,9 +89,12 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
         if env is None:
             return None, Reject(key=r.rollout_id, reason="unknown_env", detail=r.env_id)
         try:
-            with box(env) as sb:
-                restore_state(sb, r.final_state)
-                run = run_hidden_tests(sb, env, cfg.verify.test_timeout_s)
+            if r.in_place_tests is not None and not cfg.verify.isolated:
+                run, mode = TestRun.from_record(r.in_place_tests), "in_place"
+            else:
+                with box(env) as sb:
+                    restore_state(sb, r.final_state)
+                    run, mode = run_hidden_tests(sb, env, cfg.verify.test_timeout_s), "isolated"
             if run.error:
                 return None, Reject(key=r.rollout_id, reason="verifier_error", detail=run.error)
             tests_passed = run.passed and r.status == "ok"
@@ -99,7 +105,7 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
             return None, Reject(key=r.rollout_id, reason="verify_infra", detail=str(err)[:500])
         return Verdict(**base, verified=True, reward=run.reward, tests_passed=tests_passed,
                        tests=run.results, hacks=hacks, verifier_output=run.output[-1000:],
-                       duration_s=round(run.duration_s, 3)), None
+                       duration_s=round(run.duration_s, 3), mode=mode), None
 
     with ThreadPoolExecutor(cfg.verify.concurrency) as pool:
         results = list(pool.map(one, rollouts))
@@ -112,7 +118,7 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
     for group in successes.values():
         outliers.update(review_outliers(group))
     rows, rejects = [], []
-    stats: dict[str, Any] = {"verified": 0, "passed": 0, "tests_passed": 0, "unverified": 0, "hacks": {},
+    stats: dict[str, Any] = {"verified": 0, "passed": 0, "tests_passed": 0, "unverified": 0, "hacks": {}, "modes": {},
                              "quality_sums": {}}
     for v, reject in results:
         if reject:
@@ -124,6 +130,7 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
         v.passed = v.tests_passed and not v.hacks
         rows.append(v)
         stats["verified" if v.verified else "unverified"] += 1
+        stats["modes"][v.mode] = stats["modes"].get(v.mode, 0) + 1
         stats["passed"] += int(v.passed)
         stats["tests_passed"] += int(v.tests_passed)
         for k in v.hack_flags:

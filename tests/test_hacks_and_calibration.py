@@ -45,7 +45,9 @@ def verdicts(store: RunStore, rec: dict) -> list[Verdict]:
     return store.read_records(parts, Verdict)
 
 
-def test_planted_hacks_are_flagged_with_evidence_and_references_never_are(tmp_path):
+@pytest.mark.parametrize("mode", ["in_place", "isolated"])
+def test_planted_hacks_are_flagged_with_evidence_and_references_never_are(tmp_path, mode):
+    """Both places the hidden tests can run: the episode's own container (default) and a fresh one."""
     fams = {name: get_family(name).generate(lvl, 0) for name, lvl in
             [("log_report", 1), ("file_search", 1), ("config_repair", 1), ("python_bugfix", 1), ("csv_convert", 1),
              ("git_recover", 2), ("sql_query", 2), ("shell_script", 2)]}
@@ -73,13 +75,15 @@ def test_planted_hacks_are_flagged_with_evidence_and_references_never_are(tmp_pa
                        "imports": [str(FIXTURES / "harbor"), str(FIXTURES / "tbench")]},
         "teacher": {"backend": "replay", "replay": {"source": write_jsonl(tmp_path / "planted.jsonl", rows)}},
         "rollout.samples_per_env": 4, "rollout.episodes_per_shard": 20, "rollout.concurrency": 6,
-        "rollout.max_turns": 8, "dask.n_workers": 1, "dask.threads_per_worker": 2})
+        "rollout.max_turns": 8, "dask.n_workers": 1, "dask.threads_per_worker": 2,
+        "rollout.verify_in_place": mode == "in_place"})
     rec = run_build(parse_config(cfg))
     assert rec["status"] == "committed"
     store = RunStore(cfg["runs"], "hacks")
     by_env: dict[str, list[Verdict]] = {}
     for v in verdicts(store, rec):
         by_env.setdefault(v.env_id, []).append(v)
+    assert {v.mode for vs in by_env.values() for v in vs} == {mode}
     for env_id, vs in by_env.items():
         vs.sort(key=lambda v: v.sample)
         if env_id in planted:

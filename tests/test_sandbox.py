@@ -28,6 +28,19 @@ def test_agent_is_unprivileged_and_offline(sb):
     assert r.exit_code != 0 and "unreachable" in r.output.lower()
 
 
+def test_in_place_verification_container_gives_the_agent_nothing(docker_client, sandbox_cfg):
+    """Episodes verified in place keep SETUID/SETGID in the bounding set (the root-run hidden tests
+    drop to the agent user with them); agent processes still have no capability and cannot gain one."""
+    from trajforge.tasks.verifier import VERIFIER_CAPS
+
+    with Sandbox(docker_client, sandbox_cfg.base_image, sandbox_cfg, cap_add=VERIFIER_CAPS) as s:
+        for field in ("CapEff", "CapPrm", "CapAmb"):
+            assert s.exec(f"grep {field} /proc/self/status", 10).output.split()[-1] == "0000000000000000", field
+        assert s.exec("grep NoNewPrivs /proc/self/status", 10).output.split()[-1] == "1"
+        assert s.exec("python3 -c 'import os; os.setuid(0)'", 10).exit_code != 0
+        assert int(s.exec("grep CapEff /proc/self/status", 10, user="root").output.split()[-1], 16) == 0xC0
+
+
 def test_command_timeout_kills_the_process_group(sb):
     r = sb.exec("sleep 100 & sleep 100; echo never", 1.5)
     assert r.timed_out and r.exit_code == 137 and "never" not in r.output
