@@ -3,8 +3,9 @@ label and whether the label is certain. Infrastructure/teacher errors and unveri
 from the counts (reported in `excluded`); hack-flagged rollouts count as attempts, never as passes.
 
 Adaptive rounds (`calibrate.adaptive`): the stage also decides which environments need more
-rollouts: those whose label is not sure yet (by default: the empirical-Bayes probability that the
-label is right is below `target`) and that have fewer than `max_samples` attempts get `batch` more. The decision is in the manifest's stats (`needs_more`,
+rollouts: those whose label is worth more rollouts (by default: `batch` more are expected to raise the
+empirical-Bayes probability that the label is right by `min_gain` per rollout) and that have fewer
+than `max_samples` attempts get `batch` more. The decision is in the manifest's stats (`needs_more`,
 `next_sample`); the flow runs another rollout -> verify -> calibrate round for exactly those.
 """
 
@@ -64,16 +65,12 @@ def label_of_rate(p: float, cfg: CalibrateConfig) -> Label:
     return "trivial" if p >= cfg.trivial else "easy" if p >= cfg.easy else "medium" if p >= cfg.medium else "hard"
 
 
-def label_confidence(counts: list[tuple[int, int]], cfg: CalibrateConfig, iters: int = 300) -> list[float]:
-    """P(the point-estimate label is the label of the true rate | passes, attempts) for each environment,
-    under a prior over solve rates on GRID fitted by EM to all environments (nonparametric empirical
-    Bayes: many unsolved environments make 0/4 convincing; a spread population makes it less so).
-    A pseudo-count per grid point keeps a small build from trusting a prior fitted to a handful of
-    environments."""
+def _posterior(counts: list[tuple[int, int]], iters: int = 300):
+    """Posterior over GRID for each (passes, attempts), under a prior fitted by EM to all of them
+    (nonparametric empirical Bayes). A pseudo-count per grid point keeps a small build from trusting
+    a prior fitted to a handful of environments."""
     import numpy as np
 
-    if not counts:
-        return []
     grid = np.array(GRID)
     s = np.array([c[0] for c in counts], dtype=float)[:, None]
     n = np.array([c[1] for c in counts], dtype=float)[:, None]
@@ -84,13 +81,58 @@ def label_confidence(counts: list[tuple[int, int]], cfg: CalibrateConfig, iters:
         post /= post.sum(axis=1, keepdims=True)
         prior = (post.sum(axis=0) + 1.0) / (len(counts) + len(GRID))
     post = like * prior
-    post /= post.sum(axis=1, keepdims=True)
-    grid_labels = [label_of_rate(p, cfg) for p in GRID]
-    out = []
-    for i, (passes, attempts) in enumerate(counts):
-        mine = difficulty_label(passes, attempts, cfg)
-        out.append(float(sum(post[i, j] for j, lab in enumerate(grid_labels) if lab == mine)))
-    return out
+    return grid, post / post.sum(axis=1, keepdims=True)
+
+
+def _label_index(cfg: CalibrateConfig):
+    import numpy as np
+
+    labels = ["unsolved", "hard", "medium", "easy", "trivial"]
+    return labels, np.array([labels.index(label_of_rate(p, cfg)) for p in GRID])
+
+
+def label_confidence(counts: list[tuple[int, int]], cfg: CalibrateConfig) -> list[float]:
+    """P(the point-estimate label is the label of the true rate | passes, attempts) for each environment,
+    under the empirical-Bayes prior (many unsolved environments make 0/4 convincing; a spread
+    population makes it less so)."""
+    if not counts:
+        return []
+    _, post = _posterior(counts)
+    labels, of_grid = _label_index(cfg)
+    return [float(post[i, of_grid == labels.index(difficulty_label(s, n, cfg))].sum())
+            for i, (s, n) in enumerate(counts)]
+
+
+def label_gain(counts: list[tuple[int, int]], cfg: CalibrateConfig, batch: int,
+               horizons: tuple[int, ...] = (1, 2, 4)) -> list[float]:
+    """Expected gain in P(label right) per extra rollout, for each environment: for h batches more
+    (h in `horizons`), the posterior predictive over their passes times the confidence of the label
+    they would give, minus today's confidence, divided by the rollouts spent; the best h counts (a
+    label that one batch cannot move may be moved by four). Sure labels gain ~0, and so do labels
+    sitting on a boundary that no affordable number of rollouts would settle: the rule spends
+    rollouts where they buy accuracy (knowledge gradient)."""
+    from math import comb
+
+    if not counts:
+        return []
+    grid, post = _posterior(counts)
+    labels, of_grid = _label_index(cfg)
+    first = {}  # environments with the same counts have the same posterior: compute each once
+    for i, c in enumerate(counts):
+        first.setdefault(c, i)
+    gain = {}
+    for (s, n), i in first.items():
+        now = float(post[i, of_grid == labels.index(difficulty_label(s, n, cfg))].sum())
+        best = 0.0
+        for h in horizons:
+            m = h * batch
+            expected = 0.0
+            for k in range(m + 1):  # k passes among m more rollouts
+                right = of_grid == labels.index(difficulty_label(s + k, n + m, cfg))
+                expected += float((post[i] * comb(m, k) * grid ** k * (1 - grid) ** (m - k))[right].sum())
+            best = max(best, (expected - now) / m)
+        gain[(s, n)] = best
+    return [gain[c] for c in counts]
 
 
 def verdict_parts(upstream: dict[str, Manifest]) -> list[str]:
@@ -135,8 +177,11 @@ class CalibrateStage(Stage):
             samples[env_id] = max(v.sample for v in vs) + 1
         a = cfg.adaptive
         if a:
-            if a.rule == "posterior":
-                sure = [c >= a.target for c in label_confidence([(r.passes, r.attempts) for r in rows], cfg)]
+            counts = [(r.passes, r.attempts) for r in rows]
+            if a.rule == "gain":
+                sure = [g < a.min_gain for g in label_gain(counts, cfg, a.batch)]
+            elif a.rule == "posterior":
+                sure = [c >= a.target for c in label_confidence(counts, cfg)]
             else:
                 sure = [label_certain(*wilson_interval(r.passes, r.attempts, a.target), r.attempts, cfg) for r in rows]
             for r, ok in zip(rows, sure):

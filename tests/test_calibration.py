@@ -22,3 +22,17 @@ def test_interval_narrows_with_more_attempts():
                                             (2, 4, "medium"), (1, 4, "hard"), (0, 0, "unsolved")])
 def test_labels(passes, n, label):
     assert difficulty_label(passes, n, CalibrateConfig()) == label
+
+
+def test_gain_rule_spends_rollouts_where_they_buy_accuracy():
+    from trajforge.schemas.config import CalibrateConfig
+    from trajforge.tasks.calibrate import label_gain
+
+    pop = [(0, 8)] * 30 + [(8, 8)] * 10 + [(4, 8)] * 10 + [(2, 8)] * 10
+    few, boundary, more_boundary, sure = label_gain([(2, 4), (9, 30), (12, 40), (20, 20)] + pop,
+                                                    CalibrateConfig(), batch=2)[:4]
+    assert few > boundary > more_boundary > 0  # each settled rollout buys less on a boundary
+    assert sure < 1e-3 < few
+    # the same counts give the same gain (computed once per distinct count)
+    g = label_gain([(2, 4), (2, 4), (3, 4)], CalibrateConfig(), batch=2)
+    assert g[0] == g[1] != g[2]
