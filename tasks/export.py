@@ -14,6 +14,7 @@ File names carry the export fingerprint: `datasets` keys its cache on the card's
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections import defaultdict
 from typing import Any, Callable
@@ -167,24 +168,26 @@ def rl(ctx: StageContext, t: pa.Table, upstream: dict[str, Manifest]) -> pa.Tabl
 
 
 def preference(ctx: StageContext, t: pa.Table, upstream: dict[str, Manifest]) -> pa.Table:
-    """Pairs (success, failure) of the same environment, by rollout id order, as many as the smaller
-    side has; the prompt is the shared system + instruction messages. Hack-flagged attempts are
+    """Pairs (success, failure) of the same environment *and the same prompt* (system + instruction
+    messages and tool schemas identical: a continuation only compares with one written for the same
+    context), by rollout id order, as many as the smaller side has. Hack-flagged attempts are
     failures here: preferring the clean success over them is what a preference set should teach."""
     wins, losses = defaultdict(list), defaultdict(list)
     for r in t.select(["rollout_id", "env_id", "family", "level", "messages", "tools_json", "status", "passed",
                        "reward", "hack_flags"]).to_pylist():
+        head = next((i for i, m in enumerate(r["messages"]) if m["role"] == "assistant"), len(r["messages"]))
+        key = (r["env_id"], json.dumps(r["messages"][:head], sort_keys=True), r["tools_json"])
         if r["passed"]:
-            wins[r["env_id"]].append(r)
+            wins[key].append((head, r))
         elif r["status"] not in INFRA_STATUSES:  # a hacked attempt is a fine `rejected`
-            losses[r["env_id"]].append(r)
+            losses[key].append((head, r))
     rows = []
-    for env_id in sorted(wins):
-        for w, lo in zip(sorted(wins[env_id], key=lambda r: r["rollout_id"]),
-                         sorted(losses.get(env_id, []), key=lambda r: r["rollout_id"])):
+    for key in sorted(wins):
+        for (head, w), (_, lo) in zip(sorted(wins[key], key=lambda x: x[1]["rollout_id"]),
+                                      sorted(losses.get(key, []), key=lambda x: x[1]["rollout_id"])):
             msgs = [Message.model_validate(m) for m in w["messages"]]
-            head = next((i for i, m in enumerate(msgs) if m.role == "assistant"), len(msgs))
             lose = [Message.model_validate(m) for m in lo["messages"]]
-            rows.append(PreferenceRow(env_id=env_id, family=w["family"], level=w["level"], prompt=msgs[:head],
+            rows.append(PreferenceRow(env_id=w["env_id"], family=w["family"], level=w["level"], prompt=msgs[:head],
                                       chosen=msgs[head:], rejected=lose[head:], chosen_id=w["rollout_id"],
                                       rejected_id=lo["rollout_id"], chosen_reward=w["reward"],
                                       rejected_reward=lo["reward"], tools_json=w["tools_json"]))
@@ -206,7 +209,7 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str) -> 
     rows = "\n".join(f"| `{name}` | {n} |" for name, n in counts.items())
     return (f"---\n{yaml.safe_dump(header, sort_keys=False)}---\n\n# {cfg.dataset}\n\n"
             f"Agent trajectories built by trajforge (build `{ctx.build_id}`).\n\n"
-            f"- teacher: `{cfg.teacher.label}`\n- environment families: {families}\n"
+            f"- teachers: {', '.join(f'`{t.label}`' for t in cfg.teachers)}\n- environment families: {families}\n"
             f"- samples per environment: {cfg.rollout.samples_per_env}"
             f"{' (+ adaptive rounds)' if cfg.calibrate.adaptive else ''}\n"
             f"- rejected rollouts: {stats.get('reject_reasons', {}) or 'none'}\n\n"

@@ -1,4 +1,6 @@
-"""Stage `rollout`: episodes of the configured teacher in every environment, `samples_per_env` each.
+"""Stage `rollout`: episodes of every configured teacher (`teacher`, then `extra_teachers`) in every
+environment, `samples_per_env` each (a teacher may set its own). Adaptive rounds give more episodes
+only to the (environment, teacher) pairs whose calibration asked for them.
 
 One shard task runs an asyncio driver that keeps up to `rollout.concurrency` episodes in flight
 (vLLM's continuous batching needs many concurrent requests; the endpoint pool caps requests per
@@ -20,6 +22,7 @@ from typing import Any
 
 import fsspec
 
+from ..schemas.config import TeacherConfig, fingerprint_view
 from ..schemas.environment import EnvSpec
 from ..schemas.trajectory import Message, Rollout
 from .agent import HARNESS, EpisodeSettings, rollout_id, run_episode
@@ -44,29 +47,29 @@ class RolloutStage(Stage):
     output = Rollout
 
     def config_section(self, config) -> dict[str, Any]:
-        """Only the active backend's settings count; a replay file counts by its content."""
+        """Only the active backend's settings of each teacher count; a replay file counts by its content."""
         out = super().config_section(config)
-        t = out["teacher"]
-        backend = config.teacher.backend
-        if backend != "vllm":
-            t.pop("vllm", None)
-        if backend != "replay":
-            t.pop("replay", None)
-        elif config.teacher.replay.source != "solution":
-            t["replay"]["sha256"] = _file_sha(config.teacher.replay.source)
+        out["teacher"] = _teacher_view(config.teacher)
+        if config.extra_teachers:
+            out["extra_teachers"] = [_teacher_view(t) for t in config.extra_teachers]
         return out
 
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
         """Round 0: `samples_per_env` episodes per environment. An adaptive round (a `calibrate`
         manifest upstream): the extra samples that calibration asked for, numbered on from the last."""
-        if "calibrate" in upstream:
+        cfg = ctx.config
+        if "calibrate" in upstream:  # only the teachers whose label of that environment is unsure
             stats = upstream["calibrate"].stats
-            work = [[e, k] for e, n in sorted(stats["needs_more"].items())
-                    for k in range(stats["next_sample"][e], stats["next_sample"][e] + n)]
+            index = {t.label: i for i, t in enumerate(cfg.teachers)}
+            unsure = stats.get("unsure_teachers", {})
+            work = [[e, k, index[label]] for e, n in sorted(stats["needs_more"].items())
+                    for k in range(stats["next_sample"][e], stats["next_sample"][e] + n)
+                    for label in unsure.get(e, [cfg.teacher.label]) if label in index]
         else:
             env_ids = sorted(ctx.store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id"])
                              .column("env_id").to_pylist())
-            work = [[e, k] for e in env_ids for k in range(ctx.config.rollout.samples_per_env)]
+            work = [[e, k, i] for e in env_ids for i, t in enumerate(cfg.teachers)
+                    for k in range(t.samples_per_env or cfg.rollout.samples_per_env)]
         n = ctx.config.rollout.episodes_per_shard
         return [Shard(index=i, payload={"episodes": work[j:j + n]}) for i, j in enumerate(range(0, len(work), n))]
 
@@ -83,20 +86,32 @@ class RolloutStage(Stage):
                 f"· {tps:.0f} tok/s · {statuses}")
 
 
-def episode_settings(ctx: StageContext) -> EpisodeSettings:
+def _teacher_view(t: TeacherConfig) -> dict[str, Any]:
+    view = fingerprint_view(t)
+    if t.backend != "vllm":
+        view.pop("vllm", None)
+    if t.backend != "replay":
+        view.pop("replay", None)
+    elif t.replay.source != "solution":
+        view["replay"]["sha256"] = _file_sha(t.replay.source)
+    return view
+
+
+def episode_settings(ctx: StageContext, teacher: TeacherConfig | None = None) -> EpisodeSettings:
     cfg = ctx.config
+    t = teacher or cfg.teacher
     budget = cfg.rollout.context_budget_tokens
-    if budget is None and cfg.teacher.backend == "vllm":
-        budget = cfg.teacher.vllm.max_model_len
+    if budget is None and t.backend == "vllm":
+        budget = t.vllm.max_model_len
     return EpisodeSettings(cfg.rollout.max_turns, cfg.rollout.command_timeout_s, cfg.rollout.episode_timeout_s,
-                           cfg.teacher.tool_calling, cfg.sandbox.final_state_limit_bytes, budget,
-                           cfg.teacher.max_tokens, cfg.rollout.verify_in_place, cfg.rollout.test_timeout_s)
+                           t.tool_calling, cfg.sandbox.final_state_limit_bytes, budget,
+                           t.max_tokens, cfg.rollout.verify_in_place, cfg.rollout.test_timeout_s)
 
 
-def run_episodes(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple[str, int]],
+def run_episodes(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple],
                  teacher=None) -> ShardResult:
-    """Run `episodes` [(env_id, sample)] with the configured teacher (or `teacher`); one row per
-    episode, always."""
+    """Run `episodes` [(env_id, sample[, teacher index into config.teachers])] with the configured
+    teachers (or `teacher` for all); one row per episode, always."""
     conc = ctx.config.rollout.concurrency
 
     async def main() -> ShardResult:
@@ -108,12 +123,13 @@ def run_episodes(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
     return asyncio.run(main())
 
 
-async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple[str, int]],
+async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple],
                  teacher=None) -> ShardResult:
     cfg = ctx.config
     client = docker_client(pool_size=2 * cfg.rollout.concurrency + 4)
-    teacher = teacher or make_teacher(cfg.teacher, ctx.runtime)
-    settings = episode_settings(ctx)
+    used = sorted({ep[2] if len(ep) > 2 else 0 for ep in episodes})
+    teachers = {i: teacher or make_teacher(cfg.teachers[i], ctx.runtime) for i in used}
+    settings = {i: episode_settings(ctx, cfg.teachers[i]) for i in used}
     gate = asyncio.Semaphore(cfg.rollout.concurrency)
     live: dict[str, Any] = {"total": len(episodes), "done": 0, "running": 0, "completion_tokens": 0,
                             "status": Counter(), "infra_retries": 0}
@@ -123,14 +139,14 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
     def report(force: bool = False) -> None:
         ctx.report(force=force, **{**live, "status": dict(live["status"])})
 
-    def failed_row(env: EnvSpec, sample: int, status: str, error: str, attempts: int) -> Rollout:
+    def failed_row(env: EnvSpec, sample: int, status: str, error: str, attempts: int, teacher) -> Rollout:
         return Rollout(rollout_id=rollout_id(env.env_id, teacher.label, sample), env_id=env.env_id,
                        teacher=teacher.label, harness=HARNESS, sample=sample,
                        messages=[Message(role="user", content=env.instruction)], status=status,
                        error=error[:2000], attempts=attempts)
 
-    async def one(env_id: str, sample: int) -> Rollout:
-        env = envs[env_id]
+    async def one(env_id: str, sample: int, ti: int) -> Rollout:
+        env, teacher, s = envs[env_id], teachers[ti], settings[ti]
         async with gate:
             live["running"] += 1
             report()
@@ -142,8 +158,8 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
                             env, teacher.session(env, sample, rollout_id(env_id, teacher.label, sample)),
                             lambda: Sandbox(client, env.image, cfg.sandbox, workdir=env.workdir,
                                             labels={"trajforge.build": ctx.build_id, "trajforge.env": env_id},
-                                            cap_add=VERIFIER_CAPS if settings.verify_in_place else ()),
-                            settings, teacher.label, sample)
+                                            cap_add=VERIFIER_CAPS if s.verify_in_place else ()),
+                            s, teacher.label, sample)
                         r.attempts = attempt
                         return r
                     except SandboxError as err:
@@ -152,12 +168,12 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
                         last_err = f"{err.__class__.__name__}: {err}\n{traceback.format_exc(limit=4)}"
                     live["infra_retries"] += 1
                     errors[last_err.split(":", 1)[0]] += 1
-                return failed_row(env, sample, "infra_error", last_err, attempts)
+                return failed_row(env, sample, "infra_error", last_err, attempts, teacher)
             finally:
                 live["running"] -= 1
 
-    async def tracked(env_id: str, sample: int) -> Rollout:
-        r = await one(env_id, sample)
+    async def tracked(env_id: str, sample: int, ti: int = 0) -> Rollout:
+        r = await one(env_id, sample, ti)
         live["done"] += 1
         live["completion_tokens"] += r.completion_tokens
         live["status"][r.status] += 1
@@ -165,9 +181,10 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
         return r
 
     try:
-        rows = await asyncio.gather(*(tracked(e, k) for e, k in episodes))
+        rows = await asyncio.gather(*(tracked(*ep) for ep in episodes))
     finally:
-        await teacher.aclose()
+        for t in {id(t): t for t in teachers.values()}.values():
+            await t.aclose()
         client.close()
     wall = time.monotonic() - t0
     stats: dict[str, Any] = {
@@ -182,7 +199,10 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
         "episode_seconds": round(sum(r.wall_s for r in rows), 3),
         "driver_wall_seconds": round(wall, 3),
     }
-    if hasattr(teacher, "endpoint_stats"):
-        stats["endpoints"] = {u: v["requests"] for u, v in teacher.endpoint_stats().items()}
-        stats["endpoint_errors"] = {u: v["errors"] for u, v in teacher.endpoint_stats().items()}
+    stats["teachers"] = dict(Counter(r.teacher for r in rows))
+    for t in teachers.values():
+        if hasattr(t, "endpoint_stats"):
+            es = t.endpoint_stats()
+            stats.setdefault("endpoints", {}).update({u: v["requests"] for u, v in es.items()})
+            stats.setdefault("endpoint_errors", {}).update({u: v["errors"] for u, v in es.items()})
     return ShardResult(list(rows), [], stats)

@@ -31,3 +31,17 @@ def test_missing_section_and_bad_yaml(tmp_path):
         load_config(p)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_extra_teachers_need_distinct_labels_and_one_owned_server(tmp_path):
+    p = tmp_path / "c.yaml"
+    base = "dataset: d\nsynthesize: {families: [{name: log_report}]}\n"
+    p.write_text(base + "extra_teachers: [{backend: replay}]\n")  # the default teacher is `replay` too
+    with pytest.raises(ConfigError, match=r"extra_teachers\[0\].*already used by teacher.*name"):
+        load_config(p)
+    p.write_text(base + "teacher: {backend: replay, name: a}\nextra_teachers: [{backend: vllm}]\n")
+    with pytest.raises(ConfigError, match=r"extra_teachers\[0\].*one server"):
+        load_config(p)
+    p.write_text(base + "extra_teachers: [{backend: replay, name: demo, samples_per_env: 1}]\n")
+    cfg = load_config(p)
+    assert [t.label for t in cfg.teachers] == ["replay", "demo"] and cfg.teachers[1].samples_per_env == 1
