@@ -59,6 +59,10 @@ class _ReplaySession:
     i: int = field(default=0)
 
     async def next_turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Turn:
+        if not tools:  # fenced-bash mode: answer in the format a model without tool calling must use
+            text = f"```bash\n{self.commands[self.i]}\n```" if self.i < len(self.commands) else "SUBMIT"
+            self.i += 1
+            return Turn(Message(role="assistant", content=text), finish_reason="stop")
         if self.i < len(self.commands):
             name, args = "bash", {"command": self.commands[self.i]}
         else:

@@ -104,3 +104,24 @@ def test_filters_drop_with_their_reason(setup):
                        "r5": "no_verdict"}
     _, rows, rejects, _ = setup(max_repeated_commands=1)
     assert sorted(rows) == ["r0", "r1"] and rejects["r2"] == rejects["r3"] == "filter_repeated_commands"
+
+
+def test_preference_pairs_only_share_a_prompt():
+    from trajforge.schemas.arrow import to_table
+    from trajforge.tasks.export import preference
+
+    def row(rid: str, system: str, passed: bool, tools: str = "[]") -> TrajectoryRow:
+        msgs = [Message(role="system", content=system), Message(role="user", content="task"),
+                Message(role="assistant", content=f"```bash\necho {rid}\n```")]
+        return TrajectoryRow(rollout_id=rid, env_id="e", family="f", level=1, teacher="t", harness="h", sample=0,
+                             messages=msgs, tools_json=tools, status="ok", passed=passed, reward=float(passed),
+                             tests_passed=int(passed), tests_total=1, hack_flags=[], step_labels=[],
+                             inspect_before_act=False, act_verify_share=0.0, ends_with_verify=False,
+                             repeated_commands=0, failed_commands=0, recoveries=0, turns=1, prompt_tokens=1,
+                             completion_tokens=1, wall_s=0.1, difficulty="medium", solve_rate=0.5)
+
+    table = to_table(TrajectoryRow, [row("w1", "fenced", True), row("l1", "tools", False),
+                                     row("l2", "fenced", False, tools='[{"x": 1}]'), row("l3", "fenced", False)])
+    pairs = preference(None, table, {}).to_pylist()
+    assert [(p["chosen_id"], p["rejected_id"]) for p in pairs] == [("w1", "l3")]
+    assert [m["role"] for m in pairs[0]["prompt"]] == ["system", "user"] and pairs[0]["prompt"][0]["content"] == "fenced"

@@ -91,3 +91,22 @@ def test_vllm_server_that_dies_at_start_up_reports_its_log(tmp_path):
             pass
     assert "exited with code 1" in str(err.value) and "No module named" in str(err.value)
     assert "vllm.entrypoints.openai.api_server" in (tmp_path / "vllm.log").read_text()
+
+
+def test_replay_answers_in_the_format_the_harness_offers():
+    """With tools offered: tool calls, then `submit`; without (fenced mode, as for SmolLM2): fenced
+    bash blocks, then SUBMIT, so its trajectories share the prompt format of a model teacher's."""
+    import asyncio
+
+    from trajforge.schemas.config import TeacherConfig
+    from trajforge.tasks.agent import FENCE, TOOLS
+    from trajforge.tasks.teacher import ReplayTeacher
+
+    env = get_family("log_report").generate(1, 0)
+    fenced = ReplayTeacher(TeacherConfig()).session(env, 0)
+    turns = [asyncio.run(fenced.next_turn([], [])) for _ in range(len(env.solution) + 1)]
+    assert [FENCE.findall(t.message.content)[0].strip() for t in turns[:-1]] == [c.strip() for c in env.solution]
+    assert turns[-1].message.content == "SUBMIT" and not any(t.message.tool_calls for t in turns)
+    tools = ReplayTeacher(TeacherConfig()).session(env, 0)
+    first = asyncio.run(tools.next_turn([], TOOLS)).message.tool_calls[0]
+    assert first.function.name == "bash" and json.loads(first.function.arguments)["command"] == env.solution[0]
