@@ -97,7 +97,7 @@ def build(config: Path = typer.Argument(DEFAULT_CONFIG, help="build config (YAML
         console.print("configs: " + ", ".join(f"{k} ({v} rows{'' if v else ', not declared'})"
                                               for k, v in counts.items()))
         if store.local:
-            first = next((k for k, v in counts.items() if v), "trajectories")
+            first = next((k for k in ("sft", "trajectories", *counts) if counts.get(k)), "trajectories")
             console.print(f"latest:  {posixpath.join(store.root, 'latest', 'dataset')}  "
                           f"(datasets.load_dataset(<that path>, {first!r}))")
 
