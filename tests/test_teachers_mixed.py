@@ -43,3 +43,22 @@ def test_demonstrator_and_weak_teacher_in_one_build(tmp_path):
     assert pref.num_rows == 2 and all(c > r for c, r in zip(pref["chosen_reward"], pref["rejected_reward"]))
     card = (ds / "README.md").read_text()
     assert "`idle`" in card and "`reference`" in card
+
+
+def test_adaptive_round_extends_only_the_unsure_teachers(tmp_path):
+    """The rollout plan of an adaptive round: the extra samples calibration asked for, for exactly the
+    (environment, teacher) pairs it was unsure of; round 0 gives each teacher its own sample count."""
+    from trajforge.tasks.rollout import RolloutStage
+    from trajforge.tasks.stage import Manifest, StageContext
+
+    cfg = parse_config(small_config(tmp_path / "runs", dataset="plan", **{
+        "teacher": {"backend": "replay", "name": "model"},
+        "extra_teachers": [{"backend": "replay", "name": "reference", "samples_per_env": 1}],
+        "rollout.episodes_per_shard": 100}))
+    calib = Manifest(stage="calibrate", fingerprint="x", build_id="b", dir="d", parts=[], rows=0, rejects=0,
+                     reject_reasons={}, components={}, gate={}, created_at="",
+                     stats={"needs_more": {"e1": 2, "e2": 1}, "next_sample": {"e1": 4, "e2": 6},
+                            "unsure_teachers": {"e1": ["model"], "e2": ["model", "reference"]}})
+    shards = RolloutStage().plan(StageContext.create(cfg, "b"), {"calibrate": calib})
+    work = [tuple(w) for s in shards for w in s.payload["episodes"]]
+    assert sorted(work) == [("e1", 4, 0), ("e1", 5, 0), ("e2", 6, 0), ("e2", 6, 1)]
