@@ -55,7 +55,7 @@ def fixed(rates: list[float], k: int, seed: int, draws: int = 3) -> float:
 
 
 def adaptive(rates: list[float], k0: int, batch: int, max_samples: int, rule: str, target: float,
-             rng: random.Random, max_rounds: int = 30) -> tuple[float, float, int]:
+             rng: random.Random, max_rounds: int = 30) -> tuple[float, float, int, str]:
     passes = [sum(rng.random() < p for _ in range(k0)) for p in rates]
     attempts = [k0] * len(rates)
     rounds = 0
@@ -73,7 +73,11 @@ def adaptive(rates: list[float], k0: int, batch: int, max_samples: int, rule: st
             k = min(batch, max_samples - attempts[i])
             passes[i] += sum(rng.random() < rates[i] for _ in range(k))
             attempts[i] += k
-    return accuracy(rates, passes, attempts), sum(attempts) / len(rates), rounds
+    split = {"p=0": [], "0<p<1": [], "p=1": []}  # where the rollouts went, by true rate
+    for p, n in zip(rates, attempts):
+        split["p=0" if p == 0 else "p=1" if p == 1 else "0<p<1"].append(n)
+    where = " / ".join(f"{sum(v) / len(v):.0f}" for v in split.values() if v)
+    return accuracy(rates, passes, attempts), sum(attempts) / len(rates), rounds, where
 
 
 def main() -> int:
@@ -90,17 +94,17 @@ def main() -> int:
                                                      ("gain", 0.003, 4, 4, 80), ("gain", 0.002, 4, 4, 96),
                                                      ("posterior", 0.9, 4, 2, 32), ("posterior", 0.95, 3, 3, 64),
                                                      ("wilson", 0.95, 4, 2, 32)]:
-            acc, used, rounds = adaptive(rates, k0, batch, max_samples, rule, target, random.Random(args.seed + 99))
+            acc, used, rounds, where = adaptive(rates, k0, batch, max_samples, rule, target, random.Random(args.seed + 99))
             k, a = next(((k, a) for k, a in curve if a >= acc), (None, None))
             # reference: an allocation told which environments are deterministic (p = 0 or 1, always
             # labelled right from k0 rollouts) that gives k0 to those and the fixed k to the rest
             det = sum(p in (0.0, 1.0) for p in rates) / len(rates)
             oracle = f"{(det * k0 + (1 - det) * k) / k:.2f}" if k else "-"
             rows.append([f"{rule} {target} k0={k0} batch={batch} max={max_samples}", f"{acc:.3f}", f"{used:.1f}",
-                         str(rounds), str(k) if k else "> 80", f"{a:.3f}" if a else "-",
+                         where, str(rounds), str(k) if k else "> 80", f"{a:.3f}" if a else "-",
                          f"{used / k:.2f}" if k else "< " + f"{used / 80:.2f}", oracle])
         print_table(f"adaptive_calibration · {args.envs} environments · {name}",
-                    ["adaptive setting", "accuracy", "rollouts/env", "rounds", "fixed k at ≥ accuracy",
+                    ["adaptive setting", "accuracy", "rollouts/env", "p=0 / 0<p<1 / p=1", "rounds", "fixed k at ≥ accuracy",
                      "its accuracy", "ratio (target ≤ 0.6)", "p∈{0,1}-oracle ratio"], rows)
         print("fixed-k accuracy: " + ", ".join(f"k={k}: {a:.3f}" for k, a in curve[::8]))
     return 0
