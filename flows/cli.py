@@ -70,6 +70,13 @@ def run_build(cfg: BuildConfig, build_id: str | None = None, from_stage: str | N
         err_console.print(f"reaped {reaped} orphaned sandbox container(s) from a dead run")
     runtime.ensure_prefect_api()
     address = dask_address or cfg.dask.address
+    if address:  # sandboxes of a killed run may sit on any worker's host
+        on_workers = runtime.reap_on_workers(address, build_id)
+        if sum(n for n in on_workers.values() if n > 0):
+            err_console.print(f"reaped {sum(n for n in on_workers.values() if n > 0)} leftover sandbox "
+                              f"container(s) on the workers' hosts")
+        for w in (w for w, n in on_workers.items() if n < 0):
+            err_console.print(f"[yellow]![/] worker {w} could not reach its Docker engine to reap sandboxes")
     runner = runtime.task_runner(address, cfg.dask.n_workers, cfg.dask.threads_per_worker)
     err_console.print(f"build {build_id} of dataset {cfg.dataset!r} in {store.url(store.build_dir(build_id))}"
                       + (f" on Dask scheduler {address}" if address else " on a local Dask cluster"))

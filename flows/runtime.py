@@ -49,6 +49,24 @@ def stop_prefect_api() -> None:
             os.environ.pop("PREFECT_API_URL", None)
 
 
+def reap_on_workers(address: str, build_id: str | None = None) -> dict[str, int]:
+    """Reap leftover sandboxes on the host of every worker of the scheduler at `address` (sandboxes
+    live on the engine of the worker that ran them; the driver can only clean its own host).
+    Returns {worker: containers removed}; a worker that cannot reach its engine reports -1."""
+    from distributed import Client
+
+    from ..tasks.sandbox import reap_here
+
+    def safe(build_id: str | None) -> int:
+        try:
+            return reap_here(build_id)
+        except Exception:
+            return -1
+
+    with Client(address, timeout=30) as c:
+        return c.run(safe, build_id)
+
+
 def task_runner(address: str | None, n_workers: int, threads_per_worker: int):
     """DaskTaskRunner on a running scheduler (`address`) or a new LocalCluster of processes."""
     from prefect_dask import DaskTaskRunner

@@ -279,6 +279,16 @@ def owner_label() -> str:
     return f"{socket.gethostname()}:{_process_identity(os.getpid())}"
 
 
+def reap_here(build_id: str | None = None) -> int:
+    """On the calling host: sandboxes of dead owners, plus every sandbox of `build_id` (a build about
+    to (re)start has none running). Run on each Dask worker so every host's engine is cleaned."""
+    client = docker_client()
+    try:
+        return reap_orphans(client) + (reap_orphans(client, build_id=build_id) if build_id else 0)
+    finally:
+        client.close()
+
+
 def reap_orphans(client: docker.DockerClient, build_id: str | None = None) -> int:
     """Remove sandboxes of this host whose owning process is gone (or, with `build_id`, every
     sandbox of that build: none may outlive its stage). Returns how many were removed."""

@@ -7,6 +7,7 @@ import json
 import os
 import posixpath
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -118,7 +119,7 @@ def test_planted_failing_expectation_blocks_downstream(built):
     assert store.read_json(posixpath.join(vdir, "gate.json"))["success"] is False
 
 
-def test_build_on_a_separately_started_dask_scheduler(tmp_path):
+def test_build_on_a_separately_started_dask_scheduler(tmp_path, docker_client, sandbox_cfg):
     sched_file = tmp_path / "scheduler.json"
     env = {**os.environ}
     procs = [subprocess.Popen([venv_bin("dask"), "scheduler", "--scheduler-file", str(sched_file),
@@ -138,6 +139,17 @@ def test_build_on_a_separately_started_dask_scheduler(tmp_path):
         with Client(address, timeout=30) as c:
             c.wait_for_workers(1, timeout=60)
             worker_pids = set(c.run(os.getpid).values())
+        # a sandbox left by a dead run is removed by the workers themselves (each reaps its host)
+        from trajforge.flows.runtime import reap_on_workers
+        from trajforge.tasks.sandbox import Sandbox
+
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        orphan = Sandbox(docker_client, sandbox_cfg.base_image, sandbox_cfg)
+        orphan.labels["trajforge.owner"] = f"{socket.gethostname()}:{dead.pid}"
+        orphan.start()
+        assert sum(reap_on_workers(address).values()) == 1
+        assert not docker_client.containers.list(all=True, filters={"name": orphan.name})
         cfg = parse_config(small_config(tmp_path / "runs", dataset="ext"))
         rec = run_build(cfg, dask_address=address)
         assert rec["status"] == "committed"
