@@ -1,4 +1,4 @@
-"""The `trajforge` command line: build, stage, status, explain (and `envs`, `images` from envs_cli)."""
+"""The `trajforge` command line: build, stage, status, explain, verify, publish (and `envs`, `images` from envs_cli)."""
 
 from __future__ import annotations
 
@@ -212,6 +212,30 @@ def status(build_id: Optional[str] = typer.Argument(None, help="build id (defaul
     cfg = _build_config(runs, dataset, build_id)
     store = RunStore(cfg.runs, cfg.dataset)
     _print_status(cfg, build_id or store.latest() or store.builds()[-1])
+
+
+@app.command()
+def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-org/agent-trajectories"),
+            build_id: Optional[str] = typer.Option(None, "--build", help="build id (default: latest)"),
+            runs: str = typer.Option("./runs"), dataset: Optional[str] = typer.Option(None),
+            private: bool = typer.Option(False, help="create the repo private"),
+            tag: bool = typer.Option(True, help="tag the commit with the build id"),
+            token: Optional[str] = typer.Option(None, help="Hub token (default: $HF_TOKEN or the login)")):
+    """Upload a committed build's dataset (card + declared configs) to the Hugging Face Hub, tagged."""
+    from .publish import PublishError, publish as do_publish
+
+    store = RunStore(runs, _find_dataset(runs, dataset))
+    build_id = build_id or store.latest()
+    if not build_id:
+        _fail(f"no committed build under {store.url(store.root)}")
+    try:
+        rec = do_publish(store, build_id, repo_id, private=private, token=token, tag=tag)
+    except PublishError as err:
+        _fail(str(err), 1)
+    except Exception as err:  # the Hub: auth, network, quota
+        _fail(f"publishing {build_id} to {repo_id} failed: {err.__class__.__name__}: {err}", 1)
+    console.print(f"[green]✓[/] published build {build_id} to {repo_id} ({', '.join(rec['configs'])})"
+                  + (f", tag {rec['tag']}" if rec["tag"] else "") + (f": {rec['url']}" if rec["url"] else ""))
 
 
 @app.command()
