@@ -60,21 +60,21 @@ def _pick_build(store: RunStore, cfg: BuildConfig, requested: str | None) -> str
 def run_build(cfg: BuildConfig, build_id: str | None = None, from_stage: str | None = None,
               only: list[str] | None = None, force: list[str] | None = None, dask_address: str | None = None) -> dict:
     """Library entry point used by the CLI and the tests."""
-    from ..tasks.sandbox import docker_client, reap_orphans
+    from ..tasks.sandbox import reap_here
     from .build import build_dataset
 
     store = RunStore(cfg.runs, cfg.dataset)
     build_id = _pick_build(store, cfg, build_id)
-    reaped = reap_orphans(docker_client())
+    reaped = reap_here()
     if reaped:
         err_console.print(f"reaped {reaped} orphaned sandbox container(s) from a dead run")
     runtime.ensure_prefect_api()
     address = dask_address or cfg.dask.address
     if address:  # sandboxes of a killed run may sit on any worker's host
         on_workers = runtime.reap_on_workers(address, build_id)
-        if sum(n for n in on_workers.values() if n > 0):
-            err_console.print(f"reaped {sum(n for n in on_workers.values() if n > 0)} leftover sandbox "
-                              f"container(s) on the workers' hosts")
+        removed = sum(n for n in on_workers.values() if n > 0)
+        if removed:
+            err_console.print(f"reaped {removed} leftover sandbox container(s) on the workers' hosts")
         for w in (w for w, n in on_workers.items() if n < 0):
             err_console.print(f"[yellow]![/] worker {w} could not reach its Docker engine to reap sandboxes")
     runner = runtime.task_runner(address, cfg.dask.n_workers, cfg.dask.threads_per_worker)

@@ -84,11 +84,16 @@ def _posterior(counts: list[tuple[int, int]], iters: int = 300):
     return grid, post / post.sum(axis=1, keepdims=True)
 
 
-def _label_index(cfg: CalibrateConfig):
+def _label_of_grid(cfg: CalibrateConfig):
+    """The label of each GRID rate, as an array to compare a label against."""
     import numpy as np
 
-    labels = ["unsolved", "hard", "medium", "easy", "trivial"]
-    return labels, np.array([labels.index(label_of_rate(p, cfg)) for p in GRID])
+    return np.array([label_of_rate(p, cfg) for p in GRID])
+
+
+def _mass_of_label(post_row, of_grid, passes: int, attempts: int, cfg: CalibrateConfig) -> float:
+    """Posterior mass on the rates whose label is the point-estimate label of (passes, attempts)."""
+    return float(post_row[of_grid == difficulty_label(passes, attempts, cfg)].sum())
 
 
 def label_confidence(counts: list[tuple[int, int]], cfg: CalibrateConfig) -> list[float]:
@@ -98,9 +103,8 @@ def label_confidence(counts: list[tuple[int, int]], cfg: CalibrateConfig) -> lis
     if not counts:
         return []
     _, post = _posterior(counts)
-    labels, of_grid = _label_index(cfg)
-    return [float(post[i, of_grid == labels.index(difficulty_label(s, n, cfg))].sum())
-            for i, (s, n) in enumerate(counts)]
+    of_grid = _label_of_grid(cfg)
+    return [_mass_of_label(post[i], of_grid, s, n, cfg) for i, (s, n) in enumerate(counts)]
 
 
 def label_gain(counts: list[tuple[int, int]], cfg: CalibrateConfig, batch: int,
@@ -116,20 +120,19 @@ def label_gain(counts: list[tuple[int, int]], cfg: CalibrateConfig, batch: int,
     if not counts:
         return []
     grid, post = _posterior(counts)
-    labels, of_grid = _label_index(cfg)
+    of_grid = _label_of_grid(cfg)
     first = {}  # environments with the same counts have the same posterior: compute each once
     for i, c in enumerate(counts):
         first.setdefault(c, i)
     gain = {}
     for (s, n), i in first.items():
-        now = float(post[i, of_grid == labels.index(difficulty_label(s, n, cfg))].sum())
+        now = _mass_of_label(post[i], of_grid, s, n, cfg)
         best = 0.0
         for h in horizons:
             m = h * batch
-            expected = 0.0
-            for k in range(m + 1):  # k passes among m more rollouts
-                right = of_grid == labels.index(difficulty_label(s + k, n + m, cfg))
-                expected += float((post[i] * comb(m, k) * grid ** k * (1 - grid) ** (m - k))[right].sum())
+            expected = sum(_mass_of_label(post[i] * comb(m, k) * grid ** k * (1 - grid) ** (m - k), of_grid,
+                                          s + k, n + m, cfg)
+                           for k in range(m + 1))  # k passes among m more rollouts
             best = max(best, (expected - now) / m)
         gain[(s, n)] = best
     return [gain[c] for c in counts]
