@@ -6,7 +6,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export TRAJFORGE_VLLM_PYTHON ?= $(CURDIR)/.venv-vllm/bin/python
 
-.PHONY: setup docker base-image teacher demo test bench lint clean
+.PHONY: setup docker base-image teacher demo test test-fast bench lint clean
 
 setup: $(VENV)/.installed docker base-image
 
@@ -33,11 +33,15 @@ demo: setup teacher
 test: setup teacher
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The fast tier: no Docker engine, no Prefect server, no teacher (< 1 minute).
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not docker and not slow and not vllm" $(PYTEST_ARGS)
+
 bench: setup teacher
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/python -m ruff check . || true
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf runs .pytest_cache

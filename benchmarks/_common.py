@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from trajforge.schemas.config import parse_config
 from trajforge.schemas.environment import EnvSpec
-from trajforge.tasks.families import FAMILIES
-from trajforge.tasks.images import ensure_image
+from trajforge.tasks.engine import Manifest, StageContext
+from trajforge.tasks.envs.families import FAMILIES
+from trajforge.tasks.envs.images import ensure_image
 from trajforge.tasks.sandbox import docker_client
-from trajforge.tasks.stage import Manifest, StageContext
 
 
 def build_envs(runs: str, n_per_family: int = 4, families: list[str] | None = None,

@@ -29,8 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table  # noqa: E402
 
 from trajforge.schemas.config import CalibrateConfig  # noqa: E402
-from trajforge.tasks.calibrate import (difficulty_label, label_certain, label_confidence,  # noqa: E402
-                                       label_gain, label_of_rate, wilson_interval)
+from trajforge.tasks.calibrate import (  # noqa: E402
+    difficulty_label,
+    label_certain,
+    label_confidence,
+    label_gain,
+    label_of_rate,
+    wilson_interval,
+)
 
 CFG = CalibrateConfig()
 POPULATIONS = {

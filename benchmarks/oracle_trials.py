@@ -1,4 +1,4 @@
-"""Benchmark `oracle_trials` (DESIGN.md: reference-solution trials/s, episode + verification, ÷ a plain
+"""Benchmark `oracle_trials` (performance target: reference-solution trials/s, episode + verification, ÷ a plain
 shell script doing the same docker run / cp / exec / rm at the same parallelism; target ≥ 0.7).
 
 Same environments (images built beforehand), same parallelism P, side by side in one run:
@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import build_envs, print_table  # noqa: E402
 
 from trajforge.schemas.config import parse_config  # noqa: E402
-from trajforge.tasks.rollout import run_episodes  # noqa: E402
-from trajforge.tasks.stage import StageContext  # noqa: E402
-from trajforge.tasks.verifier import RUNNER  # noqa: E402
+from trajforge.tasks.agent.driver import run_episodes  # noqa: E402
+from trajforge.tasks.engine import StageContext  # noqa: E402
+from trajforge.tasks.sandbox.verifier import RUNNER  # noqa: E402
 from trajforge.tasks.verify import verify_rollouts  # noqa: E402
 
 TRIAL = r"""

@@ -1,4 +1,4 @@
-"""Benchmark `overhead_share` (DESIGN.md: share of a 100-environment replay build's wall time spent
+"""Benchmark `overhead_share` (performance target: share of a 100-environment replay build's wall time spent
 outside containers and teacher calls ≤ 15%).
 
 Runs `trajforge build` (the CLI, as a user does) on configs/envs100.yaml with the replay teacher, one

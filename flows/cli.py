@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import posixpath
 import sys
 from pathlib import Path
@@ -11,13 +10,12 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from ..schemas.config import BuildConfig, ConfigError, load_config, parse_config
+from ..tasks.engine.store import RunStore
+from ..tasks.pipeline import STAGE_NAMES
 from . import runtime  # noqa: F401  (sets Prefect/GX environment defaults before they are imported)
 from .console import console, err_console, fail
 from .envs_cli import envs_app, images_app
-from ..schemas.config import BuildConfig, ConfigError, load_config, parse_config
-from ..tasks.pipeline import STAGE_NAMES, get_stage
-from ..tasks.stage import StageContext
-from ..tasks.store import RunStore
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build verified agent-trajectory datasets.")
 app.add_typer(envs_app, name="envs")
@@ -49,8 +47,8 @@ def _pick_build(store: RunStore, cfg: BuildConfig, requested: str | None) -> str
         return requested
     want = config_hash(cfg)
     for b in reversed(store.builds()):
-        rec = store.read_json(posixpath.join(store.build_dir(b), "build.json"))
-        if rec.get("status") != "committed" and rec.get("config_hash") == want:
+        rec = store.read_build(b)
+        if rec is not None and rec.status != "committed" and rec.config_hash == want:
             err_console.print(f"resuming unfinished build {b}")
             return b
         break  # only the newest build is a resume candidate
@@ -123,8 +121,8 @@ def stage(name: str = typer.Argument(..., help=f"one of: {', '.join(STAGE_NAMES)
 
 
 def _guarded(fn):
+    from ..tasks.engine import GateFailed
     from ..tasks.sandbox import DockerUnavailable
-    from ..tasks.stage import GateFailed
 
     try:
         return fn()
@@ -151,38 +149,37 @@ def _build_config(runs: str, dataset: str | None, build_id: str | None) -> Build
     build_id = build_id or store.latest() or (store.builds() or [None])[-1]
     if not build_id:
         _fail(f"no builds under {store.url(store.root)}")
-    path = posixpath.join(store.build_dir(build_id), "build.json")
-    if not store.exists(path):
+    rec = store.read_build(build_id)
+    if rec is None:
         _fail(f"build {build_id!r} not found under {store.url(store.root)} (builds: {', '.join(store.builds())})")
-    rec = store.read_json(path)
-    cfg = parse_config(rec["config"], path)
+    try:
+        cfg = parse_config(rec.config, store.build_record_path(build_id), stored=True)
+    except ConfigError as err:
+        _fail(str(err))
     return cfg.model_copy(update={"runs": runs})
 
 
 def _print_status(cfg: BuildConfig, build_id: str) -> None:
-    ctx = StageContext.create(cfg, build_id)
-    from .build import read_build
-
-    rec = read_build(ctx)
+    store = RunStore(cfg.runs, cfg.dataset)
+    rec = store.read_build(build_id)
     manifests = {}
-    t = Table(title=f"{cfg.dataset} · build {build_id} · {rec.get('status', '?')}")
+    t = Table(title=f"{cfg.dataset} · build {build_id} · {rec.status if rec else '?'}")
     for col in ("stage", "status", "rows out", "rejects", "gate", "fingerprint", "reused from", "top reject reasons"):
         t.add_column(col)
     for name in STAGE_NAMES:
-        e = rec.get("stages", {}).get(name)
+        e = rec.stages.get(name) if rec else None
         if not e:
             t.add_row(name, "-", "", "", "", "", "", "")
             continue
         gate, reasons = "", ""
-        mdir = e.get("manifest")
-        if mdir and ctx.store.exists(posixpath.join(mdir, "manifest.json")):
-            m = manifests[name] = ctx.store.read_json(posixpath.join(mdir, "manifest.json"))
+        if e.manifest and store.exists(posixpath.join(e.manifest, "manifest.json")):
+            m = manifests[name] = store.read_json(posixpath.join(e.manifest, "manifest.json"))
             gate = "pass" if m["gate"]["success"] else "fail"
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(m["reject_reasons"].items(), key=lambda kv: -kv[1])[:3])
-        elif e.get("status") == "failed":
-            gate = "fail" if "gate" in e.get("error", "") else ""
-        t.add_row(name, e["status"], str(e.get("rows", "")), str(e.get("rejects", "")), gate, e["fingerprint"],
-                  e.get("reused_from", "") if e["status"] == "reused" else "", reasons)
+        elif e.status == "failed":
+            gate = "fail" if "gate" in (e.error or "") else ""
+        t.add_row(name, e.status, "" if e.rows is None else str(e.rows), "" if e.rejects is None else str(e.rejects),
+                  gate, e.fingerprint, (e.reused_from or "") if e.status == "reused" else "", reasons)
     console.print(t)
     yields = manifests.get("synthesize", {}).get("stats", {}).get("yield", {})
     if yields:
@@ -222,7 +219,8 @@ def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-o
             tag: bool = typer.Option(True, help="tag the commit with the build id"),
             token: Optional[str] = typer.Option(None, help="Hub token (default: $HF_TOKEN or the login)")):
     """Upload a committed build's dataset (card + declared configs) to the Hugging Face Hub, tagged."""
-    from .publish import PublishError, publish as do_publish
+    from .publish import PublishError
+    from .publish import publish as do_publish
 
     store = RunStore(runs, _find_dataset(runs, dataset))
     build_id = build_id or store.latest()
@@ -259,8 +257,8 @@ def verify(trajectories: Path = typer.Option(..., "--trajectories", help="JSONL 
     detect hacks, compute quality signals."""
     from ..schemas.common import Reject
     from ..schemas.verdict import Verdict
-    from ..tasks.reverify import reverify
-    from ..tasks.store import RunStore
+    from ..tasks.engine.store import RunStore
+    from .reverify import reverify
 
     cfg = _load(config) if config else None
     try:

@@ -11,8 +11,6 @@ run the same validator as a build (settings from `--config`, else the defaults).
 from __future__ import annotations
 
 import json
-import posixpath
-import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
@@ -26,13 +24,12 @@ from .console import console, err_console, fail
 
 envs_app = typer.Typer(no_args_is_help=True, help="Environment families and environments.")
 images_app = typer.Typer(no_args_is_help=True, help="Content-addressed environment images.")
-PROCEDURAL_ID = re.compile(r"^(?P<family>[a-z_]+)-l(?P<level>\d+)-s(?P<seed>\d+)(-[0-9a-f]{8})?$")
 
 
 @envs_app.command("families")
 def envs_families():
     """List the procedural environment families and their levels."""
-    from ..tasks.families import FAMILIES
+    from ..tasks.envs.families import FAMILIES
 
     t = Table(title="environment families")
     for col in ("family", "levels", "what the agent does"):
@@ -46,7 +43,7 @@ def envs_families():
 def envs_sample(family: str, level: int = typer.Option(1, "--level"), seed: int = typer.Option(0, "--seed"),
                 tests: bool = typer.Option(False, "--tests", help="include the hidden tests")):
     """Print one generated environment (instruction, files, solution) as JSON."""
-    from ..tasks.families import get_family
+    from ..tasks.envs.families import get_family
 
     try:
         env = get_family(family).generate(level, seed)
@@ -67,59 +64,25 @@ def _settings(config: Optional[Path]) -> tuple[SynthesizeConfig, SandboxConfig]:
 
 def _resolve(ref: str, runs: str) -> list[EnvSpec]:
     """Task folder(s), a procedural id, or an env_id committed in a build under `runs`."""
-    from ..tasks.families import get_family
-    from ..tasks.interop import TaskFormatError, find_tasks, import_task
+    from ..tasks.envs.catalogue import EnvNotFound, from_folder, resolve
+    from ..tasks.envs.formats import TaskFormatError, detect
 
-    path = Path(ref)
-    if path.exists():
-        try:
-            folders = find_tasks(path)
-        except TaskFormatError as err:
-            fail(str(err))
-        if not folders:
-            fail(f"{ref}: no task folder (task.toml or task.yaml) there")
-        envs = []
-        for f in folders:
-            try:
-                envs.append(import_task(f))
-            except TaskFormatError as err:
-                err_console.print(f"[red]✗[/] {err}")
-        return envs
-    m = PROCEDURAL_ID.match(ref)
-    if m:
-        try:
-            return [get_family(m["family"]).generate(int(m["level"]), int(m["seed"]))]
-        except (KeyError, ValueError) as err:
-            fail(str(err).strip("'\""))
-    found = _find_committed(ref, runs)
-    if found is None:
-        fail(f"{ref!r} is not a task folder, a procedural id (family-l<level>-s<seed>) or an environment "
-             f"committed under {runs}")
-    return [found]
-
-
-def _find_committed(env_id: str, runs: str) -> EnvSpec | None:
-    import fsspec
-
-    from ..tasks.store import RunStore
-
-    fs, root = fsspec.core.url_to_fs(runs)
-    if not fs.exists(root):
-        return None
-    for ds in fs.ls(root, detail=False):
-        store = RunStore(runs, posixpath.basename(ds.rstrip("/")))
-        for m in sorted(store.fs.glob(posixpath.join(store.root, "*", "synthesize", "*", "manifest.json")), reverse=True):
-            parts = store.read_json(m)["parts"]
-            for env in store.read_records(parts, EnvSpec):
-                if env.env_id == env_id:
-                    return env
-    return None
+    try:
+        if Path(ref).is_dir() and not detect(Path(ref)):  # a folder of tasks: report the unreadable ones
+            found, rejects = from_folder(Path(ref))
+            for r in rejects:
+                err_console.print(f"[red]✗[/] {r.detail}")
+            if found:
+                return [env for _, env in found]
+        return resolve(ref, runs=runs)
+    except (EnvNotFound, TaskFormatError) as err:
+        fail(str(err))
 
 
 def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs: int):
+    from ..tasks.envs.catalogue import sibling_of
+    from ..tasks.envs.validator import validate_env
     from ..tasks.sandbox import docker_client
-    from ..tasks.synthesize import sibling_of
-    from ..tasks.validator import validate_env
 
     try:
         client = docker_client(pool_size=2 * jobs + 4)
@@ -135,7 +98,7 @@ def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConf
 
 
 def _report(results, title: str) -> int:
-    from ..tasks.validator import CHECKS
+    from ..tasks.envs.validator import CHECKS
 
     t = Table(title=title)
     for col in ("environment", "source", *CHECKS, "verdict"):
@@ -182,7 +145,7 @@ def envs_export(ref: str = typer.Argument(..., help="family-l<L>-s<S> or a commi
                 dest: Path = typer.Argument(..., help="folder to write the Harbor task folder into"),
                 runs: str = typer.Option("./runs")):
     """Write an environment as a Harbor task folder (imports back to the same environment)."""
-    from ..tasks.interop import export_harbor
+    from ..tasks.envs.formats import export_harbor
 
     for env in _resolve(ref, runs):
         out = export_harbor(env, dest)
@@ -193,19 +156,10 @@ def envs_export(ref: str = typer.Argument(..., help="family-l<L>-s<S> or a commi
 def images_prune(runs: str = typer.Option("./runs"),
                  all_: bool = typer.Option(False, "--all", help="remove every trajforge environment image")):
     """Remove environment images that no committed build under --runs uses."""
-    import fsspec
-
-    from ..tasks.images import prune_images
+    from ..tasks.envs.catalogue import images_in_use
+    from ..tasks.envs.images import prune_images
     from ..tasks.sandbox import docker_client
-    from ..tasks.store import RunStore
 
-    keep: set[str] = set()
-    fs, root = fsspec.core.url_to_fs(runs)
-    if not all_ and fs.exists(root):
-        for ds in fs.ls(root, detail=False):
-            store = RunStore(runs, posixpath.basename(ds.rstrip("/")))
-            for m in store.fs.glob(posixpath.join(store.root, "*", "synthesize", "*", "manifest.json")):
-                table = store.read_table(store.read_json(m)["parts"], EnvSpec, columns=["image"])
-                keep.update(i for i in table.column("image").to_pylist() if i)
+    keep: set[str] = set() if all_ else images_in_use(runs)
     removed = prune_images(docker_client(), keep)
     console.print(json.dumps({"removed": len(removed), "kept_in_use": len(keep)}))

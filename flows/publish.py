@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from ..tasks.store import RunStore
+from ..tasks.engine.store import RunStore
 
 
 class PublishError(RuntimeError):
@@ -29,15 +29,14 @@ class PublishError(RuntimeError):
 
 def dataset_folder(store: RunStore, build_id: str) -> str:
     """The export folder of a committed build (raises PublishError naming what is missing)."""
-    rec_path = posixpath.join(store.build_dir(build_id), "build.json")
-    if not store.exists(rec_path):
+    rec = store.read_build(build_id)
+    if rec is None:
         raise PublishError(f"build {build_id!r} not found under {store.url(store.root)} "
                            f"(builds: {', '.join(store.builds()[-5:]) or 'none'})")
-    rec = store.read_json(rec_path)
-    if rec.get("status") != "committed":
-        raise PublishError(f"build {build_id} is {rec.get('status')!r}, not committed: finish it "
+    if rec.status != "committed":
+        raise PublishError(f"build {build_id} is {rec.status!r}, not committed: finish it "
                            f"(`trajforge build` resumes it) before publishing")
-    export = rec.get("stages", {}).get("export", {}).get("manifest")
+    export = rec.committed("export")
     if not export or not store.exists(posixpath.join(export, "manifest.json")):
         raise PublishError(f"build {build_id} has no committed export stage")
     return export

@@ -7,7 +7,9 @@ PREFECT_API_URL before the cluster spawns, so workers inherit it.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextlib
 import logging
 import os
 
@@ -47,6 +49,36 @@ def stop_prefect_api() -> None:
         finally:
             _server = None
             os.environ.pop("PREFECT_API_URL", None)
+
+
+class ClusterLimiter:
+    """A lease of a cluster-wide `distributed.Semaphore` per holder (registered in the task thread):
+    e.g. the in-flight cap of one teacher endpoint across every worker of the cluster."""
+
+    def __init__(self, name: str, cap: int):
+        from distributed import Semaphore
+
+        self.name, self.sem = name, Semaphore(max_leases=cap, name=name)
+        self.sem.register()
+
+    @contextlib.asynccontextmanager
+    async def hold(self):
+        await asyncio.to_thread(self.sem.acquire)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(self.sem.release)
+
+
+def cluster_limiter():
+    """`ClusterLimiter` inside a Dask worker, else None (stage code then limits per event loop)."""
+    try:
+        from distributed import get_worker
+
+        get_worker()
+    except (ImportError, ValueError):
+        return None
+    return ClusterLimiter
 
 
 def reap_on_workers(address: str, build_id: str | None = None) -> dict[str, int]:

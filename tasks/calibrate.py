@@ -5,8 +5,8 @@ from the counts (reported in `excluded`); hack-flagged rollouts count as attempt
 Adaptive rounds (`calibrate.adaptive`): the stage also decides which environments need more
 rollouts: those whose label is worth more rollouts (by default: `batch` more are expected to raise the
 empirical-Bayes probability that the label is right by `min_gain` per rollout) and that have fewer
-than `max_samples` attempts get `batch` more. The decision is in the manifest's stats (`needs_more`,
-`next_sample`); the flow runs another rollout -> verify -> calibrate round for exactly those.
+than `max_samples` attempts get `batch` more. The decision is a typed `RoundPlan` in the manifest's stats;
+the flow runs another rollout -> verify -> calibrate round for exactly those.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import math
 from collections import defaultdict
 from statistics import NormalDist
 
-from ..schemas.calibration import Calibration, Label
+from ..schemas.calibration import Calibration, Label, RoundPlan
 from ..schemas.common import INFRA_STATUSES
 from ..schemas.config import CalibrateConfig
 from ..schemas.verdict import Verdict
-from .stage import Manifest, Shard, ShardResult, Stage, StageContext
-from .synthesize import load_envs
+from .engine import Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
+from .envs.catalogue import load_envs
 
 
 def wilson_interval(passes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -138,11 +138,6 @@ def label_gain(counts: list[tuple[int, int]], cfg: CalibrateConfig, batch: int,
     return [gain[c] for c in counts]
 
 
-def verdict_parts(upstream: dict[str, Manifest]) -> list[str]:
-    """Parts of every verify manifest upstream (`verify`, and `verify.r1`... of adaptive rounds)."""
-    return [p for name in sorted(upstream) if name.split(".")[0] == "verify" for p in upstream[name].parts]
-
-
 class CalibrateStage(Stage):
     name = "calibrate"
     requires = ("verify", "synthesize")
@@ -157,9 +152,15 @@ class CalibrateStage(Stage):
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
         return [Shard(index=0)]
 
+    def summarize(self, ctx: StageContext, shard_stats: list[dict]) -> dict:
+        """One shard: its round plan is kept whole (summing would drop the teacher lists)."""
+        out = super().summarize(ctx, shard_stats)
+        out[RoundPlan.STATS_KEY] = shard_stats[0][RoundPlan.STATS_KEY] if shard_stats else {}
+        return out
+
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
         envs = load_envs(ctx, upstream["synthesize"])
-        verdicts = ctx.store.read_records(verdict_parts(upstream), Verdict)
+        verdicts = ctx.store.read_records(upstream_parts(upstream, "verify"), Verdict)
         groups: dict[tuple[str, str], list[Verdict]] = defaultdict(list)
         for v in verdicts:
             groups[(v.env_id, v.teacher)].append(v)
@@ -195,7 +196,7 @@ class CalibrateStage(Stage):
         labels: dict[str, int] = {}
         for r in rows:
             labels[r.label] = labels.get(r.label, 0) + 1
+        plan = RoundPlan(needs_more=needs_more, next_sample=next_sample, unsure_teachers=unsure)
         stats = {"labels": labels, "environments": len(rows), "certain": sum(r.certain for r in rows),
-                 "attempts": sum(r.attempts for r in rows), "needs_more": needs_more, "next_sample": next_sample,
-                 "unsure_teachers": unsure}
+                 "attempts": sum(r.attempts for r in rows), RoundPlan.STATS_KEY: plan.model_dump(mode="json")}
         return ShardResult(rows, [], stats)

@@ -32,9 +32,7 @@ from ..schemas.environment import EnvSpec
 from ..schemas.export import PreferenceRow, RLRow, TrajectoryRow
 from ..schemas.trajectory import Message, Rollout
 from ..schemas.verdict import Verdict
-from .calibrate import verdict_parts
-from .stage import GateFailed, Manifest, Shard, ShardResult, Stage, StageContext
-from .verify import rollout_parts
+from .engine import GateFailed, Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
 
 ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "harness", "sample", "messages", "tools_json", "status",
                    "turns", "prompt_tokens", "completion_tokens", "wall_s"]
@@ -80,7 +78,7 @@ class ExportStage(Stage):
         return f"trajectories/train-{fingerprint}-{shard.index:05d}.parquet"
 
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
-        return [Shard(index=i, payload={"part": p}) for i, p in enumerate(rollout_parts(upstream))]
+        return [Shard(index=i, payload={"part": p}) for i, p in enumerate(upstream_parts(upstream, "rollout"))]
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
         """Column-wise join on Arrow: rollout columns (messages, tools) are taken, never turned into
@@ -89,7 +87,7 @@ class ExportStage(Stage):
         store, filters = ctx.store, ctx.config.export.filters
         table = store.read_table([shard.payload["part"]], Rollout, columns=ROLLOUT_COLUMNS)
         ids, status = table.column("rollout_id").to_pylist(), table.column("status").to_pylist()
-        vt = store.read_table(verdict_parts(upstream), Verdict, columns=VERDICT_COLUMNS,
+        vt = store.read_table(upstream_parts(upstream, "verify"), Verdict, columns=VERDICT_COLUMNS,
                               filters=[("rollout_id", "in", ids)])
         vidx = _index(vt, "rollout_id")  # the last verdict of a rollout wins (a re-run round)
         quality = vt.column("quality").combine_chunks()

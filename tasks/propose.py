@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ..schemas.common import Reject
-from ..schemas.config import BuildConfig, fingerprint_view
+from ..schemas.config import BuildConfig
 from ..schemas.environment import EnvSpec
-from .families import get_family
-from .interop import TaskFormatError, find_tasks, folder_digest, import_task
-from .stage import Manifest, Shard, ShardResult, Stage, StageContext
+from .engine import Manifest, Shard, ShardResult, Stage, StageContext
+from .envs.families import get_family
+from .envs.formats import TaskFormatError, find_tasks, folder_digest, import_task, markers
 
 
 def procedural_items(config: BuildConfig) -> list[dict[str, Any]]:
@@ -40,7 +40,7 @@ def import_items(config: BuildConfig) -> list[dict[str, Any]]:
         except TaskFormatError as err:
             raise ValueError(f"synthesize.imports: {err}") from None
         if not folders:
-            raise ValueError(f"synthesize.imports: no task folder (task.toml or task.yaml) under {root}")
+            raise ValueError(f"synthesize.imports: no task folder ({markers()}) under {root}")
         items += [{"kind": "import", "path": str(p)} for p in folders]
     return items
 
@@ -48,7 +48,7 @@ def import_items(config: BuildConfig) -> list[dict[str, Any]]:
 class ProposeStage(Stage):
     name = "propose"
     config_sections = ("synthesize",)
-    code_modules = ("families", "interop", "llm_synthesis")
+    code_modules = ("envs.families", "envs.formats", "envs.llm_synthesis")
     output = EnvSpec
 
     def services_for(self, config: BuildConfig) -> tuple[str, ...]:
@@ -61,7 +61,7 @@ class ProposeStage(Stage):
                                "llm": s.llm.model_dump(mode="json") if s.llm else None,
                                "envs_per_shard": s.envs_per_shard}
         if s.llm:
-            out["teacher"] = fingerprint_view(config.teacher)
+            out["teacher"] = config.teacher.fingerprint()
         return out
 
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
@@ -103,14 +103,14 @@ class ProposeStage(Stage):
         return ShardResult(list(seen.values()), rejects, {"candidates": by_source})
 
     async def _llm(self, ctx: StageContext, items: list[dict]) -> list:
-        from .llm_synthesis import propose
-        from .teacher import make_teacher
+        from .envs.llm_synthesis import propose
+        from .teachers import make_teacher
 
         llm = ctx.config.synthesize.llm
         tcfg = ctx.config.teacher.model_copy(update={"max_tokens": llm.max_tokens, "temperature": llm.temperature,
                                                      "tool_calling": False, "return_token_ids": False,
                                                      "logprobs": False})
-        teacher = make_teacher(tcfg, ctx.runtime)
+        teacher = make_teacher(tcfg, ctx.runtime, ctx.limiter)
         try:
             return await asyncio.gather(*(propose(teacher, it["theme"], it["index"]) for it in items))
         finally:

@@ -2,56 +2,38 @@
 environment, `samples_per_env` each (a teacher may set its own). Adaptive rounds give more episodes
 only to the (environment, teacher) pairs whose calibration asked for them.
 
-One shard task runs an asyncio driver that keeps up to `rollout.concurrency` episodes in flight
-(vLLM's continuous batching needs many concurrent requests; the endpoint pool caps requests per
-server across the cluster). Each episode's container starts while the teacher writes its first
-turn. Infrastructure failures (Docker) are retried `infra_retries` times, then recorded as
-`infra_error` rows; teacher outages end episodes as `teacher_error`. Neither is ever counted as the
-teacher failing a task. The shard reports live counters (episodes done/running, tokens, statuses).
+Episodes run in the asyncio driver of `agent.driver` (many in flight per shard task).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import time
-import traceback
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import fsspec
-
-from ..schemas.config import TeacherConfig, fingerprint_view
+from ..schemas.calibration import RoundPlan
 from ..schemas.environment import EnvSpec
-from ..schemas.trajectory import Message, Rollout
-from .agent import HARNESS, EpisodeSettings, rollout_id, run_episode
-from .sandbox import Sandbox, SandboxError, docker_client
-from .stage import Manifest, Shard, ShardResult, Stage, StageContext
-from .synthesize import load_envs
-from .teacher import make_teacher
-from .verifier import VERIFIER_CAPS
-
-
-def _file_sha(url: str) -> str:
-    with fsspec.open(url, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
+from ..schemas.trajectory import Rollout
+from .agent.driver import run_episodes
+from .engine import Manifest, Shard, ShardResult, Stage, StageContext
+from .envs.catalogue import load_envs
 
 
 class RolloutStage(Stage):
     name = "rollout"
     requires = ("synthesize",)
     services = ("teacher",)
-    code_modules = ("agent", "teacher", "openai_teacher", "sandbox", "verifier")
+    # teachers: what decides the turns (settings models, clients, replay, recorded files, the registry);
+    # not endpoint routing or the vLLM process lifecycle (operational)
+    code_modules = ("agent", "teachers.registry", "teachers.base", "teachers.replay", "teachers.recorded",
+                    "teachers.openai", "teachers.vllm", "sandbox.container", "sandbox.verifier")
     config_sections = ("rollout", "teacher", "sandbox")
     output = Rollout
 
     def config_section(self, config) -> dict[str, Any]:
         """Only the active backend's settings of each teacher count; a replay file counts by its content."""
         out = super().config_section(config)
-        out["teacher"] = _teacher_view(config.teacher)
+        out["teacher"] = config.teacher.fingerprint()
         if config.extra_teachers:
-            out["extra_teachers"] = [_teacher_view(t) for t in config.extra_teachers]
+            out["extra_teachers"] = [t.fingerprint() for t in config.extra_teachers]
         return out
 
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
@@ -59,12 +41,11 @@ class RolloutStage(Stage):
         manifest upstream): the extra samples that calibration asked for, numbered on from the last."""
         cfg = ctx.config
         if "calibrate" in upstream:  # only the teachers whose label of that environment is unsure
-            stats = upstream["calibrate"].stats
+            plan = RoundPlan.of(upstream["calibrate"].stats)
             index = {t.label: i for i, t in enumerate(cfg.teachers)}
-            unsure = stats.get("unsure_teachers", {})
-            work = [[e, k, index[label]] for e, n in sorted(stats["needs_more"].items())
-                    for k in range(stats["next_sample"][e], stats["next_sample"][e] + n)
-                    for label in unsure.get(e, [cfg.teacher.label]) if label in index]
+            work = [[e, k, index[label]] for e, n in sorted(plan.needs_more.items())
+                    for k in range(plan.next_sample[e], plan.next_sample[e] + n)
+                    for label in plan.unsure_teachers.get(e, [cfg.teacher.label]) if label in index]
         else:
             env_ids = sorted(ctx.store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id"])
                              .column("env_id").to_pylist())
@@ -84,125 +65,3 @@ class RolloutStage(Stage):
         tps = totals.get("completion_tokens", 0) / elapsed_s if elapsed_s > 0 else 0.0
         return (f"episodes {totals.get('done', 0)}/{totals.get('total', 0)} · running {totals.get('running', 0)} "
                 f"· {tps:.0f} tok/s · {statuses}")
-
-
-def _teacher_view(t: TeacherConfig) -> dict[str, Any]:
-    view = fingerprint_view(t)
-    if t.backend != "vllm":
-        view.pop("vllm", None)
-    if t.backend != "replay":
-        view.pop("replay", None)
-    elif t.replay.source != "solution":
-        view["replay"]["sha256"] = _file_sha(t.replay.source)
-    return view
-
-
-def episode_settings(ctx: StageContext, teacher: TeacherConfig | None = None) -> EpisodeSettings:
-    cfg = ctx.config
-    t = teacher or cfg.teacher
-    budget = cfg.rollout.context_budget_tokens
-    if budget is None and t.backend == "vllm":
-        budget = t.vllm.max_model_len
-    return EpisodeSettings(cfg.rollout.max_turns, cfg.rollout.command_timeout_s, cfg.rollout.episode_timeout_s,
-                           t.tool_calling, cfg.sandbox.final_state_limit_bytes, budget,
-                           t.max_tokens, cfg.rollout.verify_in_place, cfg.rollout.test_timeout_s)
-
-
-def run_episodes(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple],
-                 teacher=None) -> ShardResult:
-    """Run `episodes` [(env_id, sample[, teacher index into config.teachers])] with the configured
-    teachers (or `teacher` for all); one row per episode, always."""
-    conc = ctx.config.rollout.concurrency
-
-    async def main() -> ShardResult:
-        # Every episode blocks threads on Docker calls: size the pool for the episodes in flight
-        # (the default, cpu_count + 4, would serialize them on a small machine).
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=2 * conc + 8))
-        return await _drive(ctx, envs, episodes, teacher)
-
-    return asyncio.run(main())
-
-
-async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple],
-                 teacher=None) -> ShardResult:
-    cfg = ctx.config
-    client = docker_client(pool_size=2 * cfg.rollout.concurrency + 4)
-    used = sorted({ep[2] if len(ep) > 2 else 0 for ep in episodes})
-    teachers = {i: teacher or make_teacher(cfg.teachers[i], ctx.runtime) for i in used}
-    settings = {i: episode_settings(ctx, cfg.teachers[i]) for i in used}
-    gate = asyncio.Semaphore(cfg.rollout.concurrency)
-    live: dict[str, Any] = {"total": len(episodes), "done": 0, "running": 0, "completion_tokens": 0,
-                            "status": Counter(), "infra_retries": 0}
-    errors: Counter = Counter()
-    t0 = time.monotonic()
-
-    def report(force: bool = False) -> None:
-        ctx.report(force=force, **{**live, "status": dict(live["status"])})
-
-    def failed_row(env: EnvSpec, sample: int, status: str, error: str, attempts: int, teacher) -> Rollout:
-        return Rollout(rollout_id=rollout_id(env.env_id, teacher.label, sample), env_id=env.env_id,
-                       teacher=teacher.label, harness=HARNESS, sample=sample,
-                       messages=[Message(role="user", content=env.instruction)], status=status,
-                       error=error[:2000], attempts=attempts)
-
-    async def one(env_id: str, sample: int, ti: int) -> Rollout:
-        env, teacher, s = envs[env_id], teachers[ti], settings[ti]
-        async with gate:
-            live["running"] += 1
-            report()
-            last_err, attempts = "", cfg.rollout.infra_retries + 1
-            try:
-                for attempt in range(1, attempts + 1):
-                    try:
-                        r = await run_episode(
-                            env, teacher.session(env, sample, rollout_id(env_id, teacher.label, sample)),
-                            lambda: Sandbox(client, env.image, cfg.sandbox, workdir=env.workdir,
-                                            labels={"trajforge.build": ctx.build_id, "trajforge.env": env_id},
-                                            cap_add=VERIFIER_CAPS if s.verify_in_place else ()),
-                            s, teacher.label, sample)
-                        r.attempts = attempt
-                        return r
-                    except SandboxError as err:
-                        last_err = f"SandboxError: {err}"
-                    except Exception as err:  # a bug or an unexpected failure: kept, classified, retried
-                        last_err = f"{err.__class__.__name__}: {err}\n{traceback.format_exc(limit=4)}"
-                    live["infra_retries"] += 1
-                    errors[last_err.split(":", 1)[0]] += 1
-                return failed_row(env, sample, "infra_error", last_err, attempts, teacher)
-            finally:
-                live["running"] -= 1
-
-    async def tracked(env_id: str, sample: int, ti: int = 0) -> Rollout:
-        r = await one(env_id, sample, ti)
-        live["done"] += 1
-        live["completion_tokens"] += r.completion_tokens
-        live["status"][r.status] += 1
-        report(force=live["done"] == live["total"])
-        return r
-
-    try:
-        rows = await asyncio.gather(*(tracked(*ep) for ep in episodes))
-    finally:
-        for t in {id(t): t for t in teachers.values()}.values():
-            await t.aclose()
-        client.close()
-    wall = time.monotonic() - t0
-    stats: dict[str, Any] = {
-        "episodes": len(rows), "status": dict(Counter(r.status for r in rows)),
-        "infra_retries": live["infra_retries"], "infra_error_kinds": dict(errors),
-        "completion_tokens": sum(r.completion_tokens for r in rows),
-        "prompt_tokens": sum(r.prompt_tokens for r in rows),
-        "turns": sum(r.turns for r in rows), "commands": sum(len(r.steps) for r in rows),
-        "killed_by": dict(Counter(s.killed_by for r in rows for s in r.steps if s.killed_by)),
-        "teacher_seconds": round(sum(u.latency_s for r in rows for u in r.usage), 3),
-        "command_seconds": round(sum(s.duration_s for r in rows for s in r.steps), 3),
-        "episode_seconds": round(sum(r.wall_s for r in rows), 3),
-        "driver_wall_seconds": round(wall, 3),
-    }
-    stats["teachers"] = dict(Counter(r.teacher for r in rows))
-    for t in teachers.values():
-        if hasattr(t, "endpoint_stats"):
-            es = t.endpoint_stats()
-            stats.setdefault("endpoints", {}).update({u: v["requests"] for u, v in es.items()})
-            stats.setdefault("endpoint_errors", {}).update({u: v["errors"] for u, v in es.items()})
-    return ShardResult(list(rows), [], stats)

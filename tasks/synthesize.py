@@ -13,39 +13,22 @@ from typing import Any
 from ..schemas.common import Reject
 from ..schemas.config import BuildConfig, fingerprint_view
 from ..schemas.environment import EnvSpec
-from .families import FAMILIES
-from .images import ImageBuildError, ensure_image
+from .engine import Manifest, Shard, ShardResult, Stage, StageContext
+from .envs.catalogue import sibling_of, source_kind, source_priority
+from .envs.images import ImageBuildError, ensure_image
+from .envs.validator import dedup, validate_env
 from .sandbox import SandboxError, docker_client
-from .stage import Manifest, Shard, ShardResult, Stage, StageContext
-from .validator import dedup, validate_env
 
-PRIORITY = {"procedural": 0, "harbor": 1, "terminal-bench": 1, "llm": 2}
 ADMISSION = ("image_aliases", "dedup_threshold", "validate_envs", "solution_timeout_s", "test_timeout_s",
              "envs_per_shard")
-
-
-def load_envs(ctx: StageContext, manifest: Manifest) -> dict[str, EnvSpec]:
-    return {e.env_id: e for e in ctx.store.read_records(manifest.parts, EnvSpec)}
-
-
-def source_kind(source: str) -> str:
-    return source.split(":", 1)[0]
-
-
-def sibling_of(env: EnvSpec, replay: bool = False) -> EnvSpec | None:
-    """Another instance of a procedural family (instance-specificity check; with `replay`, only for
-    families whose reference solution replays on any instance); None for other sources."""
-    fam = FAMILIES.get(env.family)
-    if fam is None or source_kind(env.source) != "procedural" or (replay and not fam.replay_invariant):
-        return None
-    return fam.sibling(env)
 
 
 class SynthesizeStage(Stage):
     name = "synthesize"
     requires = ("propose",)
     config_sections = ("synthesize", "sandbox")
-    code_modules = ("images", "validator", "verifier", "sandbox", "families")
+    code_modules = ("envs.images", "envs.validator", "envs.families", "envs.catalogue", "sandbox.container",
+                    "sandbox.verifier")
     output = EnvSpec
 
     def config_section(self, config: BuildConfig) -> dict[str, Any]:
@@ -54,7 +37,7 @@ class SynthesizeStage(Stage):
 
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
         cands = ctx.store.read_records(upstream["propose"].parts, EnvSpec)
-        cands.sort(key=lambda e: (PRIORITY.get(source_kind(e.source), 3), e.env_id))
+        cands.sort(key=lambda e: (source_priority(e.source), e.env_id))
         unique, seen, dups = [], set(), {}
         for e in cands:  # the same content proposed twice is one candidate
             if e.env_id not in seen:

@@ -1,14 +1,14 @@
 """Stage `verify`: hidden-test results, hack detection with evidence, and quality signals.
 
 Tests: a rollout whose tests ran in place (in its own container right after the episode, see
-tasks/agent.py and `rollout.verify_in_place`) is judged from those results; any other (or every one,
+tasks/agent/harness.py and `rollout.verify_in_place`) is judged from those results; any other (or every one,
 with `verify.isolated`) is tested `isolated`: a fresh container of the environment's image plus the
 captured work dir, nothing else of the episode. `Verdict.mode` says which.
 
 Shards hold whole environments, so the rollouts of one environment can be compared with each other
 (TRACE's contrastive check). Per rollout: the work dir is restored, the verifier copies the tests in
-and runs them as root (tasks/verifier.py); the single-trajectory detectors run on its steps and final
-files (tasks/hacks.py); a success of a procedural family is replayed on a sibling instance to catch
+and runs them as root (tasks/sandbox/verifier.py); the single-trajectory detectors run on its steps and final
+files (tasks/sandbox/hacks.py); a success of a procedural family is replayed on a sibling instance to catch
 hard-coded answers (`verify.replay_on_sibling`). `passed` = submitted + all tests passed + no flag.
 Infrastructure failures get `verified=False` and never count as a pass or a fail. A verifier that
 hangs or prints garbage is a reject (`verifier_error`) for that row; the rest is verified.
@@ -24,28 +24,24 @@ from ..schemas.common import INFRA_STATUSES, Reject
 from ..schemas.environment import EnvSpec
 from ..schemas.trajectory import Rollout
 from ..schemas.verdict import HackFlag, Verdict
-from .hacks import detect, review_outliers
-from .quality import assess
+from .engine import Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
+from .envs.catalogue import load_envs, sibling_of
 from .sandbox import Sandbox, SandboxError, docker_client
-from .stage import Manifest, Shard, ShardResult, Stage, StageContext
-from .synthesize import load_envs, sibling_of
-from .verifier import VERIFIER_CAPS, TestRun, restore_state, run_hidden_tests
-
-
-def rollout_parts(upstream: dict[str, Manifest]) -> list[str]:
-    """The Parquet parts of every rollout manifest upstream (`rollout`, and `rollout.r1`... of adaptive rounds)."""
-    return [p for name in sorted(upstream) if name.split(".")[0] == "rollout" for p in upstream[name].parts]
+from .sandbox.hacks import detect, review_outliers
+from .sandbox.quality import assess
+from .sandbox.verifier import VERIFIER_CAPS, TestRun, restore_state, run_hidden_tests
 
 
 class VerifyStage(Stage):
     name = "verify"
     requires = ("rollout", "synthesize")
     config_sections = ("verify", "sandbox")
-    code_modules = ("verifier", "sandbox", "hacks", "quality")
+    code_modules = ("sandbox.container", "sandbox.verifier", "sandbox.hacks", "sandbox.quality", "envs.catalogue",
+                    "envs.images")
     output = Verdict
 
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
-        table = ctx.store.read_table(rollout_parts(upstream), Rollout, columns=["env_id"])
+        table = ctx.store.read_table(upstream_parts(upstream, "rollout"), Rollout, columns=["env_id"])
         counts: dict[str, int] = defaultdict(int)
         for e in table.column("env_id").to_pylist():
             counts[e] += 1
@@ -63,7 +59,7 @@ class VerifyStage(Stage):
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
         envs = load_envs(ctx, upstream["synthesize"])
-        rollouts = ctx.store.read_records(rollout_parts(upstream), Rollout,
+        rollouts = ctx.store.read_records(upstream_parts(upstream, "rollout"), Rollout,
                                           filters=[("env_id", "in", shard.payload["env_ids"])])
         return verify_rollouts(ctx, envs, rollouts)
 
@@ -145,7 +141,7 @@ def replay_on_sibling(r: Rollout, env: EnvSpec, client, box, base_image: str, te
                       command_timeout_s: float) -> list[HackFlag]:
     """The trajectory's commands, in order, on another instance of the same family: a computed answer
     passes there too (the validator made sure the reference solution does); a written one does not."""
-    from .images import ensure_image
+    from .envs.images import ensure_image
 
     sib = sibling_of(env, replay=True)
     if sib is None or not r.steps:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,9 @@ def sandbox_cfg():
 
 @pytest.fixture
 def make_config(tmp_path):
-    from trajforge.schemas.config import parse_config
-
     from helpers import small_config
+
+    from trajforge.schemas.config import parse_config
 
     def make(**overrides):
         return parse_config(small_config(tmp_path / "runs", **overrides))

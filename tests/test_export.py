@@ -16,8 +16,8 @@ from trajforge.schemas.environment import EnvSpec, FileSpec
 from trajforge.schemas.export import TrajectoryRow
 from trajforge.schemas.trajectory import FunctionCall, Message, Rollout, ToolCall
 from trajforge.schemas.verdict import Quality, TestResult, Verdict
+from trajforge.tasks.engine import Manifest, Shard, StageContext, execute_shard
 from trajforge.tasks.export import ExportStage
-from trajforge.tasks.stage import Manifest, Shard, StageContext, execute_shard
 
 ROOT = Path(__file__).resolve().parent.parent
 

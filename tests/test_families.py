@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
-from trajforge.tasks.families import FAMILIES, get_family
-from trajforge.tasks.synthesize import sibling_of
-from trajforge.tasks.validator import validate_env
+from trajforge.tasks.envs.catalogue import sibling_of
+from trajforge.tasks.envs.families import FAMILIES, get_family
+from trajforge.tasks.envs.validator import validate_env
 
 CASES = [(f, lvl) for f in sorted(FAMILIES) for lvl in FAMILIES[f].levels]
 SEEDS = (0, 1, 2)
@@ -63,9 +63,9 @@ def test_every_check_passes_for_three_seeds(docker_client, family, level):
 @pytest.mark.parametrize("family", sorted(f for f in FAMILIES if FAMILIES[f].replay_invariant))
 def test_replay_invariant_solutions_solve_any_instance(docker_client, family):
     """What the hard-coded-answer check relies on: the reference commands of one instance solve another."""
-    from trajforge.tasks.images import ensure_image
+    from trajforge.tasks.envs.images import ensure_image
     from trajforge.tasks.sandbox import Sandbox
-    from trajforge.tasks.verifier import VERIFIER_CAPS, run_hidden_tests
+    from trajforge.tasks.sandbox.verifier import VERIFIER_CAPS, run_hidden_tests
 
     env = get_family(family).generate(2, 0)
     sib = sibling_of(env, replay=True)

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from helpers import run_cli, small_config, venv_bin
 
 from trajforge.flows.cli import run_build
 from trajforge.flows.explain import explain_build
 from trajforge.schemas.config import parse_config
-from trajforge.tasks.stage import GateFailed
-from trajforge.tasks.store import RunStore
-
-from helpers import run_cli, small_config, venv_bin
+from trajforge.tasks.engine import GateFailed
+from trajforge.tasks.engine.store import RunStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -238,7 +237,7 @@ def test_inflight_cap_holds_across_dask_workers(tmp_path):
 
 
 def test_teacher_server_that_cannot_start_fails_the_build_clearly(tmp_path):
-    from trajforge.tasks.vllm_server import TeacherServerError
+    from trajforge.tasks.teachers.vllm_server import TeacherServerError
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")

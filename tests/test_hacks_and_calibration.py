@@ -12,15 +12,14 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import small_config
 
 from trajforge.flows.cli import run_build
 from trajforge.schemas.config import parse_config
 from trajforge.schemas.verdict import Verdict
-from trajforge.tasks.families import get_family
-from trajforge.tasks.interop import import_task
-from trajforge.tasks.store import RunStore
-
-from helpers import small_config
+from trajforge.tasks.engine.store import RunStore
+from trajforge.tasks.envs.families import get_family
+from trajforge.tasks.envs.formats import import_task
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -148,6 +147,6 @@ def test_scripted_teachers_of_known_skill_get_the_right_labels_and_adaptive_roun
     assert max(attempts.values()) <= 12 and min(attempts.values()) >= 4
     assert attempts["csv_convert"] > 4, "a mid-rate environment gets more rollouts"
     last_stats = store.read_json(posixpath.join(rec["stages"][last]["manifest"], "manifest.json"))["stats"]
-    assert len(rounds) == 4 or not last_stats["needs_more"], "stopped: every label sure, or the rounds spent"
+    assert len(rounds) == 4 or not last_stats["round_plan"]["needs_more"], "stopped: every label sure, or the rounds spent"
     rerun = run_build(parse_config(cfg))  # an identical build reuses every round
     assert {s["status"] for s in rerun["stages"].values()} == {"reused"} and rerun["stages"].keys() == rec["stages"].keys()

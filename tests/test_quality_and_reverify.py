@@ -9,12 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import run_cli
 
 from trajforge.schemas.trajectory import Rollout, Step
-from trajforge.tasks.families import get_family
-from trajforge.tasks.quality import assess, label_steps
-
-from helpers import run_cli
+from trajforge.tasks.envs.families import get_family
+from trajforge.tasks.sandbox.quality import assess, label_steps
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

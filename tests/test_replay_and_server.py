@@ -9,17 +9,16 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import small_config
 
 from trajforge.schemas.config import parse_config
-from trajforge.tasks.families import get_family
-from trajforge.tasks.images import ensure_image
-from trajforge.tasks.recorded import load_recorded
-from trajforge.tasks.rollout import run_episodes
-from trajforge.tasks.stage import StageContext
-from trajforge.tasks.teacher import make_teacher
-from trajforge.tasks.vllm_server import TeacherServerError, VLLMServer, resolve_model
-
-from helpers import small_config
+from trajforge.tasks.agent.driver import run_episodes
+from trajforge.tasks.engine import StageContext
+from trajforge.tasks.envs.families import get_family
+from trajforge.tasks.envs.images import ensure_image
+from trajforge.tasks.teachers import make_teacher
+from trajforge.tasks.teachers.recorded import load_recorded
+from trajforge.tasks.teachers.vllm_server import TeacherServerError, VLLMServer, resolve_model
 
 
 def _write_jsonl(path, rows):
@@ -98,15 +97,15 @@ def test_replay_answers_in_the_format_the_harness_offers():
     bash blocks, then SUBMIT, so its trajectories share the prompt format of a model teacher's."""
     import asyncio
 
-    from trajforge.schemas.config import TeacherConfig
+    from trajforge.schemas.config import teacher_config
     from trajforge.tasks.agent import FENCE, TOOLS
-    from trajforge.tasks.teacher import ReplayTeacher
+    from trajforge.tasks.teachers import ReplayTeacher
 
     env = get_family("log_report").generate(1, 0)
-    fenced = ReplayTeacher(TeacherConfig()).session(env, 0)
+    fenced = ReplayTeacher(teacher_config({})).session(env, 0)
     turns = [asyncio.run(fenced.next_turn([], [])) for _ in range(len(env.solution) + 1)]
     assert [FENCE.findall(t.message.content)[0].strip() for t in turns[:-1]] == [c.strip() for c in env.solution]
     assert turns[-1].message.content == "SUBMIT" and not any(t.message.tool_calls for t in turns)
-    tools = ReplayTeacher(TeacherConfig()).session(env, 0)
+    tools = ReplayTeacher(teacher_config({})).session(env, 0)
     first = asyncio.run(tools.next_turn([], TOOLS)).message.tool_calls[0]
     assert first.function.name == "bash" and json.loads(first.function.arguments)["command"] == env.solution[0]

@@ -31,7 +31,7 @@ def test_agent_is_unprivileged_and_offline(sb):
 def test_in_place_verification_container_gives_the_agent_nothing(docker_client, sandbox_cfg):
     """Episodes verified in place keep SETUID/SETGID in the bounding set (the root-run hidden tests
     drop to the agent user with them); agent processes still have no capability and cannot gain one."""
-    from trajforge.tasks.verifier import VERIFIER_CAPS
+    from trajforge.tasks.sandbox.verifier import VERIFIER_CAPS
 
     with Sandbox(docker_client, sandbox_cfg.base_image, sandbox_cfg, cap_add=VERIFIER_CAPS) as s:
         for field in ("CapEff", "CapPrm", "CapAmb"):

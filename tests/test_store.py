@@ -5,7 +5,7 @@ import os
 import pytest
 
 from trajforge.schemas.common import Reject
-from trajforge.tasks.store import RunStore
+from trajforge.tasks.engine.store import RunStore
 
 
 def _exercise(store: RunStore):

@@ -8,16 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from trajforge.schemas.config import parse_config
-from trajforge.tasks.families import get_family
-from trajforge.tasks.images import ensure_image
-from trajforge.tasks.openai_teacher import _h
-from trajforge.tasks.rollout import run_episodes
-from trajforge.tasks.stage import StageContext
-
 from fake_openai import FakeOpenAI, fenced, tool_call
 from helpers import small_config
+
+from trajforge.schemas.config import parse_config
+from trajforge.tasks.agent.driver import run_episodes
+from trajforge.tasks.engine import StageContext
+from trajforge.tasks.envs.families import get_family
+from trajforge.tasks.envs.images import ensure_image
+from trajforge.tasks.teachers.base import stable_hash as _h
 
 pytestmark = pytest.mark.docker
 

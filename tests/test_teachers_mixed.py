@@ -9,12 +9,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import small_config
 
 from trajforge.flows.cli import run_build
 from trajforge.schemas.config import parse_config
-from trajforge.tasks.families import get_family
-
-from helpers import small_config
+from trajforge.tasks.envs.families import get_family
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("prefect_api")]
 
@@ -48,8 +47,9 @@ def test_demonstrator_and_weak_teacher_in_one_build(tmp_path):
 def test_adaptive_round_extends_only_the_unsure_teachers(tmp_path):
     """The rollout plan of an adaptive round: the extra samples calibration asked for, for exactly the
     (environment, teacher) pairs it was unsure of; round 0 gives each teacher its own sample count."""
+    from trajforge.schemas.calibration import RoundPlan
+    from trajforge.tasks.engine import Manifest, StageContext
     from trajforge.tasks.rollout import RolloutStage
-    from trajforge.tasks.stage import Manifest, StageContext
 
     cfg = parse_config(small_config(tmp_path / "runs", dataset="plan", **{
         "teacher": {"backend": "replay", "name": "model"},
@@ -57,8 +57,9 @@ def test_adaptive_round_extends_only_the_unsure_teachers(tmp_path):
         "rollout.episodes_per_shard": 100}))
     calib = Manifest(stage="calibrate", fingerprint="x", build_id="b", dir="d", parts=[], rows=0, rejects=0,
                      reject_reasons={}, components={}, gate={}, created_at="",
-                     stats={"needs_more": {"e1": 2, "e2": 1}, "next_sample": {"e1": 4, "e2": 6},
-                            "unsure_teachers": {"e1": ["model"], "e2": ["model", "reference"]}})
+                     stats={"round_plan": RoundPlan(needs_more={"e1": 2, "e2": 1}, next_sample={"e1": 4, "e2": 6},
+                                                    unsure_teachers={"e1": ["model"], "e2": ["model", "reference"]}
+                                                    ).model_dump()})
     shards = RolloutStage().plan(StageContext.create(cfg, "b"), {"calibrate": calib})
     work = [tuple(w) for s in shards for w in s.payload["episodes"]]
     assert sorted(work) == [("e1", 4, 0), ("e1", 5, 0), ("e2", 6, 0), ("e2", 6, 1)]

@@ -9,7 +9,7 @@ import pytest
 from trajforge.schemas.common import FileSpec
 from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
 from trajforge.schemas.environment import EnvSpec
-from trajforge.tasks.validator import dedup, validate_env
+from trajforge.tasks.envs.validator import dedup, validate_env
 
 pytestmark = pytest.mark.docker
 ALIASES = SynthesizeConfig(families=[{"name": "log_report"}]).image_aliases

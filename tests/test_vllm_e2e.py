@@ -5,19 +5,17 @@ server. `make test` installs the teacher (`make teacher`) before the suite runs.
 from __future__ import annotations
 
 import glob
-import os
 import posixpath
 import socket
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from helpers import small_config
 
 from trajforge.flows.cli import run_build
 from trajforge.schemas.common import Status
 from trajforge.schemas.config import parse_config
-
-from helpers import small_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.vllm, pytest.mark.usefixtures("prefect_api")]
 TAXONOMY = set(Status.__args__)

@@ -1,0 +1,241 @@
+"""The agent harness: one episode = system prompt + instruction, then turns of teacher message ->
+sandbox commands -> observations, until `submit`, max turns, the context budget, or the episode
+timeout.
+
+Invariants: the history is stored linearly exactly as produced (assistant messages untouched,
+observations as `tool` messages, or `user` messages in fenced-bash mode), with the tool schemas
+offered and per-turn token counts (and token ids/logprobs when the server returns them); every
+command is a `Step` with exit code, duration and why it was killed; a command never runs past the
+episode deadline; infrastructure failures raise SandboxError (the caller retries) and are never
+recorded as the model's outcome; the work dir is captured after every agent process is killed and
+the protected paths are checksummed; only then, with `verify_in_place`, are the hidden tests copied
+into this container and run as root (tasks/sandbox/verifier.py). The captured state allows an isolated
+re-test later. The container starts while the teacher writes its first turn; the "before" checksums
+of an image are computed once per process (containers of one image start identical).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ...schemas.environment import EnvSpec
+from ...schemas.trajectory import Message, Rollout, Step, TurnUsage
+from ..sandbox import ExecResult, Sandbox, StateTooLarge
+from ..sandbox.verifier import run_hidden_tests
+from ..teachers import ContextOverflow, TeacherError, TeacherSession
+
+HARNESS = "trajforge-bash-v1"
+SYSTEM_PROMPT = (
+    "You are an expert at the Linux command line, working in a sandbox with no network access. "
+    "Your working directory is {workdir}. Each command runs in a fresh bash shell in that directory "
+    "(cd does not persist between commands). Use the `bash` tool to inspect files, act, and check "
+    "your result. When the task is done, call the `submit` tool."
+)
+FENCED_HINT = (" Tools are unavailable: reply with exactly one command in a ```bash fenced block per turn, "
+               "and reply with the single word SUBMIT when the task is done.")
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "bash", "description": "Run a bash command in the sandbox; returns exit code and output.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
+    {"type": "function", "function": {
+        "name": "submit", "description": "Declare the task finished.",
+        "parameters": {"type": "object", "properties": {}}}},
+]
+FENCE = re.compile(r"```(?:bash|sh|shell)?\s*\n(.*?)```", re.S)
+MAX_CONSECUTIVE_FORMAT_ERRORS = 3
+
+
+def rollout_id(env_id: str, teacher: str, sample: int) -> str:
+    return hashlib.sha256(f"{env_id}|{teacher}|{sample}".encode()).hexdigest()[:16]
+
+
+@dataclass
+class EpisodeSettings:
+    max_turns: int
+    command_timeout_s: float
+    episode_timeout_s: float
+    tool_calling: bool = True
+    final_state_limit: int = 8 << 20
+    context_budget: int | None = None  # prompt + completion tokens a request may need at most
+    max_tokens: int = 512
+    verify_in_place: bool = False  # run the hidden tests in this container once the episode ended
+    test_timeout_s: float = 60
+
+
+@dataclass
+class _State:
+    messages: list[Message]
+    deadline: float
+    steps: list[Step] = field(default_factory=list)
+    usage: list[TurnUsage] = field(default_factory=list)
+    submitted: bool = False
+    format_errors: int = 0
+
+
+def _observation(res: ExecResult) -> str:
+    why = {"timeout": " [killed: command timed out]", "oom": " [killed: out of memory]"}.get(res.killed_by or "", "")
+    return f"[exit code {res.exit_code}]{why}\n{res.output}".rstrip()
+
+
+_BEFORE: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}  # (image, protected globs) -> digests
+
+
+class _Episode:
+    """The sandbox side of one episode: started in the background, awaited before the first command."""
+
+    def __init__(self, sb: Sandbox, st: _State, s: EpisodeSettings, protected: list[str]):
+        self.sb, self.st, self.s, self.protected = sb, st, s, protected
+        self.before: dict[str, str] = {}
+        self.started = asyncio.ensure_future(asyncio.to_thread(self._start))
+
+    def _start(self) -> None:
+        self.sb.start()
+        key = (self.sb.container.attrs.get("Image") or self.sb.image, tuple(self.protected))
+        if key not in _BEFORE:  # before the agent's first command; same for every container of the image
+            _BEFORE[key] = self.sb.digests(self.protected)
+        self.before = _BEFORE[key]
+
+    async def run(self, turn: int, command: str) -> str:
+        await self.started
+        budget = min(self.s.command_timeout_s, max(1.0, self.st.deadline - time.monotonic()))
+        res = await asyncio.to_thread(self.sb.exec, command, budget)
+        self.st.steps.append(Step(turn=turn, command=command, exit_code=res.exit_code,
+                                  duration_s=round(res.duration_s, 4), timed_out=res.timed_out,
+                                  killed_by=res.killed_by, output_bytes=res.output_bytes, truncated=res.truncated))
+        return _observation(res)
+
+    async def handle_tool_calls(self, turn: int, msg: Message) -> None:
+        st = self.st
+        for call in msg.tool_calls:
+            name = call.function.name
+            try:
+                args = json.loads(call.function.arguments or "{}")
+                if not isinstance(args, dict):
+                    raise ValueError("arguments must be a JSON object")
+            except ValueError as err:
+                st.format_errors += 1
+                st.messages.append(Message(role="tool", tool_call_id=call.id, name=name,
+                                           content=f"format error: arguments are not valid JSON ({err})"))
+                continue
+            if name == "submit":
+                st.submitted = True
+                st.messages.append(Message(role="tool", tool_call_id=call.id, name=name, content="submitted"))
+                return
+            if name != "bash" or not isinstance(args.get("command"), str) or not args["command"].strip():
+                st.format_errors += 1
+                st.messages.append(Message(role="tool", tool_call_id=call.id, name=name,
+                                           content="format error: use bash with a non-empty `command`, or submit"))
+                continue
+            st.format_errors = 0
+            obs = await self.run(turn, args["command"])
+            st.messages.append(Message(role="tool", tool_call_id=call.id, name=name, content=obs))
+
+    async def handle_text(self, turn: int, msg: Message, cut: bool = False) -> None:
+        st = self.st
+        text = msg.content or ""
+        blocks = FENCE.findall(text)
+        if blocks and blocks[0].strip():
+            st.format_errors = 0
+            obs = await self.run(turn, blocks[0].strip())
+            st.messages.append(Message(role="user", content=f"Output:\n{obs}"))
+        elif re.search(r"\bSUBMIT\b", text):
+            st.submitted = True
+        else:
+            st.format_errors += 1
+            why = "your reply hit the token limit before any command" if cut else "no command found"
+            st.messages.append(Message(role="user", content=(
+                f"format error: {why}. Call the bash tool (or put one short command in a ```bash block), "
+                "or submit when done.")))
+
+    async def finish(self) -> tuple[int, list[str]]:
+        """Kill the agent's processes; return (how many were still running, protected paths changed)."""
+        await self.started
+        leftover = await asyncio.to_thread(self.sb.kill_agent_processes)
+        after = await asyncio.to_thread(self.sb.digests, self.protected)
+        changed = sorted(p for p in set(self.before) | set(after) if self.before.get(p) != after.get(p))
+        return leftover, changed
+
+    async def capture(self) -> bytes:
+        return await asyncio.to_thread(self.sb.get_archive, self.sb.workdir, self.s.final_state_limit)
+
+
+async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Callable[[], Sandbox],
+                      s: EpisodeSettings, teacher: str, sample: int) -> Rollout:
+    """Run one episode. Raises SandboxError on infrastructure failure (caller retries)."""
+    t0 = time.monotonic()
+    system = SYSTEM_PROMPT.format(workdir=env.workdir) + ("" if s.tool_calling else FENCED_HINT)
+    st = _State([Message(role="system", content=system), Message(role="user", content=env.instruction)],
+                deadline=t0 + (env.agent_timeout_s or s.episode_timeout_s))
+    tools = TOOLS if s.tool_calling else []
+    status, error = "max_turns", None
+    sb = make_sandbox()
+    ep = None
+    try:
+        ep = _Episode(sb, st, s, env.protected)
+        for turn in range(1, s.max_turns + 1):
+            remaining = st.deadline - time.monotonic()
+            if remaining <= 0:
+                status = "agent_timeout"
+                break
+            last_prompt = st.usage[-1].prompt_tokens + st.usage[-1].completion_tokens if st.usage else 0
+            if s.context_budget and last_prompt + s.max_tokens > s.context_budget:
+                status = "context_overflow"
+                error = f"history of ~{last_prompt} tokens + max_tokens {s.max_tokens} exceeds the budget {s.context_budget}"
+                break
+            try:
+                out = await asyncio.wait_for(session.next_turn(st.messages, tools), timeout=remaining)
+            except asyncio.TimeoutError:
+                status = "agent_timeout"
+                break
+            except ContextOverflow as err:
+                status, error = "context_overflow", str(err)[:500]
+                break
+            except TeacherError as err:
+                status, error = "teacher_error", str(err)[:500]
+                break
+            st.messages.append(out.message)
+            st.usage.append(TurnUsage(turn=turn, prompt_tokens=out.prompt_tokens,
+                                      completion_tokens=out.completion_tokens, latency_s=round(out.latency_s, 4),
+                                      finish_reason=out.finish_reason, endpoint=out.endpoint,
+                                      completion_token_ids=out.completion_token_ids, logprobs=out.logprobs))
+            if out.message.tool_calls:
+                await ep.handle_tool_calls(turn, out.message)
+            else:
+                await ep.handle_text(turn, out.message, cut=out.finish_reason == "length")
+            if st.submitted:
+                status = "ok"
+                break
+            if st.format_errors >= MAX_CONSECUTIVE_FORMAT_ERRORS:
+                status, error = "format_error", f"{st.format_errors} consecutive turns without a valid command"
+                break
+            if time.monotonic() >= st.deadline:
+                status = "agent_timeout"
+                break
+        leftover, changed = await ep.finish()
+        in_place = None
+        try:
+            final_state = await ep.capture()
+        except StateTooLarge as err:  # the model filled its work dir: verified as a failure, not retried
+            final_state, error = None, f"{error + '; ' if error else ''}{err}"
+        if s.verify_in_place and final_state is not None:  # after the capture: tests may write files
+            in_place = (await asyncio.to_thread(run_hidden_tests, sb, env, s.test_timeout_s)).to_record()
+    finally:
+        if ep is not None and not ep.started.done():
+            with contextlib.suppress(BaseException):  # a start still in flight: let it end, then remove it
+                await asyncio.shield(ep.started)
+        # shield: a cancelled episode (shard shutting down) must still remove its container
+        await asyncio.shield(asyncio.to_thread(sb.close))
+    return Rollout(
+        rollout_id=rollout_id(env.env_id, teacher, sample), env_id=env.env_id, teacher=teacher, harness=HARNESS,
+        sample=sample, messages=st.messages, tools_json=json.dumps(tools), steps=st.steps, usage=st.usage,
+        prompt_tokens=sum(u.prompt_tokens for u in st.usage),
+        completion_tokens=sum(u.completion_tokens for u in st.usage),
+        turns=len(st.usage), status=status, error=error, wall_s=round(time.monotonic() - t0, 3),
+        protected_changed=changed, leftover_processes=leftover, final_state=final_state, in_place_tests=in_place)

@@ -1,0 +1,186 @@
+"""The stage contract: what a stage declares and what it may use.
+
+A stage declares its name, the stages it reads (`requires`), its config sections, its output record
+type, the modules whose code decides its output, how it splits work into shards and what one shard
+does. The engine (`engine.runner`) owns everything else: fingerprints, reuse, resume (per-shard
+`_done` markers), rejects, stats, the gate, the manifest. Stage code never touches Prefect or Dask;
+flows never touch stage internals.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import pyarrow as pa
+from pydantic import BaseModel
+
+from ...schemas.common import Reject
+from ...schemas.config import BuildConfig, fingerprint_view
+from .codeversion import modules_digest
+from .store import RunStore
+
+TASKS_PACKAGE = __package__.rsplit(".", 1)[0]  # "trajforge.tasks": `code_modules` are relative to it
+
+
+class Manifest(BaseModel):
+    """A committed stage output. Written last; its presence is what "committed" means."""
+
+    stage: str
+    fingerprint: str
+    build_id: str
+    dir: str
+    parts: list[str]
+    rows: int
+    rejects: int
+    reject_reasons: dict[str, int]
+    stats: dict[str, Any]
+    components: dict[str, Any]
+    gate: dict[str, Any]
+    created_at: str
+
+
+class Shard(BaseModel):
+    """A unit of resumable work. `payload` is small JSON (ids, not data)."""
+
+    index: int
+    payload: dict[str, Any] = {}
+
+    @property
+    def name(self) -> str:
+        return f"part-{self.index:05d}"
+
+
+@dataclass
+class ShardResult:
+    rows: list[BaseModel] | pa.Table  # records, or a table with the output record's columns
+    rejects: list[Reject] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+# (name, capacity) -> an object whose `hold()` is an async context manager: a limit on concurrent
+# requests that may span processes. The flow provides a cluster-wide one inside Dask workers; stage
+# code only sees this callable (None = a limit local to the event loop).
+LimiterFactory = Callable[[str, int], Any]
+
+
+@dataclass
+class StageContext:
+    """What a stage may use. Rebuilt from (config, build_id, runtime) in each worker: keep it cheap.
+
+    `runtime` holds what the build started for this run (e.g. the teacher server's endpoints): it
+    changes how a stage runs, never what it must produce, so it is not part of any fingerprint.
+    `report(**counters)` lets a running shard publish live progress (throttled)."""
+
+    config: BuildConfig
+    build_id: str
+    store: RunStore
+    runtime: dict[str, Any] = field(default_factory=dict)
+    reporter: Any = None  # engine.progress.ProgressWriter while a shard runs
+    limiter: LimiterFactory | None = None
+
+    @classmethod
+    def create(cls, config: BuildConfig, build_id: str, runtime: dict[str, Any] | None = None) -> "StageContext":
+        return cls(config, build_id, RunStore(config.runs, config.dataset), dict(runtime or {}))
+
+    def payload(self) -> dict[str, Any]:
+        return {"config": self.config.model_dump(mode="json"), "build_id": self.build_id, "runtime": self.runtime}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> "StageContext":
+        return cls.create(BuildConfig.model_validate(payload["config"]), payload["build_id"],
+                          payload.get("runtime"))
+
+    def report(self, force: bool = False, **counters: Any) -> None:
+        if self.reporter is not None:
+            self.reporter.write(counters, force)
+
+
+class Stage(ABC):
+    """One pipeline stage. Subclasses set the class attributes and implement plan/run_shard."""
+
+    name: ClassVar[str]
+    requires: ClassVar[tuple[str, ...]] = ()
+    services: ClassVar[tuple[str, ...]] = ()  # long-lived services the flow starts first (e.g. "teacher")
+    config_sections: ClassVar[tuple[str, ...]] = ()
+    output: ClassVar[type[BaseModel]]
+    # Modules (besides the stage's own) whose code decides the output, e.g. the agent harness for
+    # `rollout`: names relative to `trajforge.tasks`; a package name covers all its modules.
+    # Operational code (reapers, progress, process lifecycles) lives in modules no stage lists here.
+    code_modules: ClassVar[tuple[str, ...]] = ()
+
+    def config_section(self, config: BuildConfig) -> dict[str, Any]:
+        """What of the config decides this stage's output (operational fields are left out)."""
+        return {s: fingerprint_view(getattr(config, s)) for s in self.config_sections}
+
+    def code_version(self) -> str:
+        """Digest of the normalised syntax trees of the stage's module and its `code_modules`:
+        a changed expression invalidates the stage's outputs (and so everything downstream); a
+        comment, a docstring or a change in a module not listed does not."""
+        return modules_digest(self.code_module_names())
+
+    def code_module_names(self) -> list[str]:
+        names = [type(self).__module__]
+        for rel in self.code_modules:
+            mod = importlib.import_module(f"{TASKS_PACKAGE}.{rel}")
+            names.append(mod.__name__)
+            if hasattr(mod, "__path__"):
+                names += [f"{mod.__name__}.{m.name}"
+                          for m in sorted(pkgutil.iter_modules(mod.__path__), key=lambda m: m.name)]
+        return names
+
+    def part_path(self, shard: Shard, fingerprint: str) -> str:
+        return f"{shard.name}.parquet"
+
+    @abstractmethod
+    def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
+        """Deterministic split of the work; the same inputs give the same shards."""
+
+    @abstractmethod
+    def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
+        """Do one shard's work and return its rows; must not write to the store itself."""
+
+    def finalize(self, ctx: StageContext, out_dir: str, manifest_stats: dict[str, Any],
+                 upstream: dict[str, Manifest]) -> None:
+        """Hook run after the gate passed and before the manifest is written (e.g. a dataset card).
+        It may add to `manifest_stats` and may raise GateFailed: then nothing is committed."""
+
+    def services_for(self, config: BuildConfig) -> tuple[str, ...]:
+        """The services this stage needs with this config (default: the class's `services`)."""
+        return self.services
+
+    def progress_text(self, totals: dict[str, Any], elapsed_s: float) -> str:
+        """One line for the live display from the summed `ctx.report` counters of all shards."""
+        return ""
+
+    def summarize(self, ctx: StageContext, shard_stats: list[dict[str, Any]]) -> dict[str, Any]:
+        """Merge per-shard stats (numbers are summed by default)."""
+        return sum_counters(shard_stats)
+
+
+def sum_counters(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sum numbers key by key, and one level of nested {name: number} dicts; other values are dropped."""
+    out: dict[str, Any] = {}
+    for s in items:
+        for k, v in s.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = out.get(k, 0) + v
+            elif isinstance(v, dict):
+                d = out.setdefault(k, {})
+                for kk, vv in v.items():
+                    if isinstance(vv, (int, float)) and not isinstance(vv, bool):
+                        d[kk] = d.get(kk, 0) + vv
+    return out
+
+
+def upstream_parts(upstream: dict[str, Manifest], stage: str) -> list[str]:
+    """The Parquet parts of every instance of `stage` upstream (`verify`, and `verify.r1`... of
+    adaptive rounds), in instance-name order."""
+    return [p for name in sorted(upstream) if name.split(".")[0] == stage for p in upstream[name].parts]
+
+
+class GateFailed(RuntimeError):
+    """A stage output failed its expectation suite; nothing was committed."""

@@ -1,0 +1,111 @@
+"""What every task-folder format shares: the error type, the format protocol and file helpers.
+
+A `TaskFormat` recognises its folders by a marker file, reads one into an ordinary `EnvSpec`
+(which then goes through the same validator as every other environment) and may write one back.
+A missing or malformed file raises TaskFormatError naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+from ....schemas.common import FileSpec
+from ....schemas.config import safe_name
+from ....schemas.environment import EnvSpec
+
+LEVELS = {"easy": 1, "medium": 2, "hard": 3}
+WORKDIR_LINE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.I | re.M)
+MAX_FILE = 4 << 20
+
+
+class TaskFormatError(ValueError):
+    """A task folder that cannot be imported; the message names the file and the field."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = path, problem
+
+
+class TaskFormat(ABC):
+    """One task-folder format. `marker` is the file whose presence makes a folder one of its tasks;
+    `source` is the `EnvSpec.source` of what it imports (its environments' yield is counted by it)."""
+
+    name: ClassVar[str]
+    marker: ClassVar[str]
+    source: ClassVar[str]
+
+    def recognises(self, folder: Path) -> bool:
+        return (Path(folder) / self.marker).exists()
+
+    @abstractmethod
+    def read(self, folder: Path) -> EnvSpec:
+        """The folder as an EnvSpec; raises TaskFormatError naming the file and the field."""
+
+    def write(self, env: EnvSpec, dest: Path, base_image: str) -> Path:
+        raise NotImplementedError(f"format {self.name!r} cannot export environments")
+
+
+def _read(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise TaskFormatError(path, f"missing ({what})")
+    try:
+        return path.read_text()
+    except UnicodeDecodeError:
+        raise TaskFormatError(path, f"not UTF-8 text ({what})") from None
+
+
+def _files(folder: Path, exclude: set[str] = frozenset()) -> list[FileSpec]:
+    out = []
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if not p.is_file() or rel in exclude or any(rel.startswith(e + "/") for e in exclude):
+            continue
+        if p.stat().st_size > MAX_FILE:
+            raise TaskFormatError(p, f"file larger than {MAX_FILE} bytes")
+        try:
+            content = p.read_text()
+        except UnicodeDecodeError:
+            raise TaskFormatError(p, "binary files are not supported in imported tasks") from None
+        out.append(FileSpec(path=rel, content=content, mode=0o755 if p.stat().st_mode & 0o111 else 0o644))
+    return out
+
+
+def _workdir(dockerfile: str, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    found = WORKDIR_LINE.findall(dockerfile)
+    return found[-1] if found else "/app"
+
+
+def _env_id(kind: str, folder: Path, spec_parts: list[str]) -> str:
+    digest = hashlib.sha256("\n".join(spec_parts).encode()).hexdigest()[:8]
+    return f"{kind}-{safe_name(folder.name)}-{digest}"
+
+
+def _parse(path: Path, loads, error: type[Exception], kind: str):
+    try:
+        return loads(_read(path, "task metadata"))
+    except error as err:
+        raise TaskFormatError(path, f"not valid {kind}: {err}") from None
+
+
+def _number(value, path: Path, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise TaskFormatError(path, f"{field} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def folder_digest(root: Path) -> str:
+    """Content hash of everything under `root` (a changed task re-runs what depends on it)."""
+    h = hashlib.sha256()
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(root).as_posix().encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,110 @@
+"""Format `harbor`: `task.toml`, `instruction.md`, `environment/Dockerfile` (+ build context),
+`tests/test.sh` (+ files), `solution/solve.sh`; the reward is read from
+`/logs/verifier/reward.json|txt`. Export writes any EnvSpec as a Harbor task folder (Dockerfile on
+the local base image, the trajforge test runner writing `reward.json` with per-test results,
+`solve.sh`), which imports back to the same environment and verdicts.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from ....schemas.common import FileSpec
+from ....schemas.config import safe_name
+from ....schemas.environment import EnvSpec
+from ...sandbox.verifier import RUNNER
+from ..images import render
+from .base import LEVELS, TaskFormat, TaskFormatError, _env_id, _files, _number, _parse, _read, _workdir
+
+
+def import_harbor(folder: Path) -> EnvSpec:
+    folder = Path(folder)
+    toml_path = folder / "task.toml"
+    meta = _parse(toml_path, tomllib.loads, tomllib.TOMLDecodeError, "TOML")
+    for section in ("agent", "verifier", "environment", "metadata"):
+        if section in meta and not isinstance(meta[section], dict):
+            raise TaskFormatError(toml_path, f"[{section}] must be a table")
+    environment = meta.get("environment", {})
+    instruction = _read(folder / "instruction.md", "the task instruction").strip()
+    if not instruction:
+        raise TaskFormatError(folder / "instruction.md", "empty instruction")
+    if environment.get("docker_image"):
+        dockerfile, context = f"FROM {environment['docker_image']}\n", []
+    else:
+        dockerfile = _read(folder / "environment" / "Dockerfile", "the environment's Dockerfile")
+        context = _files(folder / "environment")
+    tests = _files(folder / "tests")
+    if not any(t.path == "test.sh" for t in tests):
+        raise TaskFormatError(folder / "tests" / "test.sh", "missing (the verifier entry point)")
+    solve = _read(folder / "solution" / "solve.sh", "the reference solution")
+    difficulty = str(meta.get("metadata", {}).get("difficulty", "medium")).lower()
+    return EnvSpec(
+        env_id=_env_id("harbor", folder, [instruction, dockerfile, solve, *(t.content for t in tests)]),
+        family=f"harbor:{safe_name(str(meta.get('metadata', {}).get('category', 'task')))}",
+        level=LEVELS.get(difficulty, 2), seed=0, source="harbor", instruction=instruction,
+        dockerfile=dockerfile, context=context, workdir=_workdir(dockerfile, environment.get("workdir")),
+        tests=tests, verifier="script", test_command="bash /tests/test.sh", solution=[solve],
+        agent_timeout_s=_number(meta.get("agent", {}).get("timeout_sec"), toml_path, "[agent].timeout_sec"),
+        test_timeout_s=_number(meta.get("verifier", {}).get("timeout_sec"), toml_path, "[verifier].timeout_sec"),
+        knobs_json=f'{{"imported_from": "{folder.name}"}}')
+
+
+def export_harbor(env: EnvSpec, dest: Path, base_image: str = "trajforge/base:latest") -> Path:
+    """Write `env` as a Harbor task folder `dest/<env_id>`; returns it."""
+    import tomli_w
+
+    out = Path(dest) / env.env_id
+    for sub in ("environment", "tests", "solution"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    difficulty = {1: "easy", 2: "medium"}.get(env.level, "hard")
+    meta = {"version": "1.0",
+            "metadata": {"difficulty": difficulty, "category": env.family.split(":")[0],
+                         "tags": ["trajforge", env.source], "trajforge_env_id": env.env_id},
+            "verifier": {"timeout_sec": float(env.test_timeout_s or 120)},
+            "agent": {"timeout_sec": float(env.agent_timeout_s or 600)},
+            "environment": {"workdir": env.workdir}}
+    (out / "task.toml").write_text(tomli_w.dumps(meta))
+    (out / "instruction.md").write_text(env.instruction + "\n")
+    dockerfile, context = render(env, base_image, {})
+    if env.dockerfile is not None:  # imported before: keep its own Dockerfile (handover is re-added on import)
+        dockerfile = env.dockerfile
+        context = list(env.context)
+        if env.setup:
+            raise ValueError(f"{env.env_id}: cannot export setup commands on top of a custom Dockerfile")
+    (out / "environment" / "Dockerfile").write_text(dockerfile)
+    for f in context:
+        _write(out / "environment" / f.path, f)
+    if env.verifier == "functions":
+        _write(out / "tests" / "runner.py", FileSpec(path="runner.py", content=RUNNER))
+        for t in env.tests:
+            _write(out / "tests" / t.path, t)
+        _write(out / "tests" / "test.sh", FileSpec(path="test.sh", mode=0o755, content=(
+            "#!/bin/bash\n# trajforge's test runner: per-test results and the reward in /logs/verifier/reward.json\n"
+            "mkdir -p /logs/verifier\n"
+            f"TESTS_DIR=/tests WORK={env.workdir} REWARD_JSON=/logs/verifier/reward.json "
+            "exec python3 -I /tests/runner.py\n")))
+    else:
+        for t in env.tests:
+            _write(out / "tests" / t.path, t)
+    script = env.solution[0] if len(env.solution) == 1 else "\n".join(env.solution)
+    _write(out / "solution" / "solve.sh", FileSpec(path="solve.sh", content=script + "\n", mode=0o755))
+    return out
+
+
+def _write(path: Path, f: FileSpec) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f.content)
+    path.chmod(f.mode)
+
+
+class Harbor(TaskFormat):
+    name = "harbor"
+    marker = "task.toml"
+    source = "harbor"
+
+    def read(self, folder: Path) -> EnvSpec:
+        return import_harbor(folder)
+
+    def write(self, env: EnvSpec, dest: Path, base_image: str = "trajforge/base:latest") -> Path:
+        return export_harbor(env, dest, base_image)

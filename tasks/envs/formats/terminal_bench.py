@@ -1,0 +1,65 @@
+"""Format `terminal-bench` (1.x): `task.yaml` (`instruction`, `difficulty`, `max_agent_timeout_sec`,
+`max_test_timeout_sec`), `Dockerfile` (+ context), `run-tests.sh`, `tests/`, `solution.sh` (or
+`solution.yaml`, a list of `{command: ...}`); results parsed from pytest's `PASSED`/`FAILED` lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ....schemas.common import FileSpec
+from ....schemas.config import safe_name
+from ....schemas.environment import EnvSpec
+from .base import LEVELS, TaskFormat, TaskFormatError, _env_id, _files, _number, _parse, _read, _workdir
+
+
+def import_terminal_bench(folder: Path) -> EnvSpec:
+    folder = Path(folder)
+    yaml_path = folder / "task.yaml"
+    meta = _parse(yaml_path, yaml.safe_load, yaml.YAMLError, "YAML")
+    if not isinstance(meta, dict):
+        raise TaskFormatError(yaml_path, "expected a mapping at the top level")
+    instruction = meta.get("instruction")
+    if instruction is None and isinstance(meta.get("descriptions"), list) and meta["descriptions"]:
+        instruction = meta["descriptions"][0].get("description")
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise TaskFormatError(yaml_path, "field `instruction` is missing or empty")
+    dockerfile = _read(folder / "Dockerfile", "the environment's Dockerfile")
+    context = _files(folder, exclude={"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "tests",
+                                      "docker-compose.yaml", "docker-compose.yml"})
+    run_tests = _read(folder / "run-tests.sh", "the test runner")
+    tests = [FileSpec(path="run-tests.sh", content=run_tests, mode=0o755)]
+    if (folder / "tests").is_dir():
+        tests += _files(folder / "tests")
+    if (folder / "solution.sh").exists():
+        solution = [_read(folder / "solution.sh", "the reference solution")]
+    elif (folder / "solution.yaml").exists():
+        steps = yaml.safe_load(_read(folder / "solution.yaml", "the reference solution"))
+        if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("command"), str)
+                                                  for s in steps):
+            raise TaskFormatError(folder / "solution.yaml", "expected a list of {command: ...} steps")
+        solution = [s["command"] for s in steps]
+    else:
+        raise TaskFormatError(folder / "solution.sh", "missing (the reference solution)")
+    workdir = _workdir(dockerfile, None)
+    difficulty = str(meta.get("difficulty", "medium")).lower()
+    return EnvSpec(
+        env_id=_env_id("tbench", folder, [instruction, dockerfile, *solution, *(t.content for t in tests)]),
+        family=f"terminal-bench:{safe_name(str(meta.get('category', 'task')))}", level=LEVELS.get(difficulty, 2),
+        seed=0, source="terminal-bench", instruction=instruction.strip(), dockerfile=dockerfile, context=context,
+        workdir=workdir, tests=tests, verifier="script",
+        test_command=f"cd {workdir} && TEST_DIR=/tests bash /tests/run-tests.sh", solution=solution,
+        agent_timeout_s=_number(meta.get("max_agent_timeout_sec"), yaml_path, "max_agent_timeout_sec"),
+        test_timeout_s=_number(meta.get("max_test_timeout_sec"), yaml_path, "max_test_timeout_sec"),
+        knobs_json=f'{{"imported_from": "{folder.name}"}}')
+
+
+class TerminalBench(TaskFormat):
+    name = "terminal-bench"
+    marker = "task.yaml"
+    source = "terminal-bench"
+
+    def read(self, folder: Path) -> EnvSpec:
+        return import_terminal_bench(folder)

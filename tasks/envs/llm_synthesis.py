@@ -1,0 +1,133 @@
+"""LLM synthesis of environments (ClawEnvKit-style parser -> generator -> validator).
+
+For each theme in `synthesize.llm.themes`, the configured teacher is asked for candidate environments
+as one JSON object: a natural instruction (the goal, not the steps), the work files, hidden tests
+(Python `test_*` functions that read the work dir from `W`), a reference solution that computes the
+answer, and a difficulty level. The reply is parsed leniently (a ```json block or the first
+balanced object), then validated strictly; a malformed candidate is a reject with its reason, never a
+crash. Accepted candidates are ordinary environments (source `llm:<theme>`) and go through the same
+validator as every other source.
+
+Reject reasons: `teacher_error`, `llm_no_json`, `llm_bad_json`, `llm_schema` (names the fields),
+`llm_unsafe_path`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ...schemas.common import FileSpec, Reject
+from ...schemas.config import safe_name
+from ...schemas.environment import EnvSpec
+from ...schemas.trajectory import Message
+from .families.base import tests_module
+
+SYSTEM = ("You design self-contained command-line tasks for training terminal agents. Reply with exactly one JSON "
+          "object and nothing else.")
+PROMPT = """Theme: {theme}
+
+Write one task as a JSON object with these fields:
+- "instruction": what the user wants (the goal and the exact output format, not the steps), at least 20 characters;
+- "files": a list of {{"path": relative path, "content": text}} placed in the agent's work directory;
+- "tests": Python source defining functions named test_*; `W` is a pathlib.Path of the work directory, `json`,
+  `os` and `pathlib` are imported; each test asserts one property of the finished work;
+- "solution": a list of shell commands, run in order in the work directory, that compute the answer from the
+  files (never write a literal answer);
+- "level": 1, 2 or 3 (difficulty).
+Variant {index}. Example of the shape (a different theme):
+{example}"""
+EXAMPLE = {"instruction": "Write the number of lines of data.txt that contain the word ERROR to count.txt.",
+           "files": [{"path": "data.txt", "content": "ok\nERROR x\nok\nERROR y\n"}],
+           "tests": "def test_count():\n    assert (W / 'count.txt').read_text().strip() == '2'\n",
+           "solution": ["grep -c ERROR data.txt > count.txt"], "level": 1}
+FENCED_JSON = re.compile(r"```(?:json)?\s*\n(.*?)```", re.S)
+
+
+class Candidate(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    instruction: str = Field(min_length=20)
+    files: list[FileSpec] = Field(default_factory=list, max_length=200)
+    tests: str = Field(min_length=10)
+    solution: list[str] = Field(min_length=1)
+    level: int = Field(2, ge=1, le=3)
+
+    @field_validator("tests")
+    @classmethod
+    def _has_tests(cls, v: str) -> str:
+        if not re.search(r"^def test_\w+\(", v, re.M):
+            raise ValueError("defines no test_* function")
+        compile(v, "<tests>", "exec")
+        return v
+
+
+def extract_json(text: str) -> tuple[Any, str | None]:
+    """(object, None) or (None, reason) from a model reply."""
+    blocks = FENCED_JSON.findall(text or "")
+    candidates = blocks + [text or ""]
+    for c in candidates:
+        start = c.find("{")
+        if start < 0:
+            continue
+        depth, in_str, esc = 0, False, False
+        for i, ch in enumerate(c[start:], start):
+            if in_str:
+                esc = (ch == "\\") and not esc
+                if ch == '"' and not esc:
+                    in_str = False
+                continue
+            if ch == '"':
+                in_str, esc = True, False
+            elif ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    try:
+                        return json.loads(c[start:i + 1]), None
+                    except ValueError as err:
+                        return None, f"llm_bad_json: {err}"
+    return None, "llm_no_json: no JSON object in the reply"
+
+
+def parse_candidate(text: str, theme: str, index: int) -> tuple[EnvSpec | None, Reject | None]:
+    key = f"llm:{safe_name(theme)}:{index}"
+    obj, problem = extract_json(text)
+    if problem:
+        reason, _, detail = problem.partition(": ")
+        return None, Reject(key=key, reason=reason, detail=f"{detail} | reply: {(text or '')[:300]!r}")
+    try:
+        cand = Candidate.model_validate(obj)
+    except (ValidationError, SyntaxError) as err:
+        if isinstance(err, ValidationError):
+            detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'object'}: {e['msg']}" for e in err.errors())
+        else:
+            detail = f"tests: {err}"
+        return None, Reject(key=key, reason="llm_schema", detail=detail[:1000])
+    for f in cand.files:
+        if f.path.startswith("/") or ".." in f.path.split("/") or not f.path.strip():
+            return None, Reject(key=key, reason="llm_unsafe_path", detail=f.path)
+    env = EnvSpec(env_id="pending", family=f"llm-{safe_name(theme)}", level=cand.level, seed=index,
+                  source=f"llm:{theme}", instruction=cand.instruction.strip(), files=cand.files,
+                  tests=[FileSpec(path="test_task.py", content=tests_module({}, cand.tests))],
+                  solution=cand.solution, knobs_json=json.dumps({"theme": theme}))
+    env.env_id = f"llm-{safe_name(theme)[:24]}-{index}-{env.content_hash()[:8]}"
+    return env, None
+
+
+async def propose(teacher, theme: str, index: int) -> tuple[EnvSpec | None, Reject | None]:
+    """Ask the teacher for one candidate; every failure is a reject."""
+    from ..teachers import TeacherError
+
+    messages = [Message(role="system", content=SYSTEM),
+                Message(role="user", content=PROMPT.format(theme=theme, index=index, example=json.dumps(EXAMPLE)))]
+    session = teacher.session(None, index, f"llm-synthesis|{theme}|{index}")
+    try:
+        turn = await session.next_turn(messages, [])
+    except TeacherError as err:
+        return None, Reject(key=f"llm:{safe_name(theme)}:{index}", reason="teacher_error", detail=str(err)[:500])
+    return parse_candidate(turn.message.content or "", theme, index)

@@ -1,0 +1,161 @@
+"""The environment validator: one gate every source goes through (procedural, LLM, imported).
+
+Checks, in order, each with the reason code a failing environment is rejected with:
+- `image_build_failed`: the image does not build (the reject carries the log tail);
+- `noop_passes`: the hidden tests pass on the untouched environment (a fresh container);
+- `tests_leaked` / `solution_leaked`: a file inside the image has the content of a hidden test or of
+  the reference solution (the agent could read it during the episode);
+- `solution_fails`: the reference solution errors, hangs past its timeout, or does not pass;
+- `nondeterministic_tests`: the tests give different per-test results when run twice;
+- `not_instance_specific`: where the answer is a file, the solved work dir of this instance also
+  passes the tests of a sibling instance (same family and level, another seed): a hard-coded answer
+  would pass too;
+- `verifier_error`: the tests themselves crash or print no result on the solved state;
+- `validation_infra`: Docker failed while checking (infrastructure, not the environment).
+`near_duplicate` is decided before (see `dedup`), over all candidates of a build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ...schemas.common import Reject
+from ...schemas.config import SandboxConfig
+from ...schemas.environment import EnvSpec
+from ..sandbox import Sandbox, SandboxError
+from ..sandbox.verifier import VERIFIER_CAPS, run_hidden_tests
+from .images import ImageBuildError, ensure_image
+
+CHECKS = ["image", "noop_fails", "no_leak", "solution_passes", "deterministic", "instance_specific"]
+# where a leaked test or solution could hide; system folders are skipped (they come from the base image)
+LEAK_SCAN = (r"find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /usr -o -path /lib -o "
+             r"-path /lib64 -o -path /bin -o -path /sbin -o -path /var/lib -o -path /var/cache -o -path /etc "
+             r"-o -path /verifier \) -prune -o -type f -size -2M -print0 2>/dev/null | xargs -0 -r sha256sum")
+
+
+@dataclass
+class Validation:
+    env_id: str
+    reject: Reject | None = None
+    checks: dict[str, str] = field(default_factory=dict)  # check -> pass | fail | skip
+    built: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.reject is None
+
+    def fail(self, check: str, reason: str, detail: str) -> "Validation":
+        self.checks[check] = "fail"
+        self.reject = Reject(key=self.env_id, reason=reason, detail=detail[:1500])
+        return self
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def validate_env(client, env: EnvSpec, sandbox: SandboxConfig, base_image: str, aliases: dict[str, str],
+                 command_timeout_s: float, test_timeout_s: float,
+                 sibling: Callable[[EnvSpec], EnvSpec | None] | None = None, labels: dict | None = None) -> Validation:
+    """Build `env`'s image (sets `env.image`) and run every check; never raises for the environment's
+    own faults (they become the reject), only `validation_infra` wraps Docker failures."""
+    import time
+
+    t0 = time.monotonic()
+    v = Validation(env.env_id)
+    try:
+        env.image, v.built = ensure_image(client, base_image, env, aliases)
+        v.checks["image"] = "pass"
+    except ImageBuildError as err:
+        return v.fail("image", "image_build_failed", f"{err.args[0].splitlines()[0]}\n{err.log_tail[-1200:]}")
+    try:
+        return _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling, labels or {})
+    except SandboxError as err:
+        return v.fail("infra", "validation_infra", str(err))
+    finally:
+        v.seconds = round(time.monotonic() - t0, 3)
+
+
+def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling, labels) -> Validation:
+    def box() -> Sandbox:
+        return Sandbox(client, env.image, sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
+                       labels={"trajforge.role": "validate", **labels})
+
+    with box() as sb:  # doing nothing must fail
+        noop = run_hidden_tests(sb, env, test_timeout_s)
+        if noop.passed:
+            return v.fail("noop_fails", "noop_passes", "the hidden tests pass on the untouched environment")
+        v.checks["noop_fails"] = "pass"
+    with box() as sb:
+        secrets = {_sha(t.content): f"test file {t.path}" for t in env.tests if len(t.content) > 40}
+        solution_text = "\n".join(env.solution)
+        if len(solution_text) > 40:
+            secrets[_sha(solution_text)] = "the reference solution"
+            secrets.update({_sha(c): "a reference solution command" for c in env.solution if len(c) > 40})
+        scan = sb.exec(LEAK_SCAN, 120, user="root", workdir="/", output_limit=4 << 20)
+        for line in scan.output.splitlines():
+            digest, _, path = line.partition("  ")
+            if digest in secrets:
+                reason = "solution_leaked" if "solution" in secrets[digest] else "tests_leaked"
+                return v.fail("no_leak", reason, f"{path} in the image holds {secrets[digest]}")
+        v.checks["no_leak"] = "pass"
+        for cmd in env.solution:
+            res = sb.exec(cmd, command_timeout_s)
+            if res.timed_out:
+                return v.fail("solution_passes", "solution_fails",
+                              f"reference solution timed out after {command_timeout_s:g}s")
+            if res.exit_code != 0:
+                return v.fail("solution_passes", "solution_fails",
+                              f"reference solution exited {res.exit_code}: {res.output[-600:]}")
+        first = run_hidden_tests(sb, env, test_timeout_s)
+        if first.error:
+            return v.fail("solution_passes", "verifier_error", f"{first.error}\n{first.output[-600:]}")
+        if not first.passed:
+            failed = [f"{r.name}: {r.message}" for r in first.results if not r.passed]
+            return v.fail("solution_passes", "solution_fails", "failed tests: " + "; ".join(failed)[:1200])
+        v.checks["solution_passes"] = "pass"
+        second = run_hidden_tests(sb, env, test_timeout_s)
+        if second.error or second.outcome() != first.outcome():
+            return v.fail("deterministic", "nondeterministic_tests",
+                          f"first run {first.outcome()}, second run {second.outcome() or second.error}")
+        v.checks["deterministic"] = "pass"
+        other = sibling(env) if sibling else None
+        if other is None:
+            v.checks["instance_specific"] = "skip"
+        else:
+            cross = run_hidden_tests(sb, other, test_timeout_s)
+            if cross.passed:
+                return v.fail("instance_specific", "not_instance_specific",
+                              f"the solved state of {env.env_id} also passes the tests of {other.env_id}")
+            v.checks["instance_specific"] = "pass"
+    return v
+
+
+# ------------------------------------------------------------------------------------------------
+def shingles(env: EnvSpec, k: int = 5) -> set[str]:
+    """Word 5-grams of the instruction and the work files (what a near-duplicate shares)."""
+    words = " ".join([env.instruction, *(f"{f.path} {f.content}" for f in env.files),
+                      *env.setup]).split()
+    return {" ".join(words[i:i + k]) for i in range(max(1, len(words) - k + 1))}
+
+
+def dedup(envs: list[EnvSpec], threshold: float, num_perm: int = 128) -> dict[str, str]:
+    """{env_id: id of the earlier environment it nearly duplicates} for MinHash-estimated Jaccard
+    similarity >= threshold (datasketch's LSH; `envs` order decides which one is kept)."""
+    from datasketch import MinHash, MinHashLSH
+
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+    dups: dict[str, str] = {}
+    for env in envs:
+        m = MinHash(num_perm=num_perm, seed=1)
+        for s in shingles(env):
+            m.update(s.encode())
+        hits = lsh.query(m)
+        if hits:
+            dups[env.env_id] = sorted(hits)[0]
+        else:
+            lsh.insert(env.env_id, m)
+    return dups

@@ -1,0 +1,18 @@
+"""The one sandbox API (hardened containers), the verifier that runs hidden tests in them, the hack
+detectors and quality signals that read what happened, and the reaper of leftover containers."""
+
+from .container import (
+                        AGENT_UID,
+                        USERS,
+                        WORKDIR,
+                        DockerUnavailable,
+                        ExecResult,
+                        Sandbox,
+                        SandboxError,
+                        StateTooLarge,
+                        docker_client,
+)
+from .reaper import LABEL, owner_label, reap_here, reap_orphans
+
+__all__ = ["AGENT_UID", "USERS", "WORKDIR", "DockerUnavailable", "ExecResult", "Sandbox", "SandboxError",
+           "StateTooLarge", "docker_client", "LABEL", "owner_label", "reap_here", "reap_orphans"]

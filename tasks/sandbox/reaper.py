@@ -1,0 +1,70 @@
+"""Reaping sandboxes that outlived their run (operational: no stage fingerprints this module).
+
+Every sandbox carries `trajforge.sandbox`, `trajforge.owner` (host:pid:start time) and
+`trajforge.build` labels. A sandbox whose owning process is gone, or any sandbox of a build that is
+about to (re)start, is removed. Each Dask worker reaps its own host's engine.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import docker
+import docker.errors
+
+LABEL = "trajforge.sandbox"
+
+
+def _process_identity(pid: int) -> str | None:
+    """`pid:start time` of a live process, or None. PIDs wrap (32768 here, and every `docker exec`
+    spends several), so a pid alone could name a newer process than the one that owned a sandbox."""
+    import psutil
+
+    try:
+        return f"{pid}:{psutil.Process(pid).create_time():.2f}"
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        return f"{pid}:?"
+
+
+def owner_label() -> str:
+    return f"{socket.gethostname()}:{_process_identity(os.getpid())}"
+
+
+def reap_here(build_id: str | None = None) -> int:
+    """On the calling host: sandboxes of dead owners, plus every sandbox of `build_id` (a build about
+    to (re)start has none running). Run on each Dask worker so every host's engine is cleaned."""
+    from .container import docker_client
+
+    client = docker_client()
+    try:
+        return reap_orphans(client) + (reap_orphans(client, build_id=build_id) if build_id else 0)
+    finally:
+        client.close()
+
+
+def reap_orphans(client: docker.DockerClient, build_id: str | None = None) -> int:
+    """Remove sandboxes of this host whose owning process is gone (or, with `build_id`, every
+    sandbox of that build: none may outlive its stage). Returns how many were removed."""
+    host = socket.gethostname()
+    removed = 0
+    filters = {"label": [LABEL] + ([f"trajforge.build={build_id}"] if build_id else [])}
+    for c in client.containers.list(all=True, filters=filters):
+        h, _, ident = c.labels.get("trajforge.owner", "").partition(":")
+        if h != host:
+            continue
+        if build_id is None:
+            pid, _, started = ident.partition(":")
+            if not pid.isdigit():
+                continue
+            now = _process_identity(int(pid))
+            if now is not None and (now == ident or now.endswith(":?") or not started):
+                continue  # the owner is alive
+        try:
+            c.remove(force=True)
+            removed += 1
+        except docker.errors.DockerException:
+            pass
+    return removed

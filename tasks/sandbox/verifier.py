@@ -1,0 +1,180 @@
+"""Hidden-test verification that the agent cannot influence.
+
+Order of operations (each one an invariant): every agent process is killed; the verifier folders
+(`/verifier` for trajforge's runner, `/tests` and `/logs/verifier` for script verifiers) are created
+fresh, owned by root, mode 0700, *after* that; the tests are copied in; they run as root under a
+hard timeout with `python3 -I` (no PYTHON* variables, no user site, no cwd on sys.path) or the
+task's own command; anything but a parseable result is a failed run (`error`).
+
+Functions verifier: `test_*` functions of each test file, per-test results; the module globals
+`WORK` (the work dir) and `run_as_agent(cmd, **subprocess_kwargs)` (runs agent code as the agent
+user, never as root; verifier containers keep SETUID/SETGID for exactly this).
+Script verifier (imported tasks): reward from `/logs/verifier/reward.json` (`{"reward": x}`,
+optionally `"tests": [{"name", "passed"}]`) or `reward.txt`, else pytest's `PASSED`/`FAILED` lines,
+else the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+
+from ...schemas.common import FileSpec
+from ...schemas.environment import EnvSpec
+from ...schemas.trajectory import InPlaceTests
+from ...schemas.verdict import TestResult
+from .container import Sandbox
+
+MARK = "__TF_RESULTS__ "
+VERIFIER_CAPS = ("SETUID", "SETGID")
+
+RUNNER = r'''
+import json, os, runpy, subprocess, sys
+WORK = os.environ["WORK"]
+
+def run_as_agent(cmd, **kw):
+    """Run agent-written code as the agent user (uid 1000), in the work dir by default."""
+    kw.setdefault("cwd", WORK)
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    kw.setdefault("timeout", 30)
+    kw.setdefault("env", {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/home/agent", "LANG": "C.UTF-8"})
+    return subprocess.run(cmd, user=1000, group=1000, extra_groups=[], **kw)
+
+TESTS = os.environ.get("TESTS_DIR", "/verifier/tests")
+results = []
+for name in sorted(os.listdir(TESTS)):
+    if not (name.startswith("test") and name.endswith(".py")):
+        continue
+    try:
+        ns = runpy.run_path(os.path.join(TESTS, name),
+                            init_globals={"WORK": WORK, "run_as_agent": run_as_agent})
+    except BaseException as e:
+        results.append({"name": name, "passed": False, "message": "import failed: %r" % (e,)})
+        continue
+    for fn_name, fn in list(ns.items()):
+        if fn_name.startswith("test_") and callable(fn):
+            try:
+                fn()
+                results.append({"name": fn_name, "passed": True, "message": ""})
+            except BaseException as e:
+                msg = "%s: %s" % (type(e).__name__, e)
+                results.append({"name": fn_name, "passed": False, "message": msg[:500]})
+sys.stdout.write("\n__TF_RESULTS__ " + json.dumps(results) + "\n")
+if os.environ.get("REWARD_JSON"):  # Harbor's convention, for environments exported as task folders
+    reward = sum(r["passed"] for r in results) / len(results) if results else 0.0
+    with open(os.environ["REWARD_JSON"], "w") as f:
+        json.dump({"reward": reward, "tests": results}, f)
+'''
+PYTEST_LINE = re.compile(r"^(PASSED|FAILED|ERROR)\s+(\S+)(?:\s+-\s+(.*))?$", re.M)
+
+
+@dataclass
+class TestRun:
+    __test__ = False
+    results: list[TestResult]
+    output: str
+    duration_s: float
+    error: str | None = None  # set when the tests produced no parseable result
+    explicit_reward: float | None = None
+
+    @property
+    def reward(self) -> float:
+        if self.error:
+            return 0.0
+        if self.explicit_reward is not None:
+            return min(1.0, max(0.0, self.explicit_reward))
+        return sum(r.passed for r in self.results) / len(self.results) if self.results else 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and bool(self.results) and all(r.passed for r in self.results) \
+            and self.reward >= 1.0
+
+    def outcome(self) -> dict[str, bool]:
+        return {r.name: r.passed for r in self.results}
+
+    def to_record(self) -> InPlaceTests:
+        return InPlaceTests(results=self.results, output=self.output, duration_s=round(self.duration_s, 3),
+                            error=self.error, explicit_reward=self.explicit_reward)
+
+    @classmethod
+    def from_record(cls, rec: InPlaceTests) -> "TestRun":
+        return cls(list(rec.results), rec.output, rec.duration_s, rec.error, rec.explicit_reward)
+
+
+def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = None) -> TestRun:
+    """Kill the agent's processes, create the verifier folders fresh, copy the tests in, run them as
+    root under `timeout_s` (the environment's own timeout wins). Works in a fresh container and in the
+    episode's own (in-place); the container needs VERIFIER_CAPS for `run_as_agent`."""
+    timeout_s = env.test_timeout_s or timeout_s or 60
+    sandbox.kill_agent_processes()
+    if env.verifier == "script":
+        return _run_script(sandbox, env, timeout_s)
+    sandbox.exec("rm -rf /verifier", timeout_s=10, user="root", workdir="/")
+    files = [FileSpec(path="runner.py", content=RUNNER, mode=0o600)]
+    files += [FileSpec(path=f"tests/{t.path}", content=t.content, mode=0o600) for t in env.tests]
+    sandbox.put_files(files, parent="/", root="verifier", uid=0, dir_mode=0o700)
+    t0 = time.monotonic()
+    res = sandbox.exec(f"WORK={env.workdir} exec /usr/bin/python3 -I /verifier/runner.py", timeout_s=timeout_s,
+                       user="root", workdir="/verifier", output_limit=1 << 20)
+    duration = time.monotonic() - t0
+    _, sep, tail = res.output.rpartition(MARK)
+    if res.timed_out:
+        return TestRun([], res.output[-2000:], duration, f"test run timed out after {timeout_s:g}s")
+    if not sep:
+        return TestRun([], res.output[-2000:], duration, f"test runner gave no result (exit {res.exit_code})")
+    try:
+        results = [TestResult(**r) for r in json.loads(tail.strip().splitlines()[0])]
+    except (ValueError, TypeError, IndexError) as err:
+        return TestRun([], res.output[-2000:], duration, f"unparseable test result: {err}")
+    if not results:
+        return TestRun([], res.output[-2000:], duration, "the hidden tests define no test_* function")
+    return TestRun(results, res.output[:-len(tail) - len(MARK)][-2000:], duration)
+
+
+def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
+    sandbox.exec("rm -rf /tests /logs/verifier && mkdir -p /logs/verifier && chmod 700 /logs /logs/verifier",
+                 timeout_s=10, user="root", workdir="/")
+    sandbox.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in env.tests],
+                      parent="/", root="tests", uid=0, dir_mode=0o700)
+    t0 = time.monotonic()
+    res = sandbox.exec(env.test_command or "bash /tests/test.sh", timeout_s=timeout_s, user="root",
+                       workdir=env.workdir, output_limit=1 << 20)
+    duration = time.monotonic() - t0
+    out = res.output[-4000:]
+    if res.timed_out:
+        return TestRun([], out, duration, f"test run timed out after {timeout_s:g}s")
+    reward = sandbox.exec("cat /logs/verifier/reward.json 2>/dev/null || true", 10, user="root", workdir="/").output
+    if reward.strip():
+        try:
+            data = json.loads(reward)
+            value = float(data["reward"] if isinstance(data, dict) else data)
+            tests = [TestResult(**t) for t in data.get("tests", [])] if isinstance(data, dict) else []
+        except (ValueError, TypeError, KeyError) as err:
+            return TestRun([], out, duration, f"unparseable /logs/verifier/reward.json: {err}")
+        return TestRun(tests or [TestResult(name="reward", passed=value >= 1.0)], out, duration, None, value)
+    text = sandbox.exec("cat /logs/verifier/reward.txt 2>/dev/null || true", 10, user="root", workdir="/").output
+    if text.strip():
+        try:
+            value = float(text.strip().split()[0])
+        except ValueError:
+            return TestRun([], out, duration, f"unparseable /logs/verifier/reward.txt: {text[:100]!r}")
+        return TestRun([TestResult(name="reward", passed=value >= 1.0)], out, duration, None, value)
+    found = PYTEST_LINE.findall(res.output)
+    if found:
+        results = {name: TestResult(name=name, passed=status == "PASSED", message=(msg or "")[:500])
+                   for status, name, msg in found}
+        return TestRun(list(results.values()), out, duration)
+    return TestRun([TestResult(name="exit_code", passed=res.exit_code == 0, message=f"exit {res.exit_code}")],
+                   out, duration)
+
+
+def restore_state(sandbox: Sandbox, final_state: bytes) -> None:
+    """Replace the work dir with the tar captured at the end of an episode (`get_archive` of it)."""
+    parent = sandbox.workdir.rstrip("/").rsplit("/", 1)[0] or "/"
+    # as the agent (it owns the work dir; root here has no CAP_DAC_OVERRIDE), then the daemon extracts
+    sandbox.exec(f"find {sandbox.workdir} -mindepth 1 -delete", timeout_s=30, user="agent", workdir="/")
+    sandbox.put_archive(parent, final_state)

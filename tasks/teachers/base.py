@@ -1,0 +1,79 @@
+"""The one teacher API and what every backend implements.
+
+A `Teacher` gives, per episode, a session whose `next_turn(messages, tools)` returns the assistant's
+next message exactly as produced, with token usage (and token ids / logprobs when the server returns
+them). A teacher that cannot answer raises TeacherError after bounded retries; the episode then ends
+as `teacher_error`: infrastructure, never the model failing the task.
+
+A `TeacherBackend` is one module: its settings model (a `TeacherConfig` subclass), how it makes a
+`Teacher`, and the long-lived service a build starts for it (default: none). It is registered by name
+in `trajforge.tasks.teachers`; nothing else branches on the backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator, Protocol
+
+from ...schemas.config import TeacherConfig
+from ...schemas.environment import EnvSpec
+from ...schemas.trajectory import Message
+
+
+def stable_hash(text: str) -> int:
+    """A 64-bit hash that is the same in every process (per-request seeds, rendezvous routing)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+class TeacherError(RuntimeError):
+    """The teacher could not answer (down, 5xx after retries, timeout)."""
+
+
+class ContextOverflow(TeacherError):
+    """The conversation no longer fits the model's context window (the model's outcome)."""
+
+
+@dataclass
+class Turn:
+    message: Message
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    finish_reason: str | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    endpoint: str | None = None
+
+
+class TeacherSession(Protocol):
+    async def next_turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Turn: ...
+
+
+class Teacher(Protocol):
+    label: str
+
+    def session(self, env: EnvSpec, sample: int, rollout_id: str) -> TeacherSession: ...
+
+    async def aclose(self) -> None: ...
+
+
+class TeacherBackend(ABC):
+    """One teacher backend. `config` is its settings model; `make` builds a Teacher for one shard
+    driver (event loop); `service` is what the build starts before the stages that need a teacher
+    (it yields what goes into the stage context's `runtime`, e.g. endpoints)."""
+
+    name: ClassVar[str]
+    config: ClassVar[type[TeacherConfig]]
+
+    @abstractmethod
+    def make(self, cfg: Any, runtime: dict[str, Any], limiter: Any = None) -> Teacher:
+        """A teacher for `cfg`; `runtime` carries what the build's service started (never fingerprinted),
+        `limiter` a cross-process limit on concurrent requests (see engine.contract.LimiterFactory)."""
+
+    @contextlib.contextmanager
+    def service(self, cfg: Any, ctx: Any, console: Any) -> Iterator[dict[str, Any]]:
+        """Start what the backend needs for a build and stop it after; default: nothing."""
+        yield {}

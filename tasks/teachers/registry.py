@@ -1,0 +1,57 @@
+"""Teacher backends, by name. A new backend is one module (its settings model, `make`, optionally a
+`service`) plus one `register(...)` line: here for a built-in one, in the plugin module for others
+(`plugins:` in the build config imports it in the driver and in every worker).
+
+`teacher.backend` / `extra_teachers[i].backend` pick the settings model (`config_model`), the
+teacher (`make_teacher`) and the service the build starts before the stages that need a teacher
+(`teacher_service`). Nothing outside the backend's module branches on its name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+from ...schemas.config import TeacherConfig
+from .base import Teacher, TeacherBackend
+from .openai import OpenAIBackend
+from .replay import ReplayBackend
+from .vllm import VLLMBackend
+
+BACKENDS: dict[str, TeacherBackend] = {}
+
+
+def register(backend: TeacherBackend) -> TeacherBackend:
+    """Make `backend` available under `backend.name` (a second registration replaces the first)."""
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+for _builtin in (ReplayBackend(), OpenAIBackend(), VLLMBackend()):
+    register(_builtin)
+
+
+def backend(name: str) -> TeacherBackend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown teacher backend {name!r}; known: {', '.join(sorted(BACKENDS))} "
+                         "(a plugin module listed in `plugins:` may register more)") from None
+
+
+def config_model(name: str) -> type[TeacherConfig]:
+    return backend(name).config
+
+
+def make_teacher(cfg: TeacherConfig, runtime: dict[str, Any] | None = None, limiter: Any = None) -> Teacher:
+    """`runtime` carries what the build started for this run (e.g. the vLLM server's endpoint)."""
+    return backend(cfg.backend).make(cfg, dict(runtime or {}), limiter)
+
+
+@contextlib.contextmanager
+def teacher_service(cfg: Any, ctx: Any, console: Any) -> Iterator[dict[str, Any]]:
+    """The build's `teacher` service: whatever the configured teacher's backend starts."""
+    with backend(cfg.teacher.backend).service(cfg.teacher, ctx, console) as runtime:
+        yield runtime
+
+

@@ -1,0 +1,105 @@
+"""Backend `replay`: executes recorded commands, with no model.
+
+`replay.source: solution` replays each environment's reference solution; a JSONL or Parquet file of
+recorded trajectories (env_id + `commands` or OpenAI `messages`, see `recorded`) replays the k-th
+recorded trajectory of that environment for sample k (cycling when fewer were recorded). A file
+source counts in the fingerprint by its content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import fsspec
+from pydantic import Field
+
+from ...schemas.config import Section, TeacherConfig
+from ...schemas.environment import EnvSpec
+from ...schemas.trajectory import FunctionCall, Message, ToolCall
+from .base import TeacherBackend, Turn
+
+
+class ReplayConfig(Section):
+    """`solution`: each environment's reference solution. Otherwise a JSONL or Parquet file of
+    recorded trajectories (env_id + `commands` or OpenAI `messages`)."""
+
+    source: str = "solution"
+
+
+class ReplayTeacherConfig(TeacherConfig):
+    generates_text: ClassVar[bool] = False
+
+    backend: Literal["replay"]
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        return "replay" if self.replay.source == "solution" else f"replay:{Path(self.replay.source).name}"
+
+    def fingerprint(self) -> dict[str, Any]:
+        view = super().fingerprint()
+        if self.replay.source != "solution":
+            with fsspec.open(self.replay.source, "rb") as f:
+                view["replay"]["sha256"] = hashlib.sha256(f.read()).hexdigest()[:16]
+        return view
+
+
+@dataclass
+class _ReplaySession:
+    commands: list[str]
+    i: int = field(default=0)
+
+    async def next_turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Turn:
+        if not tools:  # fenced-bash mode: answer in the format a model without tool calling must use
+            text = f"```bash\n{self.commands[self.i]}\n```" if self.i < len(self.commands) else "SUBMIT"
+            self.i += 1
+            return Turn(Message(role="assistant", content=text), finish_reason="stop")
+        if self.i < len(self.commands):
+            name, args = "bash", {"command": self.commands[self.i]}
+        else:
+            name, args = "submit", {}
+        call = ToolCall(id=f"call_{self.i}", function=FunctionCall(name=name, arguments=json.dumps(args)))
+        self.i += 1
+        return Turn(Message(role="assistant", content=None, tool_calls=[call]), finish_reason="tool_calls")
+
+
+class ReplayTeacher:
+    """Replays recorded commands: each environment's reference solution, or the k-th recorded
+    trajectory of that environment for sample k (cycling when fewer were recorded)."""
+
+    def __init__(self, cfg: ReplayTeacherConfig, recorded: dict[str, list[list[str]]] | None = None):
+        self.label = cfg.label
+        self.recorded = recorded
+        if recorded is None and cfg.replay.source != "solution":
+            from .recorded import load_recorded
+
+            records, rejects = load_recorded(cfg.replay.source)
+            if not records:
+                raise ValueError(f"teacher.replay.source {cfg.replay.source}: no usable trajectory"
+                                 + (f" ({rejects[0].reason}: {rejects[0].detail})" if rejects else ""))
+            self.recorded = {}
+            for r in records:
+                self.recorded.setdefault(r.env_id, []).append(r.commands)
+
+    def session(self, env: EnvSpec, sample: int, rollout_id: str = "") -> _ReplaySession:
+        if self.recorded is None:
+            return _ReplaySession(list(env.solution))
+        runs = self.recorded.get(env.env_id) or [[]]
+        return _ReplaySession(list(runs[sample % len(runs)]))
+
+    async def aclose(self) -> None:
+        return None
+
+
+class ReplayBackend(TeacherBackend):
+    name = "replay"
+    config = ReplayTeacherConfig
+
+    def make(self, cfg: ReplayTeacherConfig, runtime: dict[str, Any], limiter: Any = None) -> ReplayTeacher:
+        return ReplayTeacher(cfg)

