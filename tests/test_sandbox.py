@@ -106,3 +106,26 @@ def test_background_processes_die_before_verification(sb):
     assert int(sb.exec("pgrep -c -u agent sleep", 5, user="root").output.strip()) == 2
     sb.kill_agent_processes()
     assert sb.exec("pgrep -c -u agent sleep || true", 5, user="root").output.strip() == "0"
+
+
+def test_reaping_survives_containers_vanishing_while_it_lists(docker_client, sandbox_cfg, monkeypatch):
+    """Another build removing its sandboxes while this one reaps must not fail the reaper (a full
+    listing inspects each container and raised NotFound for one removed in between)."""
+    import docker.errors
+
+    from trajforge.tasks.sandbox import reaper
+
+    calls = []
+    real = docker_client.api.inspect_container
+
+    def vanished(cid, *a, **kw):
+        calls.append(cid)
+        raise docker.errors.NotFound("No such container")
+
+    with Sandbox(docker_client, "trajforge/base:latest", sandbox_cfg, labels={"trajforge.build": "vanish"}):
+        monkeypatch.setattr(docker_client.api, "inspect_container", vanished)
+        try:
+            assert reaper.reap_orphans(docker_client, build_id="vanish") == 1
+        finally:
+            monkeypatch.setattr(docker_client.api, "inspect_container", real)
+    assert calls == [], "the reaper must not inspect containers one by one"

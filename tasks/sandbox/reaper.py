@@ -51,8 +51,10 @@ def reap_orphans(client: docker.DockerClient, build_id: str | None = None) -> in
     host = socket.gethostname()
     removed = 0
     filters = {"label": [LABEL] + ([f"trajforge.build={build_id}"] if build_id else [])}
-    for c in client.containers.list(all=True, filters=filters):
-        h, _, ident = c.labels.get("trajforge.owner", "").partition(":")
+    # sparse: one listing call; a full listing inspects each container and fails with NotFound when
+    # one is removed meanwhile (another build on this host finishing its sandboxes)
+    for c in client.containers.list(all=True, filters=filters, sparse=True):
+        h, _, ident = (c.attrs.get("Labels") or {}).get("trajforge.owner", "").partition(":")
         if h != host:
             continue
         if build_id is None:
@@ -63,8 +65,8 @@ def reap_orphans(client: docker.DockerClient, build_id: str | None = None) -> in
             if now is not None and (now == ident or now.endswith(":?") or not started):
                 continue  # the owner is alive
         try:
-            c.remove(force=True)
+            client.api.remove_container(c.id, force=True)
             removed += 1
-        except docker.errors.DockerException:
+        except docker.errors.DockerException:  # gone already, or being removed
             pass
     return removed
