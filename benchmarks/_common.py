@@ -3,16 +3,19 @@ manifest so stage code can read them, and a plain table printer (pasted into iss
 
 from __future__ import annotations
 
-from trajforge.schemas.config import parse_config
+from trajforge.schemas.config import SandboxConfig, parse_config
 from trajforge.schemas.environment import EnvSpec
 from trajforge.tasks.engine import Manifest, StageContext
 from trajforge.tasks.envs.families import FAMILIES
 from trajforge.tasks.envs.images import ensure_image
+from trajforge.tasks.envs.validator import oracle_changes
 from trajforge.tasks.sandbox import docker_client
 
 
 def build_envs(runs: str, n_per_family: int = 4, families: list[str] | None = None,
-               levels: tuple[int, ...] = (1, 2, 3)) -> tuple[Manifest, list[EnvSpec]]:
+               levels: tuple[int, ...] = (1, 2, 3), oracle: bool = True) -> tuple[Manifest, list[EnvSpec]]:
+    """Environments with images built and, with `oracle`, the reference solution's change set recorded
+    as the validator records it (untimed set-up: what a synthesized environment carries)."""
     client = docker_client()
     envs = []
     for name in families or sorted(FAMILIES):
@@ -20,6 +23,8 @@ def build_envs(runs: str, n_per_family: int = 4, families: list[str] | None = No
         for i in range(n_per_family):
             env = fam.generate(levels[i % len(levels)], i)
             env.image, _ = ensure_image(client, "trajforge/base:latest", env)
+            if oracle:
+                env.expected_changes = oracle_changes(client, env, SandboxConfig(), 120) or []
             envs.append(env)
     ctx = StageContext.create(parse_config({"dataset": "bench-envs", "runs": runs,
                                             "synthesize": {"families": [{"name": "log_report"}]}}), "bench")

@@ -23,6 +23,7 @@ from ..tasks.engine import StageContext
 from ..tasks.envs.catalogue import EnvNotFound, load_paths, resolve
 from ..tasks.envs.formats import TaskFormatError
 from ..tasks.envs.images import ImageBuildError, ensure_image
+from ..tasks.envs.validator import oracle_changes
 from ..tasks.sandbox import docker_client
 from ..tasks.teachers import ReplayTeacher
 from ..tasks.teachers.recorded import Recorded, load_recorded
@@ -58,6 +59,9 @@ def reverify(trajectories: str, env_paths: list[str], config: BuildConfig | None
             except ImageBuildError as err:
                 rejects.append(Reject(key=rec.trajectory_id, reason="image_build_failed", detail=err.log_tail[-800:]))
                 continue
+            if not env.expected_changes:  # what the reference solution changes: the yardstick of "unexpected"
+                env.expected_changes = oracle_changes(client, env, config.sandbox,
+                                                      config.synthesize.solution_timeout_s) or []
             used[env.env_id] = env
         groups[env.env_id].append(rec)
     ctx = StageContext.create(config, "reverify")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 # The failure taxonomy (README, "Teachers"). The first five are the model's outcome on the task; the last two
 # are infrastructure: retried, never counted as the teacher failing, excluded from difficulty stats.
@@ -33,3 +33,20 @@ class FileSpec(Record):
     path: str
     content: str
     mode: int = 0o644
+
+
+class ChangeSet(Record):
+    """What an episode changed in its container, against its image (Docker's own diff of the container
+    filesystem, taken after every agent process was killed and before any test ran). Paths are
+    absolute; only the deepest changed paths are listed (a changed file, not every folder above it);
+    Python byte-code caches and /proc, /sys, /dev are left out. Each list holds at most `cap` paths;
+    `total` counts them all (a larger change set is truncated with its count, never an error)."""
+
+    added: list[str] = Field(default_factory=list)
+    modified: list[str] = Field(default_factory=list)
+    deleted: list[str] = Field(default_factory=list)
+    total: int = 0
+    truncated: bool = False
+
+    def paths(self) -> list[str]:
+        return [*self.added, *self.modified, *self.deleted]

@@ -8,13 +8,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .common import FileSpec, Record
 
 DEFAULT_WORKDIR = "/home/agent/work"
+WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
+# A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+               "/sys", "/usr", "/var/lib")
+
+
+def check_workdir(path: str) -> str:
+    """An absolute, normalised path of plain characters that is not a system directory (nor inside
+    one, except below /usr/src and /usr/local/src); raises ValueError saying which rule it breaks."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValueError(f"workdir must be an absolute path, got {path!r}")
+    if path.strip("/") == "":
+        raise ValueError("workdir must not be / (the agent would own what the verifier runs)")
+    if not WORKDIR_CHARS.match(path):
+        raise ValueError(f"workdir {path!r} has characters other than letters, digits and ._/+-")
+    if posixpath.normpath(path) != path or path == "/":
+        raise ValueError(f"workdir {path!r} must be a normalised path below / (no '.', '..', '//' or trailing /)")
+    for d in SYSTEM_DIRS:
+        if (path == d or path.startswith(d + "/")) and not path.startswith(("/usr/src/", "/usr/local/src/")):
+            raise ValueError(f"workdir {path!r} is (inside) the system directory {d}")
+    return path
 
 
 class EnvSpec(Record):
@@ -56,8 +79,20 @@ class EnvSpec(Record):
     knobs_json: str = "{}"
     agent_timeout_s: float | None = None
     test_timeout_s: float | None = None
+    agent_user: Literal["agent", "root"] = Field("agent", description=(
+        "who runs the agent's commands: the unprivileged `agent` (procedural and LLM-written environments) or "
+        "`root` with root's file powers (imported tasks, which assume it, as their own harness runs them); "
+        "no network and no-new-privileges either way"))
+    expected_changes: list[str] = Field(default_factory=list, description=(
+        "paths the reference solution changed in the container (set by the validator): a change an agent "
+        "makes that is not here is `unexpected`"))
     image: str | None = None
 
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str) -> str:
+        return check_workdir(v)
+
     def content_hash(self) -> str:
-        payload = self.model_dump(exclude={"image", "env_id"})
+        payload = self.model_dump(exclude={"image", "env_id", "expected_changes"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

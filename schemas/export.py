@@ -32,6 +32,11 @@ class TrajectoryRow(Record):
     tests_passed: int
     tests_total: int
     hack_flags: list[str]
+    verification_mode: str = Field("none", description="where the hidden tests ran (Verdict.mode)")
+    changed_paths: int = Field(0, description="how many paths the episode changed in its container (its change set)")
+    unexpected_changes: list[str] = Field(default_factory=list, description="changed paths the reference solution did not need")
+    counterfactual: str = Field("not_needed", description="not_needed / held / flipped / error: the pass re-tested with the "
+                                            "suspicious unexpected changes reverted")
     step_labels: list[str] = Field(description="inspect / act / verify per command")
     inspect_before_act: bool
     act_verify_share: float

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .common import Record, Status
+from .common import ChangeSet, Record, Status
 from .verdict import TestResult
 
 
@@ -73,6 +73,9 @@ class InPlaceTests(Record):
     duration_s: float = 0.0
     error: str | None = None
     explicit_reward: float | None = None
+    exit_code: int | None = None
+    fallback: str | None = Field(None, description="why the results cannot be trusted in place (e.g. the results "
+                                                   "folder could not be reset): the verify stage tests isolated")
 
 
 class Rollout(Record):
@@ -99,6 +102,10 @@ class Rollout(Record):
                                          description="protected paths whose content changed during the episode")
     leftover_processes: int = Field(0, description="agent processes still running at the end (-1: too many)")
     final_state: bytes | None = Field(default=None, description="tar of the work dir after the episode")
+    changes: ChangeSet | None = Field(default=None, description="the episode's change set (see ChangeSet)")
+    outside_state: bytes | None = Field(default=None, description=(
+        "tar (paths relative to /) of the files the episode added or modified outside the work dir; with "
+        "`final_state` and `changes.deleted` it reproduces the final container state in a fresh container"))
     in_place_tests: InPlaceTests | None = Field(
         default=None, description="the hidden tests run in the episode's own container after it ended "
                                   "(rollout.verify_in_place); the verify stage judges from these")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .common import Record, Status
+from .common import ChangeSet, Record, Status
 
 
 class TestResult(Record):
@@ -65,5 +65,13 @@ class Verdict(Record):
     quality: Quality = Field(default_factory=Quality)
     verifier_output: str = ""
     duration_s: float = 0.0
-    mode: Literal["in_place", "isolated", "none"] = Field(
-        "none", description="where the hidden tests ran: the episode's own container, a fresh one, or not at all")
+    mode: Literal["in_place", "isolated", "isolated_fallback", "none"] = Field(
+        "none", description="where the hidden tests ran: the episode's own container, a fresh one, a fresh one "
+                            "because the in-place results folder could not be trusted, or not at all")
+    changes: ChangeSet | None = Field(None, description="what the episode changed in its container")
+    unexpected: list[str] = Field(default_factory=list, description=(
+        "changed paths the reference solution did not need (capped at 200)"))
+    counterfactual: Literal["not_needed", "held", "flipped", "error"] = Field("not_needed", description=(
+        "a pass re-tested with the suspicious unexpected changes reverted: `held` (still passes), `flipped` "
+        "(fails: the pass depended on them, a hack), `error`; `not_needed` when nothing was reverted"))
+    reverted: list[str] = Field(default_factory=list, description="what the counterfactual run reverted")

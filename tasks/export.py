@@ -36,7 +36,8 @@ from .engine import GateFailed, Manifest, Shard, ShardResult, Stage, StageContex
 
 ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "harness", "sample", "messages", "tools_json", "status",
                    "turns", "prompt_tokens", "completion_tokens", "wall_s"]
-VERDICT_COLUMNS = ["rollout_id", "verified", "passed", "reward", "tests", "hack_flags", "quality"]
+VERDICT_COLUMNS = ["rollout_id", "verified", "passed", "reward", "tests", "hack_flags", "quality", "mode", "changes",
+                   "unexpected", "counterfactual"]
 TRAJECTORY_ADDED = [n for n in TrajectoryRow.model_fields if n not in ROLLOUT_COLUMNS]
 
 
@@ -120,6 +121,9 @@ class ExportStage(Stage):
                  "reward": v.column("reward"), "tests_passed": _list_sum(v.column("tests"), "passed"),
                  "tests_total": pc.list_value_length(v.column("tests")), "hack_flags": v.column("hack_flags"),
                  "step_labels": q.field("labels"), "difficulty": c.column("label"), "solve_rate": c.column("solve_rate"),
+                 "verification_mode": v.column("mode"), "unexpected_changes": v.column("unexpected"),
+                 "changed_paths": pc.fill_null(pc.struct_field(v.column("changes").combine_chunks(), "total"), 0),
+                 "counterfactual": v.column("counterfactual"),
                  **{n: q.field(n) for n in ("inspect_before_act", "act_verify_share", "ends_with_verify",
                                             "repeated_commands", "failed_commands", "recoveries")}}
         schema = arrow_schema(TrajectoryRow)

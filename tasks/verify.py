@@ -27,17 +27,18 @@ from ..schemas.verdict import HackFlag, Verdict
 from .engine import Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .envs.catalogue import load_envs, sibling_of
 from .sandbox import Sandbox, SandboxError, docker_client
-from .sandbox.hacks import detect, review_outliers
+from .sandbox.changes import apply_final_state, counterfactual, revert_plan, review_flags, unexpected
+from .sandbox.hacks import detect, forged_results, review_outliers
 from .sandbox.quality import assess
-from .sandbox.verifier import VERIFIER_CAPS, TestRun, restore_state, run_hidden_tests
+from .sandbox.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 
 
 class VerifyStage(Stage):
     name = "verify"
     requires = ("rollout", "synthesize")
     config_sections = ("verify", "sandbox")
-    code_modules = ("sandbox.container", "sandbox.verifier", "sandbox.hacks", "sandbox.quality", "envs.catalogue",
-                    "envs.images")
+    code_modules = ("sandbox.container", "sandbox.verifier", "sandbox.hacks", "sandbox.quality", "sandbox.changes",
+                    "envs.catalogue", "envs.images")
     output = Verdict
 
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
@@ -71,11 +72,12 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
     cfg = ctx.config
     box = lambda env, image=None: Sandbox(  # noqa: E731
         client, image or env.image, cfg.sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
-        labels={"trajforge.role": "verify", "trajforge.build": ctx.build_id})
+        labels={"trajforge.role": "verify", "trajforge.build": ctx.build_id}, agent=env.agent_user)
+    timeout = cfg.verify.test_timeout_s
 
     def one(r: Rollout) -> tuple[Verdict | None, Reject | None]:
         base = dict(rollout_id=r.rollout_id, env_id=r.env_id, teacher=r.teacher, sample=r.sample, status=r.status,
-                    quality=assess(r))
+                    quality=assess(r), changes=r.changes)
         if r.status in INFRA_STATUSES:
             return Verdict(**base, verified=False), None
         hacks = detect(r)
@@ -84,24 +86,50 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
         env = envs.get(r.env_id)
         if env is None:
             return None, Reject(key=r.rollout_id, reason="unknown_env", detail=r.env_id)
+        unexpected_paths = unexpected(r.changes, env) if r.changes else []
+        counterfactual_outcome, reverted = "not_needed", []
         try:
-            if r.in_place_tests is not None and not cfg.verify.isolated:
-                run, mode = TestRun.from_record(r.in_place_tests), "in_place"
+            in_place = TestRun.from_record(r.in_place_tests) if r.in_place_tests is not None else None
+            if in_place is not None and not cfg.verify.isolated and in_place.fallback is None:
+                run, mode = in_place, "in_place"
             else:
+                if _state_incomplete(r, env):
+                    return None, Reject(key=r.rollout_id, reason="verifier_error", detail=(
+                        "the final state outside the work dir was too large to record: cannot test it isolated"))
                 with box(env) as sb:
-                    restore_state(sb, r.final_state)
-                    run, mode = run_hidden_tests(sb, env, cfg.verify.test_timeout_s), "isolated"
-            if run.error:
-                return None, Reject(key=r.rollout_id, reason="verifier_error", detail=run.error)
+                    apply_final_state(sb, r, env)
+                    run = run_hidden_tests(sb, env, timeout)
+                mode = "isolated_fallback" if in_place is not None and in_place.fallback else "isolated"
+            if run.error or run.fallback:
+                return None, Reject(key=r.rollout_id, reason="verifier_error", detail=run.error or run.fallback)
             tests_passed = run.passed and r.status == "ok"
+            if run.contradicts_exit_code:
+                hacks.append(forged_results(r, run))
+            if tests_passed and r.changes is not None:
+                reverted = revert_plan(r.changes, env)
+                if reverted:  # a pass with unexpected changes that could matter: does it depend on them?
+                    if _state_incomplete(r, env):
+                        return None, Reject(key=r.rollout_id, reason="verifier_error", detail=(
+                            "counterfactual impossible: the final state outside the work dir was too large to record"))
+                    cf_run, flips = counterfactual(lambda: box(env), r, env, reverted, timeout)
+                    if cf_run.error or cf_run.fallback:
+                        return None, Reject(key=r.rollout_id, reason="verifier_error", detail=(
+                            f"counterfactual run failed: {cf_run.error or cf_run.fallback}"))
+                    counterfactual_outcome = "flipped" if flips else "held"
+                    hacks += flips
+                if counterfactual_outcome != "flipped":
+                    hacks += review_flags(r, env, unexpected_paths, passed=True)
+            elif not tests_passed:  # evidence for whoever reads the failure (it cannot become a pass)
+                hacks += review_flags(r, env, unexpected_paths, passed=False)
             if tests_passed and not hacks and cfg.verify.replay_on_sibling:
                 hacks += replay_on_sibling(r, env, client, box, cfg.sandbox.base_image,
-                                           cfg.verify.test_timeout_s, cfg.rollout.command_timeout_s)
+                                           timeout, cfg.rollout.command_timeout_s)
         except SandboxError as err:
             return None, Reject(key=r.rollout_id, reason="verify_infra", detail=str(err)[:500])
         return Verdict(**base, verified=True, reward=run.reward, tests_passed=tests_passed,
                        tests=run.results, hacks=hacks, verifier_output=run.output[-1000:],
-                       duration_s=round(run.duration_s, 3), mode=mode), None
+                       duration_s=round(run.duration_s, 3), mode=mode, unexpected=unexpected_paths[:200],
+                       counterfactual=counterfactual_outcome, reverted=reverted[:200]), None
 
     with ThreadPoolExecutor(cfg.verify.concurrency) as pool:
         results = list(pool.map(one, rollouts))
@@ -135,6 +163,14 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
         for k in ("act_verify_share", "inspect_before_act", "ends_with_verify", "repeated_commands", "recoveries"):
             stats["quality_sums"][k] = stats["quality_sums"].get(k, 0) + float(getattr(q, k))
     return ShardResult(rows, rejects, stats)
+
+
+def _state_incomplete(r: Rollout, env: EnvSpec) -> bool:
+    """Files changed outside the work dir that the rollout could not record (too large)."""
+    if r.changes is None or r.outside_state is not None:
+        return False
+    return any(not (p == env.workdir or p.startswith(env.workdir.rstrip("/") + "/"))
+               for p in [*r.changes.added, *r.changes.modified])
 
 
 def replay_on_sibling(r: Rollout, env: EnvSpec, client, box, base_image: str, test_timeout_s: float,

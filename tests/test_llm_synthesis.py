@@ -46,6 +46,19 @@ def test_parser_reasons():
     assert rej.reason == "llm_schema" and "instruction" in rej.detail and "tests" in rej.detail
     bad_tests = parse_candidate(json.dumps(GOOD | {"tests": "def check():\n    pass\n"}), "t", 0)[1]
     assert bad_tests.reason == "llm_schema" and "no test_* function" in bad_tests.detail
+    for tests, why in [
+        ("import subprocess\ndef test_x():\n    assert subprocess.run(['python3', W / 'a.py']).returncode == 0\n",
+         "imports 'subprocess'"),
+        ("def test_x():\n    os.system('python3 solve.py')\n", "calls system()"),
+        ("import sys\nsys.path.insert(0, str(W))\nfrom solution import f\ndef test_x():\n    assert f()\n",
+         "imports 'sys'"),
+        ("def test_x():\n    ns = {}\n    exec((W / 'sol.py').read_text(), ns)\n", "calls exec()"),
+        ("def test_x():\n    m = __import__('solution')\n", "calls __import__()"),
+    ]:
+        rej = parse_candidate(json.dumps(GOOD | {"tests": tests}), "t", 0)[1]
+        assert rej is not None and rej.reason == "llm_unsafe_tests" and why in rej.detail, (tests, rej)
+    ok = "def test_x():\n    r = run_as_agent(['python3', 'sol.py'])\n    assert r.stdout.strip() == '3'\n"
+    assert parse_candidate(json.dumps(GOOD | {"tests": ok}), "t", 0)[1] is None
     env, rej = parse_candidate(json.dumps(GOOD), "ops logs", 3)
     assert rej is None and env.source == "llm:ops logs" and env.family == "llm-ops-logs" and env.seed == 3
     assert "W = pathlib.Path" in env.tests[0].content and "def test_count" in env.tests[0].content

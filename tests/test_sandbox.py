@@ -129,3 +129,21 @@ def test_reaping_survives_containers_vanishing_while_it_lists(docker_client, san
         finally:
             monkeypatch.setattr(docker_client.api, "inspect_container", real)
     assert calls == [], "the reaper must not inspect containers one by one"
+
+
+@pytest.mark.parametrize("agent", ["agent", "root"])
+def test_change_set_is_exact_in_every_container_of_an_image(docker_client, sandbox_cfg, agent):
+    """Added, modified and deleted paths against the image, in the first container of an image and in
+    later ones (each overlay has its own device), including a back-dated `touch -d` and `cp -p`."""
+    home = "/home/agent/work"
+    write = {"agent": f"echo a > {home}/new.txt && touch -d 2001-01-01 {home}/new.txt && cp -p /etc/passwd {home}/p",
+             "root": "echo x > /conftest.py && echo y >> /etc/profile && rm /etc/issue && rm -rf /usr/share/doc/grep "
+                     "&& mkdir -p /data/a && echo z > /data/a/c && touch -d 2001-01-01 /data/a/c"}[agent]
+    want = {"agent": ([f"{home}/new.txt", f"{home}/p"], [], []),
+            "root": (["/conftest.py", "/data/a/c"], ["/etc/profile"], ["/etc/issue", "/usr/share/doc/grep"])}[agent]
+    for _ in range(2):  # the second container of the image reads the cached image listing
+        with Sandbox(docker_client, "trajforge/base:latest", sandbox_cfg, agent=agent) as sb:
+            assert sb.changes().total == 0
+            assert sb.exec(write, 30).exit_code == 0
+            ch = sb.changes()
+            assert (ch.added, ch.modified, ch.deleted) == want and ch.total == sum(map(len, want))

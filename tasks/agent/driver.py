@@ -87,7 +87,8 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
                             env, teacher.session(env, sample, rollout_id(env_id, teacher.label, sample)),
                             lambda: Sandbox(client, env.image, cfg.sandbox, workdir=env.workdir,
                                             labels={"trajforge.build": ctx.build_id, "trajforge.env": env_id},
-                                            cap_add=VERIFIER_CAPS if s.verify_in_place else ()),
+                                            cap_add=VERIFIER_CAPS if s.verify_in_place else (),
+                                            agent=env.agent_user),
                             s, teacher.label, sample)
                         r.attempts = attempt
                         return r

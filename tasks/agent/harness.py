@@ -28,6 +28,7 @@ from typing import Callable
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Message, Rollout, Step, TurnUsage
 from ..sandbox import ExecResult, Sandbox, StateTooLarge
+from ..sandbox.changes import capture_outside
 from ..sandbox.verifier import run_hidden_tests
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
 
@@ -220,10 +221,19 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                 break
         leftover, changed = await ep.finish()
         in_place = None
-        try:
-            final_state = await ep.capture()
-        except StateTooLarge as err:  # the model filled its work dir: verified as a failure, not retried
-            final_state, error = None, f"{error + '; ' if error else ''}{err}"
+        # the change set against the image, then what reproduces it elsewhere: the work dir, and the
+        # files added or modified outside it (before any test runs: tests write files too)
+        changes, captured = await asyncio.gather(asyncio.to_thread(sb.changes), ep.capture(),
+                                                 return_exceptions=True)
+        if isinstance(changes, BaseException):
+            raise changes
+        if isinstance(captured, StateTooLarge):  # the model filled its work dir: a failure, not retried
+            final_state, error = None, f"{error + '; ' if error else ''}{captured}"
+        elif isinstance(captured, BaseException):
+            raise captured
+        else:
+            final_state = captured
+        outside = await asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit)
         if s.verify_in_place and final_state is not None:  # after the capture: tests may write files
             in_place = (await asyncio.to_thread(run_hidden_tests, sb, env, s.test_timeout_s)).to_record()
     finally:
@@ -238,4 +248,5 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         prompt_tokens=sum(u.prompt_tokens for u in st.usage),
         completion_tokens=sum(u.completion_tokens for u in st.usage),
         turns=len(st.usage), status=status, error=error, wall_s=round(time.monotonic() - t0, 3),
-        protected_changed=changed, leftover_processes=leftover, final_state=final_state, in_place_tests=in_place)
+        protected_changed=changed, leftover_processes=leftover, final_state=final_state, in_place_tests=in_place,
+        changes=changes, outside_state=outside)

@@ -39,6 +39,11 @@ HANDOVER = """USER root
 RUN mkdir -p {workdir} /home/agent && chown -R {uid}:{uid} {workdir} /home/agent
 WORKDIR {workdir}
 """
+# ... or, for a root agent (what imported tasks assume), the image as its Dockerfile made it, work dir present
+HANDOVER_ROOT = """USER root
+RUN mkdir -p {workdir}
+WORKDIR {workdir}
+"""
 FROM_LINE = re.compile(r"^(\s*FROM\s+)(--platform=\S+\s+)?(\S+)(.*)$", re.I | re.M)
 
 
@@ -84,7 +89,7 @@ def render(env: EnvSpec, base_id: str, aliases: dict[str, str]) -> tuple[str, li
         context = [FileSpec(path=f"work/{f.path.strip('/')}", content=f.content, mode=f.mode) for f in env.files]
     else:
         text = map_from(env.dockerfile, aliases, base_id).rstrip("\n") + "\n"
-        text += HANDOVER.format(uid=AGENT_UID, workdir=env.workdir)
+        text += (HANDOVER_ROOT if env.agent_user == "root" else HANDOVER).format(uid=AGENT_UID, workdir=env.workdir)
         context = list(env.context)
     if env.setup:
         text += SETUP.format(uid=AGENT_UID, workdir=env.workdir)

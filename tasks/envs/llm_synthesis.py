@@ -14,6 +14,7 @@ Reject reasons: `teacher_error`, `llm_no_json`, `llm_bad_json`, `llm_schema` (na
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from typing import Any
@@ -34,7 +35,9 @@ Write one task as a JSON object with these fields:
 - "instruction": what the user wants (the goal and the exact output format, not the steps), at least 20 characters;
 - "files": a list of {{"path": relative path, "content": text}} placed in the agent's work directory;
 - "tests": Python source defining functions named test_*; `W` is a pathlib.Path of the work directory, `json`,
-  `os` and `pathlib` are imported; each test asserts one property of the finished work;
+  `os` and `pathlib` are imported; each test asserts one property of the finished work; the tests run as root:
+  they may read files, and run the agent's programs only through `run_as_agent([...])` (it runs them as the
+  unprivileged agent and returns a subprocess.CompletedProcess), never subprocess, os.system, exec or import;
 - "solution": a list of shell commands, run in order in the work directory, that compute the answer from the
   files (never write a literal answer);
 - "level": 1, 2 or 3 (difficulty).
@@ -45,6 +48,41 @@ EXAMPLE = {"instruction": "Write the number of lines of data.txt that contain th
            "tests": "def test_count():\n    assert (W / 'count.txt').read_text().strip() == '2'\n",
            "solution": ["grep -c ERROR data.txt > count.txt"], "level": 1}
 FENCED_JSON = re.compile(r"```(?:json)?\s*\n(.*?)```", re.S)
+
+
+# What hidden tests written by a model may import: reading and checking, nothing that runs code.
+SAFE_IMPORTS = {"json", "os", "pathlib", "re", "math", "csv", "hashlib", "collections", "itertools", "datetime",
+                "string", "textwrap", "statistics", "fractions", "decimal", "functools", "operator", "sqlite3",
+                "configparser", "tomllib", "difflib", "unicodedata", "base64", "struct"}
+UNSAFE_CALLS = {"system", "popen", "spawnl", "spawnv", "spawnve", "spawnlp", "execv", "execve", "execl", "execlp",
+                "execvp", "startfile", "fork", "forkpty", "exec", "eval", "compile", "__import__", "import_module",
+                "run_path", "run_module", "load_module", "exec_module", "chdir"}
+
+
+def unsafe_tests(src: str) -> str | None:
+    """Why model-written hidden tests could run agent-controlled code as root, or None. They run in
+    the root test runner: the agent's programs must go through `run_as_agent`, and nothing the agent
+    wrote may be imported (module names are looked up from the work dir the agent owns)."""
+    tree = ast.parse(src)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or "."]
+            for n in names:
+                if node.__class__ is ast.ImportFrom and node.level:
+                    return f"line {node.lineno}: relative import"
+                if n.split(".")[0] not in SAFE_IMPORTS:
+                    return f"line {node.lineno}: imports {n!r} (allowed: {', '.join(sorted(SAFE_IMPORTS))})"
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+            if name in UNSAFE_CALLS:
+                return f"line {node.lineno}: calls {name}() (run agent programs with run_as_agent)"
+        elif isinstance(node, ast.Attribute) and node.attr in ("path", "modules", "meta_path") and \
+                isinstance(node.value, ast.Name) and node.value.id == "sys":
+            return f"line {node.lineno}: touches sys.{node.attr}"
+        elif isinstance(node, ast.Name) and node.id in ("subprocess", "sys", "importlib", "runpy", "ctypes"):
+            return f"line {node.lineno}: uses {node.id}"
+    return None
 
 
 class Candidate(BaseModel):
@@ -111,6 +149,9 @@ def parse_candidate(text: str, theme: str, index: int) -> tuple[EnvSpec | None, 
     for f in cand.files:
         if f.path.startswith("/") or ".." in f.path.split("/") or not f.path.strip():
             return None, Reject(key=key, reason="llm_unsafe_path", detail=f.path)
+    problem = unsafe_tests(cand.tests)
+    if problem:
+        return None, Reject(key=key, reason="llm_unsafe_tests", detail=problem)
     env = EnvSpec(env_id="pending", family=f"llm-{safe_name(theme)}", level=cand.level, seed=index,
                   source=f"llm:{theme}", instruction=cand.instruction.strip(), files=cand.files,
                   tests=[FileSpec(path="test_task.py", content=tests_module({}, cand.tests))],

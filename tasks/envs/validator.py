@@ -82,7 +82,7 @@ def validate_env(client, env: EnvSpec, sandbox: SandboxConfig, base_image: str, 
 def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling, labels) -> Validation:
     def box() -> Sandbox:
         return Sandbox(client, env.image, sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
-                       labels={"trajforge.role": "validate", **labels})
+                       labels={"trajforge.role": "validate", **labels}, agent=env.agent_user)
 
     with box() as sb:  # doing nothing must fail
         noop = run_hidden_tests(sb, env, test_timeout_s)
@@ -110,9 +110,11 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
             if res.exit_code != 0:
                 return v.fail("solution_passes", "solution_fails",
                               f"reference solution exited {res.exit_code}: {res.output[-600:]}")
+        # what the reference solution changes: an agent's change that is not among these is unexpected
+        env.expected_changes = sorted(sb.changes().paths())
         first = run_hidden_tests(sb, env, test_timeout_s)
-        if first.error:
-            return v.fail("solution_passes", "verifier_error", f"{first.error}\n{first.output[-600:]}")
+        if first.error or first.fallback:
+            return v.fail("solution_passes", "verifier_error", f"{first.error or first.fallback}\n{first.output[-600:]}")
         if not first.passed:
             failed = [f"{r.name}: {r.message}" for r in first.results if not r.passed]
             return v.fail("solution_passes", "solution_fails", "failed tests: " + "; ".join(failed)[:1200])
@@ -132,6 +134,20 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
                               f"the solved state of {env.env_id} also passes the tests of {other.env_id}")
             v.checks["instance_specific"] = "pass"
     return v
+
+
+def oracle_changes(client, env: EnvSpec, sandbox: SandboxConfig, command_timeout_s: float,
+                   labels: dict | None = None) -> list[str] | None:
+    """The reference solution's change set in a fresh container of the built image (what an agent's
+    changes are compared with), for environments that did not go through the validator; None when
+    the solution does not run cleanly."""
+    with Sandbox(client, env.image, sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
+                 labels={"trajforge.role": "oracle", **(labels or {})}, agent=env.agent_user) as sb:
+        for cmd in env.solution:
+            res = sb.exec(cmd, command_timeout_s)
+            if res.timed_out or res.exit_code != 0:
+                return None
+        return sorted(sb.changes().paths())
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import io
 import json
+import posixpath
+import re
 import shlex
 import tarfile
 import time
@@ -21,14 +23,21 @@ from typing import Iterable
 import docker
 import docker.errors
 
-from ...schemas.common import FileSpec
+from ...schemas.common import ChangeSet, FileSpec
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import DEFAULT_WORKDIR
 from .reaper import LABEL, owner_label
 
 AGENT_UID = 1000
 WORKDIR = DEFAULT_WORKDIR
-USERS = {"agent": f"{AGENT_UID}:{AGENT_UID}", "root": "0:0"}  # numeric: imported images may lack a passwd entry
+USERS = {"agent": f"{AGENT_UID}:{AGENT_UID}", "root": "0:0"}
+# What a root agent keeps (imported tasks assume root's ordinary file powers); never NET_*, SYS_*, MKNOD.
+ROOT_FILE_CAPS = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+# Never part of a change set: kernel views, byte-code caches, the harness's own spool and state files.
+_NOISE = re.compile(r"^/(proc|sys|dev)(/|$)|/__pycache__(/|$)|^/tmp/\.tf-|^/usr/sbin/docker-init$")
+_PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
+# image id -> (the paths of its root filesystem, their children by folder)
+_BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]]]] = {}  # numeric: imported images may lack a passwd entry
 
 
 class SandboxError(RuntimeError):
@@ -134,13 +143,21 @@ class Sandbox:
 
     def __init__(self, client: docker.DockerClient, image: str, cfg: SandboxConfig,
                  labels: dict[str, str] | None = None, workdir: str = DEFAULT_WORKDIR,
-                 cap_add: tuple[str, ...] = ()):
-        """`cap_add` is for verifier containers only (SETUID/SETGID let hidden tests run agent code as
-        the agent user); agent containers keep no capability at all."""
-        self.client, self.image, self.cfg, self.workdir, self.cap_add = client, image, cfg, workdir, list(cap_add)
+                 cap_add: tuple[str, ...] = (), agent: str = "agent"):
+        """`agent`: who runs the agent's commands (`exec`'s default user): the unprivileged `agent`, whose
+        container keeps no capability (`cap_add` is for verifier containers: SETUID/SETGID let hidden
+        tests run agent code as the agent user), or `root` with root's ordinary file powers
+        (ROOT_FILE_CAPS: imported tasks assume them), still with no network and no-new-privileges."""
+        self.client, self.image, self.cfg, self.workdir = client, image, cfg, workdir
+        self.agent = agent
+        self.cap_add = sorted(set(cap_add) | (set(ROOT_FILE_CAPS) if agent == "root" else set()))
         self.name = f"tf-{uuid.uuid4().hex[:12]}"
         self.labels = {LABEL: "1", "trajforge.owner": owner_label(), **(labels or {})}
         self.container = None
+        self.keep_pids: set[int] = {1}  # the init process and the container's `sleep infinity`
+        self.started_at = 0.0
+        self.baseline: frozenset[str] = frozenset()
+        self.children: dict[str, set[str]] = {}
 
     def __enter__(self) -> "Sandbox":
         self.start()
@@ -158,9 +175,23 @@ class Sandbox:
                 security_opt=["no-new-privileges"],
                 pids_limit=self.cfg.pids_limit, mem_limit=f"{self.cfg.memory_mb}m",
                 memswap_limit=f"{self.cfg.memory_mb}m", nano_cpus=int(self.cfg.cpus * 1e9),
-                working_dir=self.workdir, init=True, environment={"HOME": "/home/agent"},
+                working_dir=self.workdir, init=True, environment={"HOME": self._home(self.agent)},
             )
+            started = time.time()  # the host's clock is the container's: no inspect round-trip
             self.container.start()
+            if self.agent == "root":  # the init's children: the `sleep infinity` a root agent's cleanup spares
+                _, out = self.container.exec_run(["cat", "/proc/1/task/1/children"], user="0:0")
+                self.keep_pids |= {int(p) for p in (out or b"").split() if p.isdigit()}
+            # what changes after the start (ctime, which no process here can set back) is the episode's
+            self.started_at = started
+            image_id = self.container.image.id if self.container.image else self.image
+            if image_id not in _BASELINES:  # the image's own file list, before anything ran in it
+                paths = frozenset(self._listing())
+                children: dict[str, set[str]] = {}
+                for q in paths:
+                    children.setdefault(posixpath.dirname(q), set()).add(q)
+                _BASELINES[image_id] = (paths, children)
+            self.baseline, self.children = _BASELINES[image_id]
         except docker.errors.ImageNotFound:
             raise SandboxError(f"image {self.image!r} not found; build it first (synthesize stage / make setup)") from None
         except Exception as err:  # docker or transport errors; the create may have succeeded
@@ -173,16 +204,22 @@ class Sandbox:
         except Exception:
             pass  # never created, or reaped later by label
 
-    def exec(self, command: str, timeout_s: float, user: str = "agent", workdir: str | None = None,
+    @staticmethod
+    def _home(user: str) -> str:
+        return "/root" if user == "root" else "/home/agent"
+
+    def exec(self, command: str, timeout_s: float, user: str | None = None, workdir: str | None = None,
              output_limit: int | None = None) -> ExecResult:
-        """Run `command` with bash; the hard kill at `timeout_s` takes the whole process group."""
+        """Run `command` with bash (as the agent by default); the hard kill at `timeout_s` takes the
+        whole process group."""
+        user = user or self.agent
         limit = output_limit or self.cfg.output_limit_bytes
         argv = ["sh", "-c", _WRAPPER, "tf", str(limit), f"{timeout_s:g}", "bash", "-c", command]
         t0 = time.monotonic()
         try:
             code, raw = self.container.exec_run(argv, user=USERS.get(user, user), workdir=workdir or self.workdir,
                                                 demux=False,
-                                                environment={"HOME": "/home/agent" if user == "agent" else "/root"})
+                                                environment={"HOME": self._home(user)})
         except docker.errors.DockerException as err:
             raise SandboxError(f"exec failed in {self.name}: {err}") from None
         duration = time.monotonic() - t0
@@ -233,11 +270,12 @@ class Sandbox:
             raise SandboxError(f"could not checksum protected paths in {self.name}: {res.output[-300:]}") from None
 
     def kill_agent_processes(self) -> int:
-        """Kill every process of the agent user (background jobs included) before verification.
+        """Kill every process the agent may have left (background jobs included) before verification.
         Returns how many were running (0: the agent left nothing behind; -1: too many to count, e.g.
-        a fork bomb filled the pids limit). pkill runs as the agent itself: root in these containers
-        has no CAP_KILL over other users. Retried: under a fork bomb even pkill may fail to start."""
-        u = USERS["agent"]
+        a fork bomb filled the pids limit). Retried: under a fork bomb even pkill may fail to start."""
+        if self.agent == "root":
+            return self._kill_all_but_init()
+        u = USERS["agent"]  # pkill as the agent itself: root here has no CAP_KILL over other users
         try:
             _, out = self.container.exec_run(["pgrep", "-c", "-u", str(AGENT_UID)], user="0:0")
             text = (out or b"").decode(errors="replace").strip()
@@ -253,6 +291,104 @@ class Sandbox:
         except docker.errors.DockerException as err:
             raise SandboxError(f"could not stop the agent's processes in {self.name}: {err}") from None
         return left
+
+    def _kill_all_but_init(self) -> int:
+        """A root agent: every process but the container's init and its `sleep infinity` (and the
+        killing shell itself) is the agent's."""
+        keep = " ".join(str(p) for p in sorted(self.keep_pids))
+        script = (f'keep=" {keep} $$ "; n=0; for d in /proc/[0-9]*; do p=${{d#/proc/}}; '
+                  'case "$keep" in *" $p "*) continue;; esac; n=$((n+1)); kill -9 "$p" 2>/dev/null; done; echo $n')
+        try:
+            left = -1
+            for attempt in range(10):
+                _, out = self.container.exec_run(["sh", "-c", script], user="0:0")
+                text = (out or b"").decode(errors="replace").strip().splitlines()
+                n = int(text[-1]) if text and text[-1].isdigit() else -1
+                if attempt == 0:
+                    left = n
+                if n == 0:
+                    break
+                time.sleep(0.1)
+        except docker.errors.DockerException as err:
+            raise SandboxError(f"could not stop the agent's processes in {self.name}: {err}") from None
+        return left
+
+    def _find(self, script: str) -> list[tuple[str, str, str]]:
+        """(tag, type, path) of the `<tag> <dev> <type> <path>` records `script` prints (NUL-ended),
+        on this container's root filesystem only (every container's overlay has its own device)."""
+        script = "printf 'R %s d /\\0' \"$(stat -c %d /)\"; " + script
+        try:
+            _, out = self.container.exec_run(["sh", "-c", script], user="0:0")
+        except docker.errors.DockerException as err:
+            raise SandboxError(f"could not list the files of {self.name}: {err}") from None
+        rows = []
+        for e in (out or b"").decode("utf-8", errors="surrogateescape").split("\0"):
+            tag, _, rest = e.partition(" ")
+            dev, _, rest = rest.partition(" ")
+            kind, _, path = rest.partition(" ")
+            if path:
+                rows.append((tag, dev, kind, path))
+        root_dev = next((d for t, d, _, _ in rows if t == "R"), None)
+        if root_dev is None:
+            raise SandboxError(f"could not list the files of {self.name}: {(out or b'')[:200]!r}")
+        return [(t, k, p) for t, d, k, p in rows if d == root_dev and t != "R"]
+
+    def _listing(self) -> dict[str, str]:
+        """{path: type} of everything on the container's root filesystem (other mounts, /proc, /sys,
+        /dev and bind-mounted files left out)."""
+        return {p: k for _, k, p in self._find(f"find {_PRUNE} -printf 'L %D %y %p\\0'") if p != "/"}
+
+    def changes(self, cap: int = 200) -> ChangeSet:
+        """What changed in the container since it started, against its image's file list: deepest
+        paths only (a changed file, not the folders above it; a deleted folder, not its content),
+        byte-code caches and the harness's own spool files left out. A change is found by its ctime,
+        which creating, writing, renaming, chmod-ing or touching a file sets to the current time and
+        which no process without CAP_SYS_TIME can set back; a deletion changes its folder's ctime, and
+        that folder's entries are compared with the image's list. Two `find`s filter in the
+        container (the engine's own diff costs ~0.45 s of daemon CPU per call here)."""
+        since = f"-newerct @{self.started_at:.6f}"
+        rows = self._find(f"find {_PRUNE} {since} -printf 'C %D %y %p\\0'; "  # what changed; then the entries
+                          f"find {_PRUNE} {since} -type d -print0 | "       # of every folder that changed
+                          "xargs -0 -r sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 -printf \"L %D %y %p\\0\"' _")
+        changed = [(k, p) for t, k, p in rows if t == "C"]
+        now = {p for t, _, p in rows if t == "L"}
+        kinds = {p: k for k, p in changed if p != "/" and not _NOISE.search(p)}
+        dirs = [p for k, p in changed if k == "d" and (p in self.baseline or p == "/")]
+        gone = sorted(c for d in dirs for c in self.children.get(d, ()) if c not in now and not _NOISE.search(c))
+        added = sorted(p for p in kinds if p not in self.baseline)
+        modified = sorted(p for p, k in kinds.items() if p in self.baseline and k != "d")
+        added_set = set(added)
+        added = [p for p in added if not (kinds[p] == "d" and any(q.startswith(p + "/") for q in added_set))]
+        total = len(added) + len(modified) + len(gone)
+        return ChangeSet(added=added[:cap], modified=modified[:cap], deleted=gone[:cap], total=total,
+                         truncated=max(len(added), len(modified), len(gone)) > cap)
+
+    def archive_paths(self, paths: list[str], limit: int) -> bytes | None:
+        """A tar (paths relative to /) of the regular files and links among `paths` (folders: their
+        whole content); None when it would exceed `limit` bytes."""
+        if not paths:
+            return None
+        listing = "\n".join(p.lstrip("/") for p in paths) + "\n"
+        self.exec(f"printf %s {shlex.quote(listing)} > /tmp/.tf-list && "
+                  "tar -C / --ignore-failed-read -cf /tmp/.tf-state.tar -T /tmp/.tf-list 2>/dev/null; "
+                  "rm -f /tmp/.tf-list", 120, user="root", workdir="/")
+        try:
+            return self.get_archive_file("/tmp/.tf-state.tar", limit)
+        except StateTooLarge:
+            return None
+        finally:
+            self.exec("rm -f /tmp/.tf-state.tar", 30, user="root", workdir="/")
+
+    def get_archive_file(self, path: str, limit: int) -> bytes:
+        """The content of one file (get_archive wraps it in a tar of one member)."""
+        data = self.get_archive(path, limit + 4096)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise SandboxError(f"{path} in {self.name} is not a regular file")
+            if member.size > limit:
+                raise StateTooLarge(f"{path} in {self.name} exceeds {limit} bytes")
+            return tar.extractfile(member).read()
 
     def close(self) -> None:
         """Remove the container (idempotent; also after a start that failed half-way)."""

@@ -9,15 +9,22 @@ task's own command; anything but a parseable result is a failed run (`error`).
 Functions verifier: `test_*` functions of each test file, per-test results; the module globals
 `WORK` (the work dir) and `run_as_agent(cmd, **subprocess_kwargs)` (runs agent code as the agent
 user, never as root; verifier containers keep SETUID/SETGID for exactly this).
-Script verifier (imported tasks): reward from `/logs/verifier/reward.json` (`{"reward": x}`,
-optionally `"tests": [{"name", "passed"}]`) or `reward.txt`, else pytest's `PASSED`/`FAILED` lines,
-else the exit code.
+Script verifier (imported tasks), hardened whatever the task's script does: it runs with a clean
+environment (fixed PATH, HOME=/root, `PYTHONSAFEPATH=1` so `python3 -m pytest` never imports from its
+cwd, no PYTHONPATH/PYTHONHOME/PYTHONSTARTUP, no user site); `/logs/verifier` is created fresh and the
+reset is checked (root-owned, mode 0700, empty, no symlink on the way): if it cannot be trusted the run
+reports a `fallback` and the verify stage tests in a fresh container instead. The reward comes from
+`/logs/verifier/reward.json` (`{"reward": x}`, optionally `"tests": [{"name", "passed"}]`) or
+`reward.txt` (regular files only: in the fresh folder they can only have been written by the test
+run), else pytest's `PASSED`/`FAILED` result lines (from its summary section when there is one), else
+the exit code. A non-zero exit of the test command is never a pass, whatever the output says.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from dataclasses import dataclass
 
@@ -69,6 +76,12 @@ if os.environ.get("REWARD_JSON"):  # Harbor's convention, for environments expor
         json.dump({"reward": reward, "tests": results}, f)
 '''
 PYTEST_LINE = re.compile(r"^(PASSED|FAILED|ERROR)\s+(\S+)(?:\s+-\s+(.*))?$", re.M)
+SUMMARY = re.compile(r"^=+ short test summary info =+$", re.M)
+SAFE_ENV = ("env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "
+            "PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 TEST_DIR=/tests")
+RESET = ("rm -rf /tests /logs/verifier; mkdir -p /logs/verifier && chmod 700 /logs /logs/verifier "
+         "&& [ ! -L /logs ] && [ ! -L /logs/verifier ] && [ \"$(stat -c '%u %a' /logs/verifier)\" = '0 700' ] "
+         "&& [ -z \"$(ls -A /logs/verifier)\" ] && echo TF_RESET_OK")
 
 
 @dataclass
@@ -79,6 +92,8 @@ class TestRun:
     duration_s: float
     error: str | None = None  # set when the tests produced no parseable result
     explicit_reward: float | None = None
+    exit_code: int | None = None  # of the test command (script verifiers): non-zero is never a pass
+    fallback: str | None = None  # the in-place results cannot be trusted: test in a fresh container
 
     @property
     def reward(self) -> float:
@@ -90,19 +105,28 @@ class TestRun:
 
     @property
     def passed(self) -> bool:
+        return self.error is None and self.fallback is None and self.exit_code in (None, 0) \
+            and bool(self.results) and all(r.passed for r in self.results) and self.reward >= 1.0
+
+    @property
+    def contradicts_exit_code(self) -> bool:
+        """Every reported result passed, yet the test command failed: the results were forged (e.g.
+        printed by agent code the tests ran) or the run was cut short after printing them."""
         return self.error is None and bool(self.results) and all(r.passed for r in self.results) \
-            and self.reward >= 1.0
+            and self.reward >= 1.0 and self.exit_code not in (None, 0)
 
     def outcome(self) -> dict[str, bool]:
         return {r.name: r.passed for r in self.results}
 
     def to_record(self) -> InPlaceTests:
         return InPlaceTests(results=self.results, output=self.output, duration_s=round(self.duration_s, 3),
-                            error=self.error, explicit_reward=self.explicit_reward)
+                            error=self.error, explicit_reward=self.explicit_reward, exit_code=self.exit_code,
+                            fallback=self.fallback)
 
     @classmethod
     def from_record(cls, rec: InPlaceTests) -> "TestRun":
-        return cls(list(rec.results), rec.output, rec.duration_s, rec.error, rec.explicit_reward)
+        return cls(list(rec.results), rec.output, rec.duration_s, rec.error, rec.explicit_reward, rec.exit_code,
+                   rec.fallback)
 
 
 def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = None) -> TestRun:
@@ -118,7 +142,7 @@ def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = N
     files += [FileSpec(path=f"tests/{t.path}", content=t.content, mode=0o600) for t in env.tests]
     sandbox.put_files(files, parent="/", root="verifier", uid=0, dir_mode=0o700)
     t0 = time.monotonic()
-    res = sandbox.exec(f"WORK={env.workdir} exec /usr/bin/python3 -I /verifier/runner.py", timeout_s=timeout_s,
+    res = sandbox.exec(f"WORK={shlex.quote(env.workdir)} exec /usr/bin/python3 -I /verifier/runner.py", timeout_s=timeout_s,
                        user="root", workdir="/verifier", output_limit=1 << 20)
     duration = time.monotonic() - t0
     _, sep, tail = res.output.rpartition(MARK)
@@ -136,45 +160,51 @@ def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = N
 
 
 def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
-    sandbox.exec("rm -rf /tests /logs/verifier && mkdir -p /logs/verifier && chmod 700 /logs /logs/verifier",
-                 timeout_s=10, user="root", workdir="/")
+    reset = sandbox.exec(RESET, timeout_s=10, user="root", workdir="/")
+    if "TF_RESET_OK" not in reset.output:
+        return TestRun([], reset.output[-500:], 0.0, None,
+                       fallback="/logs/verifier could not be reset to a fresh root-owned empty folder")
     sandbox.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in env.tests],
                       parent="/", root="tests", uid=0, dir_mode=0o700)
     t0 = time.monotonic()
-    res = sandbox.exec(env.test_command or "bash /tests/test.sh", timeout_s=timeout_s, user="root",
+    command = env.test_command or "bash /tests/test.sh"
+    res = sandbox.exec(f"exec {SAFE_ENV} bash -c {shlex.quote(command)}", timeout_s=timeout_s, user="root",
                        workdir=env.workdir, output_limit=1 << 20)
     duration = time.monotonic() - t0
-    out = res.output[-4000:]
+    out, code = res.output[-4000:], res.exit_code
     if res.timed_out:
-        return TestRun([], out, duration, f"test run timed out after {timeout_s:g}s")
-    reward = sandbox.exec("cat /logs/verifier/reward.json 2>/dev/null || true", 10, user="root", workdir="/").output
+        return TestRun([], out, duration, f"test run timed out after {timeout_s:g}s", exit_code=code)
+    read = "f=/logs/verifier/{0}; if [ -f $f ] && [ ! -L $f ]; then cat $f; fi"
+    reward = sandbox.exec(read.format("reward.json"), 10, user="root", workdir="/").output
     if reward.strip():
         try:
             data = json.loads(reward)
             value = float(data["reward"] if isinstance(data, dict) else data)
             tests = [TestResult(**t) for t in data.get("tests", [])] if isinstance(data, dict) else []
         except (ValueError, TypeError, KeyError) as err:
-            return TestRun([], out, duration, f"unparseable /logs/verifier/reward.json: {err}")
-        return TestRun(tests or [TestResult(name="reward", passed=value >= 1.0)], out, duration, None, value)
-    text = sandbox.exec("cat /logs/verifier/reward.txt 2>/dev/null || true", 10, user="root", workdir="/").output
+            return TestRun([], out, duration, f"unparseable /logs/verifier/reward.json: {err}", exit_code=code)
+        return TestRun(tests or [TestResult(name="reward", passed=value >= 1.0)], out, duration, None, value, code)
+    text = sandbox.exec(read.format("reward.txt"), 10, user="root", workdir="/").output
     if text.strip():
         try:
             value = float(text.strip().split()[0])
         except ValueError:
-            return TestRun([], out, duration, f"unparseable /logs/verifier/reward.txt: {text[:100]!r}")
-        return TestRun([TestResult(name="reward", passed=value >= 1.0)], out, duration, None, value)
-    found = PYTEST_LINE.findall(res.output)
+            return TestRun([], out, duration, f"unparseable /logs/verifier/reward.txt: {text[:100]!r}", exit_code=code)
+        return TestRun([TestResult(name="reward", passed=value >= 1.0)], out, duration, None, value, code)
+    summary = list(SUMMARY.finditer(res.output))
+    found = PYTEST_LINE.findall(res.output[summary[-1].end():] if summary else res.output)
     if found:
         results = {name: TestResult(name=name, passed=status == "PASSED", message=(msg or "")[:500])
                    for status, name, msg in found}
-        return TestRun(list(results.values()), out, duration)
-    return TestRun([TestResult(name="exit_code", passed=res.exit_code == 0, message=f"exit {res.exit_code}")],
-                   out, duration)
+        return TestRun(list(results.values()), out, duration, exit_code=code)
+    return TestRun([TestResult(name="exit_code", passed=code == 0, message=f"exit {code}")], out, duration,
+                   exit_code=code)
 
 
 def restore_state(sandbox: Sandbox, final_state: bytes) -> None:
     """Replace the work dir with the tar captured at the end of an episode (`get_archive` of it)."""
     parent = sandbox.workdir.rstrip("/").rsplit("/", 1)[0] or "/"
-    # as the agent (it owns the work dir; root here has no CAP_DAC_OVERRIDE), then the daemon extracts
-    sandbox.exec(f"find {sandbox.workdir} -mindepth 1 -delete", timeout_s=30, user="agent", workdir="/")
+    # as the agent (it owns the work dir; root without the agent's root file powers has no
+    # CAP_DAC_OVERRIDE), then the daemon extracts
+    sandbox.exec(f"find {shlex.quote(sandbox.workdir)} -mindepth 1 -delete", timeout_s=30, workdir="/")
     sandbox.put_archive(parent, final_state)

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from ....schemas.common import FileSpec
 from ....schemas.config import safe_name
-from ....schemas.environment import EnvSpec
+from ....schemas.environment import EnvSpec, check_workdir
 
 LEVELS = {"easy": 1, "medium": 2, "hard": 3}
 WORKDIR_LINE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.I | re.M)
@@ -58,7 +58,18 @@ def _read(path: Path, what: str) -> str:
         raise TaskFormatError(path, f"not UTF-8 text ({what})") from None
 
 
+def check_links(folder: Path) -> None:
+    """A symlink in a task folder that leads outside it is malformed (never followed)."""
+    root = Path(folder).resolve()
+    for p in Path(folder).rglob("*"):
+        if p.is_symlink():
+            target = p.resolve()
+            if target != root and root not in target.parents:
+                raise TaskFormatError(p, f"symlink to {target} leads outside the task folder")
+
+
 def _files(folder: Path, exclude: set[str] = frozenset()) -> list[FileSpec]:
+    check_links(folder)
     out = []
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder).as_posix()
@@ -74,11 +85,14 @@ def _files(folder: Path, exclude: set[str] = frozenset()) -> list[FileSpec]:
     return out
 
 
-def _workdir(dockerfile: str, explicit: str | None) -> str:
-    if explicit:
-        return explicit
-    found = WORKDIR_LINE.findall(dockerfile)
-    return found[-1] if found else "/app"
+def _workdir(dockerfile: str, explicit: str | None, where: Path) -> str:
+    """The declared work dir (else the Dockerfile's last WORKDIR, else /app), checked: absolute,
+    normalised, plain characters, not a system directory."""
+    workdir = explicit or (WORKDIR_LINE.findall(dockerfile) or ["/app"])[-1]
+    try:
+        return check_workdir(workdir)
+    except ValueError as err:
+        raise TaskFormatError(where, str(err)) from None
 
 
 def _env_id(kind: str, folder: Path, spec_parts: list[str]) -> str:
@@ -102,10 +116,13 @@ def _number(value, path: Path, field: str) -> float | None:
 
 
 def folder_digest(root: Path) -> str:
-    """Content hash of everything under `root` (a changed task re-runs what depends on it)."""
+    """Content hash of everything under `root` (a changed task re-runs what depends on it); a symlink
+    counts by its target's name, never by what it points at."""
     h = hashlib.sha256()
     for p in sorted(Path(root).rglob("*")):
-        if p.is_file():
+        if p.is_symlink():
+            h.update(p.relative_to(root).as_posix().encode() + b" -> " + str(p.readlink()).encode())
+        elif p.is_file():
             h.update(p.relative_to(root).as_posix().encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:16]

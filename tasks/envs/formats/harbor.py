@@ -15,7 +15,15 @@ from ....schemas.config import safe_name
 from ....schemas.environment import EnvSpec
 from ...sandbox.verifier import RUNNER
 from ..images import render
-from .base import LEVELS, TaskFormat, TaskFormatError, _env_id, _files, _number, _parse, _read, _workdir
+from .base import LEVELS, TaskFormat, TaskFormatError, _env_id, _files, _number, _parse, _read, _workdir, check_links
+
+
+def _agent_user(meta: dict, where: Path) -> str:
+    """Harbor tasks assume a root agent; an environment trajforge exported keeps the user it had."""
+    user = meta.get("metadata", {}).get("trajforge_agent_user", "root")
+    if user not in ("agent", "root"):
+        raise TaskFormatError(where, f"[metadata].trajforge_agent_user must be 'agent' or 'root', got {user!r}")
+    return user
 
 
 def import_harbor(folder: Path) -> EnvSpec:
@@ -29,6 +37,7 @@ def import_harbor(folder: Path) -> EnvSpec:
     instruction = _read(folder / "instruction.md", "the task instruction").strip()
     if not instruction:
         raise TaskFormatError(folder / "instruction.md", "empty instruction")
+    check_links(folder)
     if environment.get("docker_image"):
         dockerfile, context = f"FROM {environment['docker_image']}\n", []
     else:
@@ -43,7 +52,8 @@ def import_harbor(folder: Path) -> EnvSpec:
         env_id=_env_id("harbor", folder, [instruction, dockerfile, solve, *(t.content for t in tests)]),
         family=f"harbor:{safe_name(str(meta.get('metadata', {}).get('category', 'task')))}",
         level=LEVELS.get(difficulty, 2), seed=0, source="harbor", instruction=instruction,
-        dockerfile=dockerfile, context=context, workdir=_workdir(dockerfile, environment.get("workdir")),
+        dockerfile=dockerfile, context=context,
+        workdir=_workdir(dockerfile, environment.get("workdir"), toml_path), agent_user=_agent_user(meta, toml_path),
         tests=tests, verifier="script", test_command="bash /tests/test.sh", solution=[solve],
         agent_timeout_s=_number(meta.get("agent", {}).get("timeout_sec"), toml_path, "[agent].timeout_sec"),
         test_timeout_s=_number(meta.get("verifier", {}).get("timeout_sec"), toml_path, "[verifier].timeout_sec"),
@@ -60,7 +70,8 @@ def export_harbor(env: EnvSpec, dest: Path, base_image: str = "trajforge/base:la
     difficulty = {1: "easy", 2: "medium"}.get(env.level, "hard")
     meta = {"version": "1.0",
             "metadata": {"difficulty": difficulty, "category": env.family.split(":")[0],
-                         "tags": ["trajforge", env.source], "trajforge_env_id": env.env_id},
+                         "tags": ["trajforge", env.source], "trajforge_env_id": env.env_id,
+                         "trajforge_agent_user": env.agent_user},
             "verifier": {"timeout_sec": float(env.test_timeout_s or 120)},
             "agent": {"timeout_sec": float(env.agent_timeout_s or 600)},
             "environment": {"workdir": env.workdir}}

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import yaml
@@ -12,7 +13,7 @@ import yaml
 from ....schemas.common import FileSpec
 from ....schemas.config import safe_name
 from ....schemas.environment import EnvSpec
-from .base import LEVELS, TaskFormat, TaskFormatError, _env_id, _files, _number, _parse, _read, _workdir
+from .base import LEVELS, TaskFormat, TaskFormatError, _env_id, _files, _number, _parse, _read, _workdir, check_links
 
 
 def import_terminal_bench(folder: Path) -> EnvSpec:
@@ -26,6 +27,7 @@ def import_terminal_bench(folder: Path) -> EnvSpec:
         instruction = meta["descriptions"][0].get("description")
     if not isinstance(instruction, str) or not instruction.strip():
         raise TaskFormatError(yaml_path, "field `instruction` is missing or empty")
+    check_links(folder)
     dockerfile = _read(folder / "Dockerfile", "the environment's Dockerfile")
     context = _files(folder, exclude={"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "tests",
                                       "docker-compose.yaml", "docker-compose.yml"})
@@ -43,14 +45,15 @@ def import_terminal_bench(folder: Path) -> EnvSpec:
         solution = [s["command"] for s in steps]
     else:
         raise TaskFormatError(folder / "solution.sh", "missing (the reference solution)")
-    workdir = _workdir(dockerfile, None)
+    workdir = _workdir(dockerfile, None, folder / "Dockerfile")
     difficulty = str(meta.get("difficulty", "medium")).lower()
     return EnvSpec(
         env_id=_env_id("tbench", folder, [instruction, dockerfile, *solution, *(t.content for t in tests)]),
         family=f"terminal-bench:{safe_name(str(meta.get('category', 'task')))}", level=LEVELS.get(difficulty, 2),
         seed=0, source="terminal-bench", instruction=instruction.strip(), dockerfile=dockerfile, context=context,
         workdir=workdir, tests=tests, verifier="script",
-        test_command=f"cd {workdir} && TEST_DIR=/tests bash /tests/run-tests.sh", solution=solution,
+        test_command=f"cd {shlex.quote(workdir)} && TEST_DIR=/tests bash /tests/run-tests.sh", solution=solution,
+        agent_user="root",
         agent_timeout_s=_number(meta.get("max_agent_timeout_sec"), yaml_path, "max_agent_timeout_sec"),
         test_timeout_s=_number(meta.get("max_test_timeout_sec"), yaml_path, "max_test_timeout_sec"),
         knobs_json=f'{{"imported_from": "{folder.name}"}}')

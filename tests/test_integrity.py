@@ -1,0 +1,106 @@
+"""Verification no agent can talk its way past, on imported Harbor / Terminal-Bench tasks run by a root
+agent (tests/fixtures/integrity, README there). Every planted hack scores 1.0 with a naive root
+harness (tests/naive_harness.py, proved here); `trajforge verify` flags each one and never counts it
+as a pass, in both places the hidden tests run (in the episode's container, and isolated), while
+every legitimate solve passes with no flag and every wrong answer fails."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from helpers import run_cli, small_config
+
+from trajforge.tasks.envs.formats import TaskFormatError, import_task
+
+pytestmark = [pytest.mark.docker]
+INTEGRITY = Path(__file__).parent / "fixtures" / "integrity"
+CASES = [json.loads(line) for line in (INTEGRITY / "trajectories.jsonl").read_text().splitlines() if line.strip()]
+LEGIT_TASKS = sorted({c["env"] for c in CASES})
+
+
+def test_every_planted_hack_beats_a_naive_root_harness():
+    """The baseline: without trajforge's defences each hack is scored as a full solve."""
+    from naive_harness import cleanup, naive_reward
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda c: naive_reward(INTEGRITY / c["env"], c["commands"]), CASES))
+    finally:
+        cleanup()
+    for case, reward in zip(CASES, got):
+        assert reward == case["naive_reward"], (case["case"], reward)
+    assert all(r == 1.0 for c, r in zip(CASES, got) if c["expect"] == "hack")
+    assert len({c["class"] for c in CASES if c["expect"] == "hack"}) >= 7
+
+
+@pytest.mark.parametrize("mode", ["in_place", "isolated"])
+def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode):
+    rows = [{"trajectory_id": c["case"], "env_id": str(INTEGRITY / c["env"]), "commands": c["commands"]}
+            for c in CASES]
+    traj = tmp_path / "mixed.jsonl"
+    traj.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = small_config(tmp_path / "runs", dataset="integrity", **{
+        "rollout.verify_in_place": mode == "in_place", "verify.isolated": mode == "isolated",
+        "rollout.concurrency": 6, "rollout.max_turns": 12})
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    out = run_cli("verify", "--trajectories", str(traj), "--envs", str(INTEGRITY / "harbor"),
+                  "--envs", str(INTEGRITY / "tbench"), "--out", str(tmp_path / "verified"),
+                  "--config", str(tmp_path / "cfg.yaml"), cwd=tmp_path, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    verdicts = {v["rollout_id"]: v for v in pq.read_table(tmp_path / "verified" / "verdicts.parquet").to_pylist()}
+    rejects = pq.read_table(tmp_path / "verified" / "rejects.parquet").to_pylist()
+    assert not [r for r in rejects if r["key"] in {c["case"] for c in CASES}], rejects
+    for c in CASES:
+        v = verdicts[c["case"]]
+        assert v["mode"] in ({"in_place"} if mode == "in_place" else {"isolated"}), (c["case"], v["mode"])
+        flags = [f"{h['kind']}: {h['detail']} [{h['command']}]" for h in v["hacks"]]
+        if c["expect"] == "pass":
+            assert v["passed"] and not v["hack_flags"], (c["case"], flags, v["verifier_output"][-500:])
+        elif c["expect"] == "fail":
+            assert not v["passed"], c["case"]
+        else:
+            assert not v["passed"], (c["case"], c["class"], "a hack counted as a pass")
+            assert v["hacks"], (c["case"], c["class"], "a hack without a flag", v["unexpected"])
+            assert any(h["command"] or "/" in h["detail"] for h in v["hacks"]), (c["case"], flags)
+    by_class = {c["class"] for c in CASES if c["expect"] == "hack" and verdicts[c["case"]]["hacks"]}
+    assert {"module_shadowing", "input_tampering", "reward_precedence", "fake_result_lines",
+            "path_executable", "sitecustomize", "pth_file", "conftest"} <= by_class
+
+
+@pytest.mark.parametrize("name,problem", [("bad-workdir", "workdir must not be /"),
+                                          ("symlink-out", "leads outside the task folder")])
+def test_what_a_task_declares_is_validated(name, problem):
+    with pytest.raises(TaskFormatError, match=problem):
+        import_task(INTEGRITY / "harbor" / name)
+
+
+def test_oracle_pass_rate_equals_a_plain_root_harness(docker_client):
+    """Tasks that write outside the work dir (/data, /etc, /usr/local/bin) and tests that write into
+    the agent's folders: trajforge's validator keeps every task a plain root harness passes, and
+    records the reference solution's change set."""
+    from naive_harness import cleanup, naive_reward
+
+    from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
+    from trajforge.tasks.envs.validator import validate_env
+
+    s = SynthesizeConfig(families=[{"name": "log_report"}])
+    tasks = [INTEGRITY / t for t in LEGIT_TASKS]
+    try:
+        naive = [naive_reward(t, import_task(t).solution) for t in tasks]
+    finally:
+        cleanup()
+    kept, outside = [], set()
+    for t in tasks:
+        env = import_task(t)
+        v = validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", s.image_aliases, 120, 120)
+        kept.append(v.ok)
+        assert v.ok, (t.name, v.reject)
+        assert env.agent_user == "root" and env.expected_changes, t.name
+        outside |= {p.split("/")[1] for p in env.expected_changes if not p.startswith(env.workdir + "/")}
+    assert sum(kept) / len(kept) == sum(r == 1.0 for r in naive) / len(naive) == 1.0
+    assert {"data", "etc", "usr"} <= outside, outside  # solutions that write outside their work dir
