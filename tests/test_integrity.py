@@ -69,7 +69,7 @@ def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode
             assert any(h["command"] or "/" in h["detail"] for h in v["hacks"]), (c["case"], flags)
     by_class = {c["class"] for c in CASES if c["expect"] == "hack" and verdicts[c["case"]]["hacks"]}
     assert {"module_shadowing", "input_tampering", "reward_precedence", "fake_result_lines",
-            "path_executable", "sitecustomize", "pth_file", "conftest"} <= by_class
+            "path_executable", "sitecustomize", "pth_file", "conftest", "pyc_poisoning"} <= by_class
 
 
 @pytest.mark.parametrize("name,problem", [("bad-workdir", "workdir must not be /"),

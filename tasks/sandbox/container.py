@@ -34,7 +34,12 @@ USERS = {"agent": f"{AGENT_UID}:{AGENT_UID}", "root": "0:0"}
 # What a root agent keeps (imported tasks assume root's ordinary file powers); never NET_*, SYS_*, MKNOD.
 ROOT_FILE_CAPS = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 # Never part of a change set: kernel views, byte-code caches, the harness's own spool and state files.
-_NOISE = re.compile(r"^/(proc|sys|dev)(/|$)|/__pycache__(/|$)|^/tmp/\.tf-|^/usr/sbin/docker-init$")
+# (the spool names are mktemp's: an agent's look-alike in /tmp is not importable by the tests; byte code
+# below /usr, /opt and /etc counts, elsewhere it is the agent's own; the tests never read a planted
+# `.pyc` anyway: they run with a fresh pycache prefix)
+_NOISE = re.compile(r"^/(proc|sys|dev)(/|$)|^(?!/(usr|opt|etc)/).*/__pycache__(/|$)"
+                    r"|^/tmp/\.tf-(out|dirs|list|state)\.[A-Za-z0-9]{6}$"
+                    r"|^/usr/sbin/docker-init$")
 _PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
 # image id -> (the paths of its root filesystem, their children by folder)
 _BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]]]] = {}  # numeric: imported images may lack a passwd entry
@@ -347,9 +352,11 @@ class Sandbox:
         that folder's entries are compared with the image's list. Two `find`s filter in the
         container (the engine's own diff costs ~0.45 s of daemon CPU per call here)."""
         since = f"-newerct @{self.started_at:.6f}"
-        rows = self._find(f"find {_PRUNE} {since} -printf 'C %D %y %p\\0'; "  # what changed; then the entries
-                          f"find {_PRUNE} {since} -type d -print0 | "       # of every folder that changed
-                          "xargs -0 -r sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 -printf \"L %D %y %p\\0\"' _")
+        # one walk prints what changed and notes the changed folders; then the entries of those folders
+        # (spool files get fresh names: a root agent may have planted links at any fixed one)
+        rows = self._find(f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {_PRUNE} {since} -printf 'C %D %y %p\\0' "
+                          "-type d -fprint0 \"$d\"; xargs -0 -r -a \"$d\" sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 "
+                          "-printf \"L %D %y %p\\0\"' _; rm -f \"$d\"")
         changed = [(k, p) for t, k, p in rows if t == "C"]
         now = {p for t, _, p in rows if t == "L"}
         kinds = {p: k for k, p in changed if p != "/" and not _NOISE.search(p)}
@@ -369,15 +376,18 @@ class Sandbox:
         if not paths:
             return None
         listing = "\n".join(p.lstrip("/") for p in paths) + "\n"
-        self.exec(f"printf %s {shlex.quote(listing)} > /tmp/.tf-list && "
-                  "tar -C / --ignore-failed-read -cf /tmp/.tf-state.tar -T /tmp/.tf-list 2>/dev/null; "
-                  "rm -f /tmp/.tf-list", 120, user="root", workdir="/")
+        tar = self.exec("l=$(mktemp /tmp/.tf-list.XXXXXX) && t=$(mktemp /tmp/.tf-state.XXXXXX) && "
+                        f"printf %s {shlex.quote(listing)} > \"$l\" && "
+                        "tar -C / --ignore-failed-read -cf \"$t\" -T \"$l\" 2>/dev/null; rm -f \"$l\"; echo \"$t\"",
+                        120, user="root", workdir="/").output.strip().splitlines()[-1:]
+        if not tar or not tar[0].startswith("/tmp/.tf-state."):
+            raise SandboxError(f"could not archive the changed files in {self.name}")
         try:
-            return self.get_archive_file("/tmp/.tf-state.tar", limit)
+            return self.get_archive_file(tar[0], limit)
         except StateTooLarge:
             return None
         finally:
-            self.exec("rm -f /tmp/.tf-state.tar", 30, user="root", workdir="/")
+            self.exec(f"rm -f {shlex.quote(tar[0])}", 30, user="root", workdir="/")
 
     def get_archive_file(self, path: str, limit: int) -> bytes:
         """The content of one file (get_archive wraps it in a tar of one member)."""
