@@ -26,7 +26,6 @@ import json
 import re
 import shlex
 import time
-import uuid
 from dataclasses import dataclass
 
 from ...schemas.common import FileSpec
@@ -79,13 +78,7 @@ if os.environ.get("REWARD_JSON"):  # Harbor's convention, for environments expor
 PYTEST_LINE = re.compile(r"^(PASSED|FAILED|ERROR)\s+(\S+)(?:\s+-\s+(.*))?$", re.M)
 SUMMARY = re.compile(r"^=+ short test summary info =+$", re.M)
 SAFE_ENV = ("env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "
-            "PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPYCACHEPREFIX={pycache} TEST_DIR=/tests")
-
-
-def _pycache() -> str:
-    """A pycache prefix no agent could have filled: Python then reads byte code only from there, never
-    a planted `.pyc` beside a module's source."""
-    return f"/tmp/.tf-pyc-{uuid.uuid4().hex}"
+            "PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 TEST_DIR=/tests")
 RESET = ("rm -rf /tests /logs/verifier; mkdir -p /logs/verifier && chmod 700 /logs /logs/verifier "
          "&& [ ! -L /logs ] && [ ! -L /logs/verifier ] && [ \"$(stat -c '%u %a' /logs/verifier)\" = '0 700' ] "
          "&& [ -z \"$(ls -A /logs/verifier)\" ] && echo TF_RESET_OK")
@@ -149,8 +142,8 @@ def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = N
     files += [FileSpec(path=f"tests/{t.path}", content=t.content, mode=0o600) for t in env.tests]
     sandbox.put_files(files, parent="/", root="verifier", uid=0, dir_mode=0o700)
     t0 = time.monotonic()
-    res = sandbox.exec(f"WORK={shlex.quote(env.workdir)} exec /usr/bin/python3 -I -X pycache_prefix={_pycache()} "
-                       "/verifier/runner.py", timeout_s=timeout_s,
+    res = sandbox.exec(f"WORK={shlex.quote(env.workdir)} exec /usr/bin/python3 -I /verifier/runner.py",
+                       timeout_s=timeout_s,
                        user="root", workdir="/verifier", output_limit=1 << 20)
     duration = time.monotonic() - t0
     _, sep, tail = res.output.rpartition(MARK)
@@ -176,8 +169,7 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
                       parent="/", root="tests", uid=0, dir_mode=0o700)
     t0 = time.monotonic()
     command = env.test_command or "bash /tests/test.sh"
-    res = sandbox.exec(f"exec {SAFE_ENV.format(pycache=_pycache())} bash -c {shlex.quote(command)}",
-                       timeout_s=timeout_s, user="root",
+    res = sandbox.exec(f"exec {SAFE_ENV} bash -c {shlex.quote(command)}", timeout_s=timeout_s, user="root",
                        workdir=env.workdir, output_limit=1 << 20)
     duration = time.monotonic() - t0
     out, code = res.output[-4000:], res.exit_code
