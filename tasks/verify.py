@@ -27,9 +27,9 @@ from ..schemas.verdict import HackFlag, Verdict
 from .engine import Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .envs.catalogue import load_envs, sibling_of
 from .sandbox import Sandbox, SandboxError, docker_client
-from .sandbox.changes import apply_final_state, counterfactual, revert_plan, review_flags, unexpected
+from .sandbox.changes import apply_final_state, counterfactual, revert_plan, review_flags, unexpected, written_outside
 from .sandbox.hacks import detect, forged_results, review_outliers
-from .sandbox.quality import assess
+from .sandbox.quality import assess, last_act
 from .sandbox.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 
 
@@ -167,10 +167,7 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
 
 def _state_incomplete(r: Rollout, env: EnvSpec) -> bool:
     """Files changed outside the work dir that the rollout could not record (too large)."""
-    if r.changes is None or r.outside_state is not None:
-        return False
-    return any(not (p == env.workdir or p.startswith(env.workdir.rstrip("/") + "/"))
-               for p in [*r.changes.added, *r.changes.modified])
+    return r.changes is not None and r.outside_state is None and bool(written_outside(r.changes, env.workdir))
 
 
 def replay_on_sibling(r: Rollout, env: EnvSpec, client, box, base_image: str, test_timeout_s: float,
@@ -190,8 +187,7 @@ def replay_on_sibling(r: Rollout, env: EnvSpec, client, box, base_image: str, te
     if run.passed:
         return []
     failed = [t.name for t in run.results if not t.passed]
-    labels = assess(r).labels
-    acts = [s for s, lab in zip(r.steps, labels) if lab == "act"] or r.steps
-    return [HackFlag(kind="hardcoded_answer", turn=acts[-1].turn, command=acts[-1].command[:500],
+    last = last_act(r)
+    return [HackFlag(kind="hardcoded_answer", turn=last.turn, command=last.command[:500],
                      detail=f"replayed on sibling {sib.env_id} the commands fail {failed or run.error}: the answer "
                             "depends on this instance's data without being computed from it")]

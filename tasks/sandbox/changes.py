@@ -48,12 +48,9 @@ TEST_MODULES = {"pytest", "_pytest", "pluggy", "iniconfig", "py", "packaging", "
 
 
 def _importable_name(path: str, workdir: str) -> str | None:
-    """The top-level module name a path directly in the work dir would provide (`x.py`, `x/`)."""
-    rel = posixpath.relpath(path, workdir)
-    if rel.startswith("..") or "/" in rel.rstrip("/"):
-        top = rel.split("/", 1)[0]
-        return top if not rel.startswith("..") and top.isidentifier() else None
-    name = rel[:-3] if rel.endswith(".py") else rel
+    """The top-level module name a path in the work dir would provide (`x.py`, or `x/` and below)."""
+    top = posixpath.relpath(path, workdir).split("/", 1)[0]
+    name = top[:-3] if top.endswith(".py") else top
     return name if name.isidentifier() else None
 
 
@@ -71,8 +68,7 @@ def sensitive_class(path: str, workdir: str) -> str | None:
         return "shell_startup"
     if TEST_CONFIG.search(path):
         return "test_config"
-    inside = path == workdir or path.startswith(workdir.rstrip("/") + "/")
-    if inside:
+    if _inside(path, workdir):
         name = _importable_name(path, workdir)
         if name and (name in TEST_MODULES or name in sys.stdlib_module_names):
             return "shadows_module"
@@ -195,9 +191,14 @@ def _failed(run: TestRun) -> str:
     return f"exit {run.exit_code}" if run.exit_code else "no passing result"
 
 
+def written_outside(changes: ChangeSet, workdir: str) -> list[str]:
+    """What the episode added or modified outside the work dir (what `outside_state` must hold)."""
+    return [p for p in [*changes.added, *changes.modified] if not _inside(p, workdir)]
+
+
 def capture_outside(sb: Sandbox, changes: ChangeSet, workdir: str, limit: int) -> bytes | None:
     """A tar of what the episode added or modified outside the work dir (None: nothing, or too large)."""
-    paths = [p for p in [*changes.added, *changes.modified] if not _inside(p, workdir)]
+    paths = written_outside(changes, workdir)
     if not paths:
         return None
     try:

@@ -9,6 +9,7 @@ connection pool and errors arrive as typed exceptions.
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import posixpath
@@ -30,7 +31,7 @@ from .reaper import LABEL, owner_label
 
 AGENT_UID = 1000
 WORKDIR = DEFAULT_WORKDIR
-USERS = {"agent": f"{AGENT_UID}:{AGENT_UID}", "root": "0:0"}
+USERS = {"agent": f"{AGENT_UID}:{AGENT_UID}", "root": "0:0"}  # numeric: imported images may lack a passwd entry
 # What a root agent keeps (imported tasks assume root's ordinary file powers); never NET_*, SYS_*, MKNOD.
 ROOT_FILE_CAPS = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 # Never part of a change set: kernel views, byte-code caches, the harness's own spool and state files.
@@ -42,7 +43,7 @@ _NOISE = re.compile(r"^/(proc|sys|dev)(/|$)|^(?!/(usr|opt|etc)/).*/__pycache__(/
                     r"|^/usr/sbin/docker-init$")
 _PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
 # image id -> (the paths of its root filesystem, their children by folder)
-_BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]]]] = {}  # numeric: imported images may lack a passwd entry
+_BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]]]] = {}
 
 
 class SandboxError(RuntimeError):
@@ -119,6 +120,12 @@ print(json.dumps(out))
 """
 
 
+def _has_child(paths: list[str], folder: str, at: int) -> bool:
+    """Whether sorted `paths` holds a path below `folder` (which stands at index `at`)."""
+    j = bisect.bisect_left(paths, folder + "/", at + 1)
+    return j < len(paths) and paths[j].startswith(folder + "/")
+
+
 def _tar(files: Iterable[FileSpec], root: str, uid: int, dir_mode: int = 0o755) -> bytes:
     buf = io.BytesIO()
     now = time.time()
@@ -189,7 +196,7 @@ class Sandbox:
                 self.keep_pids |= {int(p) for p in (out or b"").split() if p.isdigit()}
             # what changes after the start (ctime, which no process here can set back) is the episode's
             self.started_at = started
-            image_id = self.container.image.id if self.container.image else self.image
+            image_id = self.container.attrs.get("Image") or self.image  # (`.image` would inspect the image)
             if image_id not in _BASELINES:  # the image's own file list, before anything ran in it
                 paths = frozenset(self._listing())
                 children: dict[str, set[str]] = {}
@@ -349,8 +356,9 @@ class Sandbox:
         byte-code caches and the harness's own spool files left out. A change is found by its ctime,
         which creating, writing, renaming, chmod-ing or touching a file sets to the current time and
         which no process without CAP_SYS_TIME can set back; a deletion changes its folder's ctime, and
-        that folder's entries are compared with the image's list. Two `find`s filter in the
-        container (the engine's own diff costs ~0.45 s of daemon CPU per call here)."""
+        that folder's entries are compared with the image's list. One walk and a listing of the changed
+        folders, filtered in the container (the engine's own diff costs ~0.45 s of daemon CPU per call
+        here)."""
         since = f"-newerct @{self.started_at:.6f}"
         # one walk prints what changed and notes the changed folders; then the entries of those folders
         # (spool files get fresh names: a root agent may have planted links at any fixed one)
@@ -364,8 +372,9 @@ class Sandbox:
         gone = sorted(c for d in dirs for c in self.children.get(d, ()) if c not in now and not _NOISE.search(c))
         added = sorted(p for p in kinds if p not in self.baseline)
         modified = sorted(p for p, k in kinds.items() if p in self.baseline and k != "d")
-        added_set = set(added)
-        added = [p for p in added if not (kinds[p] == "d" and any(q.startswith(p + "/") for q in added_set))]
+        # an added folder is listed only when nothing was added inside it (sorted: its first child, if
+        # any, is the first path at or after `folder/`)
+        added = [p for i, p in enumerate(added) if not (kinds[p] == "d" and _has_child(added, p, i))]
         total = len(added) + len(modified) + len(gone)
         return ChangeSet(added=added[:cap], modified=modified[:cap], deleted=gone[:cap], total=total,
                          truncated=max(len(added), len(modified), len(gone)) > cap)

@@ -71,6 +71,12 @@ def _program(command: str) -> str:
     return words[0] if words else ""
 
 
+def last_act(r: Rollout) -> Step | None:
+    """The last command that changed something (else the last command): a flag's evidence."""
+    acts = [s for s, lab in zip(r.steps, label_steps(r.steps)) if lab == "act"] or r.steps
+    return acts[-1] if acts else None
+
+
 def assess(r: Rollout) -> Quality:
     steps = r.steps
     labels = label_steps(steps)

@@ -69,7 +69,7 @@ def check_links(folder: Path) -> None:
 
 
 def _files(folder: Path, exclude: set[str] = frozenset()) -> list[FileSpec]:
-    check_links(folder)
+    """The files below `folder` (the importer has checked the task folder's links: `check_links`)."""
     out = []
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder).as_posix()
