@@ -76,7 +76,8 @@ class SynthesizeStage(Stage):
         def one(env: EnvSpec):
             if not s.validate_envs:
                 try:
-                    env.image, built = ensure_image(client, cfg.sandbox.base_image, env, s.image_aliases)
+                    env.image, built = ensure_image(client, cfg.sandbox.base_image, env, s.image_aliases,
+                                                   limits=cfg.sandbox)
                     return env, None, built, 0.0
                 except ImageBuildError as err:
                     return env, Reject(key=env.env_id, reason="image_build_failed", detail=err.log_tail[-1500:]), False, 0.0

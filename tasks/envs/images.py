@@ -4,7 +4,9 @@ tag = trajforge/env:<sha256(base image id, final Dockerfile, context files)[:16]
 exists is never rebuilt, so identical environments share one image across builds. Builds use the
 legacy builder with no network (no registry is reachable): `FROM` images of imported Dockerfiles are
 mapped through the alias table (fnmatch patterns -> local images, `{base}` = the base image), and an
-image that is neither aliased nor present locally fails with the tail of the build log.
+image that is neither aliased nor present locally fails with the tail of the build log. Each step's
+container is limited (memory without swap, a CPU quota, file size and open files: `sandbox.build_*`;
+the build API has no pids limit) and a build past its timeout is cancelled.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ import io
 import json
 import re
 import tarfile
+import time
 
 import docker
 import docker.errors
 
 from ...schemas.common import FileSpec
+from ...schemas.config import SandboxConfig
 from ...schemas.environment import EnvSpec
 from ..sandbox import AGENT_UID, DockerUnavailable
+from ..sandbox.limits import build_params
 
 LABEL = {"trajforge.image": "env"}
 DOCKERFILE_NAME = ".trajforge.Dockerfile"
@@ -119,9 +124,23 @@ def image_tag(base_id: str, env: EnvSpec, aliases: dict[str, str] | None = None)
     return "trajforge/env:" + hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def _build(client: docker.DockerClient, context: bytes, tag: str, limits: SandboxConfig, timeout_s: float):
+    """The decoded log stream of a legacy-builder build whose step containers are limited (`build_params`:
+    docker-py's `build` passes neither a CPU quota nor ulimits) and have no network."""
+    api = client.api
+    params = {"t": tag, "dockerfile": DOCKERFILE_NAME, "rm": True, "forcerm": True, "labels": json.dumps(LABEL),
+              "networkmode": "none", **build_params(limits)}
+    response = api._post(api._url("/build"), data=context, params=params, stream=True, timeout=timeout_s,
+                         headers={"Content-Type": "application/tar"})
+    return response, api._stream_helper(response, decode=True)
+
+
 def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
-                 aliases: dict[str, str] | None = None, timeout_s: float = 900) -> tuple[str, bool]:
-    """Return (tag, built_now). Raises ImageBuildError with the tail of the log on failure."""
+                 aliases: dict[str, str] | None = None, timeout_s: float = 900,
+                 limits: SandboxConfig | None = None) -> tuple[str, bool]:
+    """Return (tag, built_now). Raises ImageBuildError with the tail of the log on failure, also when the
+    build runs past `timeout_s` (the connection is dropped, which cancels the build). `limits`: the
+    build containers' memory, CPU and ulimits (default: SandboxConfig's defaults)."""
     base_id = base_image_id(client, base)
     aliases = aliases or {}
     tag = image_tag(base_id, env, aliases)
@@ -132,16 +151,19 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
         pass
     dockerfile, context = render(env, base_id, aliases)
     log: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    response = None
     try:
-        for chunk in client.api.build(fileobj=io.BytesIO(_context_tar(dockerfile, context)), custom_context=True,
-                                      dockerfile=DOCKERFILE_NAME, tag=tag, rm=True, forcerm=True, decode=True,
-                                      labels=LABEL,
-                                      network_mode="none", timeout=int(timeout_s)):
+        response, chunks = _build(client, _context_tar(dockerfile, context), tag, limits or SandboxConfig(), timeout_s)
+        for chunk in chunks:
             if "stream" in chunk:
                 log.append(chunk["stream"])
             if "error" in chunk:
                 raise ImageBuildError(f"image for {env.env_id} failed to build: {chunk['error'].strip()}",
                                       "".join(log)[-2000:])
+            if time.monotonic() > deadline:
+                raise ImageBuildError(f"image for {env.env_id} failed to build: still building after "
+                                      f"{timeout_s:g}s", "".join(log)[-2000:])
     except ImageBuildError:
         raise
     except docker.errors.APIError as err:
@@ -149,6 +171,9 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
     except Exception as err:  # read timeout of a hung build, dropped connection
         raise ImageBuildError(f"image for {env.env_id} failed to build: {err.__class__.__name__}: {err}",
                               "".join(log)[-2000:]) from None
+    finally:
+        if response is not None:
+            response.close()
     return tag, True
 
 

@@ -67,7 +67,7 @@ def validate_env(client, env: EnvSpec, sandbox: SandboxConfig, base_image: str, 
     t0 = time.monotonic()
     v = Validation(env.env_id)
     try:
-        env.image, v.built = ensure_image(client, base_image, env, aliases)
+        env.image, v.built = ensure_image(client, base_image, env, aliases, limits=sandbox)
         v.checks["image"] = "pass"
     except ImageBuildError as err:
         return v.fail("image", "image_build_failed", f"{err.args[0].splitlines()[0]}\n{err.log_tail[-1200:]}")

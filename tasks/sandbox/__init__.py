@@ -12,7 +12,7 @@ from .container import (
                         StateTooLarge,
                         docker_client,
 )
-from .reaper import LABEL, owner_label, reap_here, reap_orphans
+from .reaper import LABEL, owner_alive, owner_label, reap_here, reap_orphans
 
 __all__ = ["AGENT_UID", "USERS", "WORKDIR", "DockerUnavailable", "ExecResult", "Sandbox", "SandboxError",
-           "StateTooLarge", "docker_client", "LABEL", "owner_label", "reap_here", "reap_orphans"]
+           "StateTooLarge", "docker_client", "LABEL", "owner_alive", "owner_label", "reap_here", "reap_orphans"]

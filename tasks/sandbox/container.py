@@ -27,7 +27,9 @@ import docker.errors
 from ...schemas.common import ChangeSet, FileSpec
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import DEFAULT_WORKDIR
+from .limits import create_capped, ulimits
 from .reaper import LABEL, owner_label
+from .streams import META, ExecHung, capture_argv, run_exec
 
 AGENT_UID = 1000
 WORKDIR = DEFAULT_WORKDIR
@@ -85,25 +87,6 @@ class ExecResult:
     @property
     def killed_by(self) -> str | None:
         return "timeout" if self.timed_out else "oom" if self.oom_killed else None
-
-
-# Runs the command in its own process group under `timeout` (which kills the whole group), keeps
-# the full output in a file and returns head + tail when it is longer than the limit.
-# The OOM-kill counter of the container's memory cgroup (v2 `memory.events`, v1 `memory.oom_control`)
-# is read before and after, so a command killed by the OOM killer is told apart from other kills.
-_WRAPPER = r'''
-oomc() { cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null \
-  | awk '$1=="oom_kill"{n=$2} END{print n+0}'; }
-out=$(mktemp /tmp/.tf-out.XXXXXX); limit=$1; half=$((limit / 2)); shift
-o1=$(oomc)
-timeout -k 2 -s KILL "$@" >"$out" 2>&1 </dev/null; ec=$?
-o2=$(oomc)
-size=$(wc -c <"$out")
-if [ "$size" -gt "$limit" ]; then
-  head -c "$half" "$out"; printf '\n[... %d bytes truncated ...]\n' $((size - limit)); tail -c "$half" "$out"
-else cat "$out"; fi
-printf '\n__TF_META__ %d %d %d\n' "$ec" "$size" $((o2 - o1)); rm -f "$out"
-'''
 
 
 _DIGEST = r"""
@@ -167,6 +150,7 @@ class Sandbox:
         self.labels = {LABEL: "1", "trajforge.owner": owner_label(), **(labels or {})}
         self.container = None
         self.keep_pids: set[int] = {1}  # the init process and the container's `sleep infinity`
+        self.settled = False  # `settle` ran and no command of the agent's user ran since
         self.started_at = 0.0
         self.baseline: frozenset[str] = frozenset()
         self.children: dict[str, set[str]] = {}
@@ -181,19 +165,26 @@ class Sandbox:
     def start(self) -> None:
         try:
             # create + start, never `run`: run would try to pull a missing image from a registry
-            self.container = self.client.containers.create(
-                self.image, command=["sleep", "infinity"], name=self.name, labels=self.labels,
-                detach=True, network_mode="none", cap_drop=["ALL"], cap_add=self.cap_add or None,
-                security_opt=["no-new-privileges"],
+            self.container = create_capped(
+                self.client, self.image, self.cfg, command=["sleep", "infinity"], name=self.name,
+                labels=self.labels, detach=True, network_mode="none", cap_drop=["ALL"],
+                cap_add=self.cap_add or None, security_opt=["no-new-privileges"],
                 pids_limit=self.cfg.pids_limit, mem_limit=f"{self.cfg.memory_mb}m",
                 memswap_limit=f"{self.cfg.memory_mb}m", nano_cpus=int(self.cfg.cpus * 1e9),
-                working_dir=self.workdir, init=True, environment={"HOME": self._home(self.agent)},
+                ulimits=ulimits(self.cfg), working_dir=self.workdir, init=True,
+                environment={"HOME": self._home(self.agent)},
             )
             started = time.time()  # the host's clock is the container's: no inspect round-trip
             self.container.start()
             if self.agent == "root":  # the init's children: the `sleep infinity` a root agent's cleanup spares
-                _, out = self.container.exec_run(["cat", "/proc/1/task/1/children"], user="0:0")
-                self.keep_pids |= {int(p) for p in (out or b"").split() if p.isdigit()}
+                for _ in range(50):  # (right after the start, the init may not have started it yet)
+                    _, out = run_exec(self.client.api, self.container.id, ["cat", "/proc/1/task/1/children"],
+                                      time.monotonic() + self.cfg.exec_grace_s, 1 << 16, user="0:0")
+                    children = {int(p) for p in out.split() if p.isdigit()}
+                    if children:
+                        break
+                    time.sleep(0.02)
+                self.keep_pids |= children
             # what changes after the start (ctime, which no process here can set back) is the episode's
             self.started_at = started
             image_id = self.container.attrs.get("Image") or self.image  # (`.image` would inspect the image)
@@ -225,24 +216,49 @@ class Sandbox:
         """Run `command` with bash (as the agent by default); the hard kill at `timeout_s` takes the
         whole process group."""
         user = user or self.agent
+        if user == self.agent:
+            self.settled = False
         limit = output_limit or self.cfg.output_limit_bytes
-        argv = ["sh", "-c", _WRAPPER, "tf", str(limit), f"{timeout_s:g}", "bash", "-c", command]
         t0 = time.monotonic()
         try:
-            code, raw = self.container.exec_run(argv, user=USERS.get(user, user), workdir=workdir or self.workdir,
-                                                demux=False,
-                                                environment={"HOME": self._home(user)})
+            code, raw = run_exec(self.client.api, self.container.id, capture_argv(command, timeout_s, limit),
+                                 t0 + timeout_s + self.cfg.exec_grace_s, 4 * limit + (1 << 16),
+                                 user=USERS.get(user, user), workdir=workdir or self.workdir,
+                                 environment={"HOME": self._home(user)})
+        except ExecHung as hung:
+            return self._unhang(user, hung.partial, time.monotonic() - t0)
         except docker.errors.DockerException as err:
             raise SandboxError(f"exec failed in {self.name}: {err}") from None
         duration = time.monotonic() - t0
-        text = (raw or b"").decode("utf-8", errors="replace")
-        body, sep, meta = text.rpartition("\n__TF_META__ ")
-        if not sep:  # the wrapper itself was killed (OOM killer or pids limit hit the wrapper)
-            return ExecResult(code if code is not None else -1, text, duration, False, len(raw or b""), False,
-                              oom_killed=code == 137)
-        ec, size, ooms = (int(x) for x in meta.split())
-        timed_out = ec == 137 and duration >= timeout_s * 0.95
-        return ExecResult(ec, body, duration, timed_out, size, size > limit, oom_killed=ooms > 0 and not timed_out)
+        body, sep, meta = raw.rpartition(META)
+        if not sep:  # the capture itself was killed (OOM killer, the pids limit, the agent)
+            return ExecResult(code if code is not None else -1, raw.decode("utf-8", errors="replace"), duration,
+                              False, len(raw), False, oom_killed=code == 137)
+        ec, size, ooms, killed = (int(x) for x in meta.split()[:4])
+        return ExecResult(ec, body.decode("utf-8", errors="replace"), duration, bool(killed), size, size > limit,
+                          oom_killed=ooms > 0 and not killed)
+
+    def _harness(self, argv: list[str], user: str = "0:0", timeout_s: float = 120,
+                 cap: int = 256 << 20) -> tuple[int | None, bytes]:
+        """One of the harness's own execs (process counts, kills, file walks): like `exec_run`, with a
+        client-side deadline; a stream still open past it is an infrastructure failure."""
+        try:
+            return run_exec(self.client.api, self.container.id, argv, time.monotonic() + timeout_s, cap, user=user)
+        except ExecHung:
+            raise SandboxError(f"{argv[0]} in {self.name} did not finish within {timeout_s:g}s") from None
+
+    def _unhang(self, user: str, partial: bytes, duration: float) -> ExecResult:
+        """An exec whose output stream outlived its deadline: a process of the agent's holds it (the
+        capture itself is non-dumpable, so only a stopped or killed capture or a root agent's trick gets
+        here). The agent's processes are killed, as at a timeout; the command counts as timed out.
+        Anything else (a harness command run as another user) is an infrastructure failure."""
+        if user != self.agent:
+            raise SandboxError(f"exec as {user} in {self.name} still held its output open "
+                               f"{self.cfg.exec_grace_s:g}s after its timeout")
+        self.kill_agent_processes()
+        text = partial.decode("utf-8", errors="replace")
+        return ExecResult(137, text + "\n[killed: the command's output stayed open past its timeout]", duration,
+                          True, len(partial), False)
 
     def put_files(self, files: Iterable[FileSpec], parent: str, root: str, uid: int = AGENT_UID,
                   dir_mode: int = 0o755) -> None:
@@ -285,18 +301,20 @@ class Sandbox:
         """Kill every process the agent may have left (background jobs included) before verification.
         Returns how many were running (0: the agent left nothing behind; -1: too many to count, e.g.
         a fork bomb filled the pids limit). Retried: under a fork bomb even pkill may fail to start."""
+        if self.settled:
+            return 0
         if self.agent == "root":
             return self._kill_all_but_init()
         u = USERS["agent"]  # pkill as the agent itself: root here has no CAP_KILL over other users
         try:
-            _, out = self.container.exec_run(["pgrep", "-c", "-u", str(AGENT_UID)], user="0:0")
+            _, out = self._harness(["pgrep", "-c", "-u", str(AGENT_UID)])
             text = (out or b"").decode(errors="replace").strip()
             left = int(text) if text.isdigit() else -1
             if left == 0:  # nothing runs and nothing can start (no agent exec is in flight): done
                 return 0
             for _ in range(10):
-                self.container.exec_run(["pkill", "-KILL", "-u", str(AGENT_UID)], user=u)
-                code, _ = self.container.exec_run(["pgrep", "-u", str(AGENT_UID)], user="0:0")
+                self._harness(["pkill", "-KILL", "-u", str(AGENT_UID)], user=u)
+                code, _ = self._harness(["pgrep", "-u", str(AGENT_UID)])
                 if code == 1:  # no process of the agent left
                     break
                 time.sleep(0.1)
@@ -313,7 +331,7 @@ class Sandbox:
         try:
             left = -1
             for attempt in range(10):
-                _, out = self.container.exec_run(["sh", "-c", script], user="0:0")
+                _, out = self._harness(["sh", "-c", script])
                 text = (out or b"").decode(errors="replace").strip().splitlines()
                 n = int(text[-1]) if text and text[-1].isdigit() else -1
                 if attempt == 0:
@@ -330,11 +348,12 @@ class Sandbox:
         on this container's root filesystem only (every container's overlay has its own device)."""
         script = "printf 'R %s d /\\0' \"$(stat -c %d /)\"; " + script
         try:
-            _, out = self.container.exec_run(["sh", "-c", script], user="0:0")
+            _, out = self._harness(["sh", "-c", script], timeout_s=300)
         except docker.errors.DockerException as err:
             raise SandboxError(f"could not list the files of {self.name}: {err}") from None
         rows = []
-        for e in (out or b"").decode("utf-8", errors="surrogateescape").split("\0"):
+        # a name that is not UTF-8 is kept readable (`\\xff`): Parquet strings and JSON need valid text
+        for e in (out or b"").decode("utf-8", errors="backslashreplace").split("\0"):
             tag, _, rest = e.partition(" ")
             dev, _, rest = rest.partition(" ")
             kind, _, path = rest.partition(" ")
@@ -343,12 +362,20 @@ class Sandbox:
         root_dev = next((d for t, d, _, _ in rows if t == "R"), None)
         if root_dev is None:
             raise SandboxError(f"could not list the files of {self.name}: {(out or b'')[:200]!r}")
-        return [(t, k, p) for t, d, k, p in rows if d == root_dev and t != "R"]
+        return [(t, k, p) for t, d, k, p in rows if (d == root_dev or t in "KD") and t != "R"]
 
     def _listing(self) -> dict[str, str]:
         """{path: type} of everything on the container's root filesystem (other mounts, /proc, /sys,
         /dev and bind-mounted files left out)."""
         return {p: k for _, k, p in self._find(f"find {_PRUNE} -printf 'L %D %y %p\\0'") if p != "/"}
+
+    def _changes_script(self) -> str:
+        since = f"-newerct @{self.started_at:.6f}"
+        # one walk prints what changed and notes the changed folders; then the entries of those folders
+        # (spool files get fresh names: a root agent may have planted links at any fixed one)
+        return (f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {_PRUNE} {since} -printf 'C %D %y %p\\0' "
+                "-type d -fprint0 \"$d\"; xargs -0 -r -a \"$d\" sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 "
+                "-printf \"L %D %y %p\\0\"' _; rm -f \"$d\"")
 
     def changes(self, cap: int = 200) -> ChangeSet:
         """What changed in the container since it started, against its image's file list: deepest
@@ -359,12 +386,9 @@ class Sandbox:
         that folder's entries are compared with the image's list. One walk and a listing of the changed
         folders, filtered in the container (the engine's own diff costs ~0.45 s of daemon CPU per call
         here)."""
-        since = f"-newerct @{self.started_at:.6f}"
-        # one walk prints what changed and notes the changed folders; then the entries of those folders
-        # (spool files get fresh names: a root agent may have planted links at any fixed one)
-        rows = self._find(f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {_PRUNE} {since} -printf 'C %D %y %p\\0' "
-                          "-type d -fprint0 \"$d\"; xargs -0 -r -a \"$d\" sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 "
-                          "-printf \"L %D %y %p\\0\"' _; rm -f \"$d\"")
+        return self._change_set(self._find(self._changes_script()), cap)
+
+    def _change_set(self, rows: list[tuple[str, str, str]], cap: int) -> ChangeSet:
         changed = [(k, p) for t, k, p in rows if t == "C"]
         now = {p for t, _, p in rows if t == "L"}
         kinds = {p: k for k, p in changed if p != "/" and not _NOISE.search(p)}
@@ -378,6 +402,44 @@ class Sandbox:
         total = len(added) + len(modified) + len(gone)
         return ChangeSet(added=added[:cap], modified=modified[:cap], deleted=gone[:cap], total=total,
                          truncated=max(len(added), len(modified), len(gone)) > cap)
+
+    def settle(self, globs: list[str], cap: int = 200) -> tuple[int, dict[str, str], ChangeSet]:
+        """After the episode: stop the agent's processes, then list what changed (`changes`) and
+        checksum `globs` (`digests`). (how many processes were still running, digests, change set).
+
+        One exec when the agent left nothing running (the usual case): the count, the walk and the
+        checksums run in the same root shell, the walk and checksums only once the count is 0; else the
+        processes are killed first and the exec runs again. Afterwards `kill_agent_processes` is free
+        until the agent runs another command (nothing of the agent's can start without one)."""
+        if self.agent == "root":  # count and kill in one pass: what it printed is what was running
+            keep = " ".join(str(p) for p in sorted(self.keep_pids))
+            count = (f'keep=" {keep} $$ "; n=0; for d in /proc/[0-9]*; do p=${{d#/proc/}}; '
+                     'case "$keep" in *" $p "*) continue;; esac; n=$((n+1)); kill -9 "$p" 2>/dev/null; done')
+        else:
+            count = f"n=$(pgrep -c -u {AGENT_UID})"
+        digest = ""
+        if globs:
+            # (a work dir the agent removed matches nothing: every protected path then counts as changed)
+            digest = (f"printf 'D 0 - '; if cd {shlex.quote(self.workdir)} 2>/dev/null; then timeout -s KILL 60 "
+                      f"/usr/bin/python3 -I -c {shlex.quote(_DIGEST)} {' '.join(map(shlex.quote, globs))}; "
+                      "else echo '{}'; fi; printf '\\0'; ")
+        body = f"{self._changes_script()}; {digest}"
+        first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"; [ \"$n\" = 0 ] || exit 0; {body}")
+        counted = next((p for t, _, p in first if t == "K"), "")
+        leftover = int(counted) if counted.isdigit() else -1
+        rows = first
+        if leftover != 0:  # processes were running: stop them all, then look
+            self.kill_agent_processes()
+            rows = self._find(body)
+        after: dict[str, str] = {}
+        if globs:
+            text = next((p for t, _, p in rows if t == "D"), "")
+            try:
+                after = json.loads(text.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                raise SandboxError(f"could not checksum protected paths in {self.name}: {text[-300:]!r}") from None
+        self.settled = leftover == 0  # else the kill loop may have given up (a fork bomb)
+        return leftover, after, self._change_set(rows, cap)
 
     def archive_paths(self, paths: list[str], limit: int) -> bytes | None:
         """A tar (paths relative to /) of the regular files and links among `paths` (folders: their

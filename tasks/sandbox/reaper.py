@@ -2,7 +2,10 @@
 
 Every sandbox carries `trajforge.sandbox`, `trajforge.owner` (host:pid:start time) and
 `trajforge.build` labels. A sandbox whose owning process is gone, or any sandbox of a build that is
-about to (re)start, is removed. Each Dask worker reaps its own host's engine.
+about to (re)start, is removed. Each Dask worker reaps its own host's engine. A build's sandboxes
+are reaped by build id only by the holder of that build's lease (tasks/engine/lease.py): a second
+driver of a live build stops before it reaps anything, so live sandboxes of other drivers are never
+touched.
 """
 
 from __future__ import annotations
@@ -33,6 +36,17 @@ def owner_label() -> str:
     return f"{socket.gethostname()}:{_process_identity(os.getpid())}"
 
 
+def owner_alive(owner: str) -> bool | None:
+    """Whether the process an `owner_label()` names still runs: None when that cannot be told from
+    here (another host, or no pid in the label). The one liveness check of sandboxes and build leases."""
+    host, _, ident = owner.partition(":")
+    pid, _, started = ident.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    now = _process_identity(int(pid))
+    return now is not None and (now == ident or now.endswith(":?") or not started)
+
+
 def reap_here(build_id: str | None = None) -> int:
     """On the calling host: sandboxes of dead owners, plus every sandbox of `build_id` (a build about
     to (re)start has none running). Run on each Dask worker so every host's engine is cleaned."""
@@ -54,16 +68,11 @@ def reap_orphans(client: docker.DockerClient, build_id: str | None = None) -> in
     # sparse: one listing call; a full listing inspects each container and fails with NotFound when
     # one is removed meanwhile (another build on this host finishing its sandboxes)
     for c in client.containers.list(all=True, filters=filters, sparse=True):
-        h, _, ident = (c.attrs.get("Labels") or {}).get("trajforge.owner", "").partition(":")
-        if h != host:
+        owner = (c.attrs.get("Labels") or {}).get("trajforge.owner", "")
+        if owner.partition(":")[0] != host:
             continue
-        if build_id is None:
-            pid, _, started = ident.partition(":")
-            if not pid.isdigit():
-                continue
-            now = _process_identity(int(pid))
-            if now is not None and (now == ident or now.endswith(":?") or not started):
-                continue  # the owner is alive
+        if build_id is None and owner_alive(owner) is not False:
+            continue  # the owner is alive (or cannot be told): never touched
         try:
             client.api.remove_container(c.id, force=True)
             removed += 1

