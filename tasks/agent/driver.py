@@ -34,7 +34,8 @@ def episode_settings(ctx: StageContext, teacher: TeacherConfig | None = None) ->
         budget = t.context_budget()
     return EpisodeSettings(cfg.rollout.max_turns, cfg.rollout.command_timeout_s, cfg.rollout.episode_timeout_s,
                            t.tool_calling, cfg.sandbox.final_state_limit_bytes, budget,
-                           t.max_tokens, cfg.rollout.verify_in_place, cfg.rollout.test_timeout_s)
+                           t.max_tokens, cfg.rollout.verify_in_place, cfg.rollout.test_timeout_s,
+                           teacher_max_wait_s=t.max_wait_s, agent_tokens_per_s=t.agent_tokens_per_s)
 
 
 def run_episodes(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple],
@@ -135,4 +136,6 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
             es = t.endpoint_stats()
             stats.setdefault("endpoints", {}).update({u: v["requests"] for u, v in es.items()})
             stats.setdefault("endpoint_errors", {}).update({u: v["errors"] for u, v in es.items()})
+            stats.setdefault("endpoint_rate_limited", {}).update({u: v.get("rate_limited", 0) for u, v in es.items()})
+            stats["teacher_wait_seconds"] = round(stats.get("teacher_wait_seconds", 0) + getattr(t, "wait_s", 0.0), 3)
     return ShardResult(list(rows), [], stats)

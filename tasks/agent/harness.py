@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ...schemas.common import ChangeSet
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Message, Rollout, Step, TurnUsage
 from ..sandbox import ExecResult, Sandbox, StateTooLarge
@@ -51,6 +52,7 @@ TOOLS = [
 ]
 FENCE = re.compile(r"```(?:bash|sh|shell)?\s*\n(.*?)```", re.S)
 MAX_CONSECUTIVE_FORMAT_ERRORS = 3
+SURROGATE = re.compile("[\ud800-\udfff]")  # never valid in UTF-8 text (Parquet strings, JSON requests)
 
 
 def rollout_id(env_id: str, teacher: str, sample: int) -> str:
@@ -68,6 +70,8 @@ class EpisodeSettings:
     max_tokens: int = 512
     verify_in_place: bool = False  # run the hidden tests in this container once the episode ended
     test_timeout_s: float = 60
+    teacher_max_wait_s: float = 600  # teacher time allowed per turn (teacher.max_wait_s)
+    agent_tokens_per_s: float = 20  # the agent is charged its generation at this speed at most
 
 
 @dataclass
@@ -112,15 +116,33 @@ class _Episode:
                                   killed_by=res.killed_by, output_bytes=res.output_bytes, truncated=res.truncated))
         return _observation(res)
 
+    def garbled(self, msg: Message) -> bool:
+        """A reply with a lone surrogate (a JSON escape can carry one) can neither be stored in Parquet
+        nor sent back: it is repaired in place (U+FFFD) and the turn is a format error, nothing run."""
+        texts = [msg.content or ""] + [c.id + c.function.name + c.function.arguments for c in msg.tool_calls or []]
+        if not any(SURROGATE.search(t) for t in texts):
+            return False
+        msg.content = SURROGATE.sub("\ufffd", msg.content) if msg.content else msg.content
+        for c in msg.tool_calls or []:
+            c.id, c.function.name, c.function.arguments = (SURROGATE.sub("\ufffd", t) for t in (
+                c.id, c.function.name, c.function.arguments))
+        self.st.format_errors += 1
+        why = "format error: your reply contained invalid Unicode (a lone surrogate); nothing was run"
+        self.st.messages += ([Message(role="tool", tool_call_id=c.id, name=c.function.name, content=why)
+                              for c in msg.tool_calls] if msg.tool_calls else [Message(role="user", content=why)])
+        return True
+
     async def handle_tool_calls(self, turn: int, msg: Message) -> None:
         st = self.st
+        if self.garbled(msg):
+            return
         for call in msg.tool_calls:
             name = call.function.name
             try:
                 args = json.loads(call.function.arguments or "{}")
                 if not isinstance(args, dict):
                     raise ValueError("arguments must be a JSON object")
-            except ValueError as err:
+            except (ValueError, RecursionError) as err:
                 st.format_errors += 1
                 st.messages.append(Message(role="tool", tool_call_id=call.id, name=name,
                                            content=f"format error: arguments are not valid JSON ({err})"))
@@ -140,6 +162,8 @@ class _Episode:
 
     async def handle_text(self, turn: int, msg: Message, cut: bool = False) -> None:
         st = self.st
+        if self.garbled(msg):
+            return
         text = msg.content or ""
         blocks = FENCE.findall(text)
         if blocks and blocks[0].strip():
@@ -155,13 +179,13 @@ class _Episode:
                 f"format error: {why}. Call the bash tool (or put one short command in a ```bash block), "
                 "or submit when done.")))
 
-    async def finish(self) -> tuple[int, list[str]]:
-        """Kill the agent's processes; return (how many were still running, protected paths changed)."""
+    async def finish(self) -> tuple[int, list[str], ChangeSet]:
+        """Kill the agent's processes; return (how many were still running, protected paths changed,
+        the change set against the image)."""
         await self.started
-        leftover = await asyncio.to_thread(self.sb.kill_agent_processes)
-        after = await asyncio.to_thread(self.sb.digests, self.protected)
+        leftover, after, changes = await asyncio.to_thread(self.sb.settle, self.protected)
         changed = sorted(p for p in set(self.before) | set(after) if self.before.get(p) != after.get(p))
-        return leftover, changed
+        return leftover, changed, changes
 
     async def capture(self) -> bytes:
         return await asyncio.to_thread(self.sb.get_archive, self.sb.workdir, self.s.final_state_limit)
@@ -169,12 +193,23 @@ class _Episode:
 
 async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Callable[[], Sandbox],
                       s: EpisodeSettings, teacher: str, sample: int) -> Rollout:
-    """Run one episode. Raises SandboxError on infrastructure failure (caller retries)."""
+    """Run one episode. Raises SandboxError on infrastructure failure (caller retries).
+
+    Teacher time is not agent time. The episode budget (`env.agent_timeout_s` or
+    `episode_timeout_s`) counts the agent's commands and, per turn, the model's generation at a
+    healthy speed: min(the answering request's latency, completion tokens / `agent_tokens_per_s`).
+    Everything else a turn takes (a queue at the in-flight cap, retries, backoff, Retry-After, a
+    server slower than that speed) extends the deadline by as much: it is teacher time, bounded per
+    turn by `teacher.max_wait_s` (the client's own bound, with a backstop here), and exceeding it ends
+    the episode as `teacher_error`, never `agent_timeout`. A turn whose charged generation passes the
+    deadline ends the episode as `agent_timeout` without its message (the overshoot is at most one
+    turn's generation allowance, `max_tokens / agent_tokens_per_s`)."""
     t0 = time.monotonic()
     system = SYSTEM_PROMPT.format(workdir=env.workdir) + ("" if s.tool_calling else FENCED_HINT)
     st = _State([Message(role="system", content=system), Message(role="user", content=env.instruction)],
                 deadline=t0 + (env.agent_timeout_s or s.episode_timeout_s))
     tools = TOOLS if s.tool_calling else []
+    teacher_turn_s = s.teacher_max_wait_s + s.max_tokens / s.agent_tokens_per_s + 30  # the longest a turn may take
     status, error = "max_turns", None
     sb = make_sandbox()
     ep = None
@@ -190,16 +225,22 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                 status = "context_overflow"
                 error = f"history of ~{last_prompt} tokens + max_tokens {s.max_tokens} exceeds the budget {s.context_budget}"
                 break
+            asked = time.monotonic()
             try:
-                out = await asyncio.wait_for(session.next_turn(st.messages, tools), timeout=remaining)
-            except asyncio.TimeoutError:
-                status = "agent_timeout"
+                out = await asyncio.wait_for(session.next_turn(st.messages, tools), timeout=teacher_turn_s)
+            except asyncio.TimeoutError:  # a backstop: the openai client bounds itself the same way
+                status, error = "teacher_error", f"no answer within {teacher_turn_s:.0f}s (teacher.max_wait_s)"
                 break
             except ContextOverflow as err:
                 status, error = "context_overflow", str(err)[:500]
                 break
             except TeacherError as err:
                 status, error = "teacher_error", str(err)[:500]
+                break
+            took = time.monotonic() - asked
+            st.deadline += took - min(took, out.latency_s, out.completion_tokens / s.agent_tokens_per_s)
+            if time.monotonic() >= st.deadline:  # the model's own generation used up the budget
+                status = "agent_timeout"
                 break
             st.messages.append(out.message)
             st.usage.append(TurnUsage(turn=turn, prompt_tokens=out.prompt_tokens,
@@ -219,21 +260,21 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
             if time.monotonic() >= st.deadline:
                 status = "agent_timeout"
                 break
-        leftover, changed = await ep.finish()
+        leftover, changed, changes = await ep.finish()
         in_place = None
-        # the change set against the image, then what reproduces it elsewhere: the work dir, and the
-        # files added or modified outside it (before any test runs: tests write files too)
-        changes, captured = await asyncio.gather(asyncio.to_thread(sb.changes), ep.capture(),
-                                                 return_exceptions=True)
-        if isinstance(changes, BaseException):
-            raise changes
+        # what reproduces the change set elsewhere: the work dir, and the files added or modified
+        # outside it (before any test runs: tests write files too)
+        captured, outside = await asyncio.gather(
+            ep.capture(), asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit),
+            return_exceptions=True)
+        if isinstance(outside, BaseException):
+            raise outside
         if isinstance(captured, StateTooLarge):  # the model filled its work dir: a failure, not retried
             final_state, error = None, f"{error + '; ' if error else ''}{captured}"
         elif isinstance(captured, BaseException):
             raise captured
         else:
             final_state = captured
-        outside = await asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit)
         if s.verify_in_place and final_state is not None:  # after the capture: tests may write files
             in_place = (await asyncio.to_thread(run_hidden_tests, sb, env, s.test_timeout_s)).to_record()
     finally:

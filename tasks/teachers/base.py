@@ -38,10 +38,15 @@ class ContextOverflow(TeacherError):
 
 @dataclass
 class Turn:
+    """One answer. `latency_s` is the answering request's own time (the model's generation, plus
+    prefill and any queue inside the server); `wait_s` is the teacher time before it (waiting for a
+    slot at the in-flight cap, failed attempts, backoff, Retry-After): never the agent's time."""
+
     message: Message
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_s: float = 0.0
+    wait_s: float = 0.0
     finish_reason: str | None = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None

