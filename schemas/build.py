@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class StageEntry(BaseModel):
@@ -22,6 +22,11 @@ class StageEntry(BaseModel):
     rejects: int | None = None
     reused_from: str | None = None
     error: str | None = None
+    gate: dict[str, Any] | None = Field(None, description=(
+        "the gate's outcome beyond pass: `failures` (a failed gate: name, observed value, threshold, first "
+        "offending rows), `accepted` (failures committed on purpose with --accept-gate), `overridden` "
+        "(thresholds the config set, expectations it turned off with the reason), `regated` (only the gate ran "
+        "again)"))
 
 
 class BuildRecord(BaseModel):
@@ -36,6 +41,7 @@ class BuildRecord(BaseModel):
     status: Literal["running", "committed", "partial", "failed"] = "running"
     selected: list[str] = []
     forced: list[str] = []
+    accept_gates: list[str] = Field(default_factory=list, description="`--accept-gate` names of the last run")
     stages: dict[str, StageEntry] = {}
     dataset_dir: str | None = None
     error: str | None = None

@@ -50,6 +50,8 @@ class TrajectoryRow(Record):
     wall_s: float
     difficulty: Label
     solve_rate: float
+    content_hash: str = Field("", description=(
+        "64-bit hash (hex) of the messages' roles, contents and tool calls: equal for equal trajectories"))
 
 
 class RLRow(Record):
@@ -86,3 +88,5 @@ class PreferenceRow(Record):
     chosen_reward: float
     rejected_reward: float
     tools_json: str
+    chosen_turns: int = Field(0, description="model (assistant) turns in `chosen`")
+    rejected_turns: int = Field(0, description="model (assistant) turns in `rejected`; never 0 (such a pair is not made)")
