@@ -16,7 +16,7 @@ import importlib
 import json
 import secrets
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from prefect import flow, task
 from prefect.futures import wait
@@ -27,7 +27,9 @@ from .. import __version__
 from ..schemas.build import BuildRecord, StageEntry
 from ..schemas.config import BuildConfig
 from ..tasks.engine import Manifest, Shard, StageContext, StagePlan, commit, execute_shard, prepare
+from ..tasks.engine.lease import Lease, LeaseHeld, hold, live_leases
 from ..tasks.engine.progress import read_progress
+from ..tasks.engine.store import RunStore
 from ..tasks.pipeline import Pipeline, instance_name, resolve_inputs
 from .runtime import cluster_limiter
 from .services import SERVICES
@@ -52,6 +54,25 @@ def new_build_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
 
 
+@contextlib.contextmanager
+def claim_build(store: RunStore, cfg: BuildConfig, build_id: str, fresh: bool, say=console.print) -> Iterator[Lease]:
+    """Hold the lease of `build_id` (LeaseHeld if a live process has it). A `fresh` id (no build of
+    this config to resume) also yields to a live build of the same config that took its lease
+    first: two `trajforge build` of one config started together run one build, not two."""
+    with hold(store, build_id, config_hash(cfg), say=say) as lease:
+        rival = None
+        if fresh:
+            mine = (lease.info.acquired_at, build_id)
+            rival = min((o for o in live_leases(store) if o.build_id != build_id and o.config_hash == lease.info.config_hash
+                         and (o.acquired_at, o.build_id) < mine), key=lambda o: o.acquired_at, default=None)
+        if rival is None:
+            yield lease
+            return
+    store.remove(store.build_dir(build_id))  # it held nothing but the lease just released
+    raise LeaseHeld(f"build {rival.build_id} of the same config is already running: held by {rival.describe()}; "
+                    "nothing was started (wait for it, or stop that process)")
+
+
 def run_shard(pipeline: str, stage_name: str, ctx_payload: dict, plan_dir: str, shard: dict, upstream: dict) -> dict:
     """Run one shard in a Dask worker (idempotent: a shard with a `_done` marker is skipped)."""
     stage = load_pipeline(pipeline).stage(stage_name)
@@ -66,20 +87,57 @@ def run_shard(pipeline: str, stage_name: str, ctx_payload: dict, plan_dir: str, 
 shard_task = task(name="stage-shard", retries=0)(run_shard)
 
 
+class _Watchdog:
+    """The shards' backstop: a shard task running longer than `dask.shard_timeout_s` is abandoned and
+    fails its stage with a named cause (the other shards' finished work is kept; it is redone on
+    resume). Decided here, in the driver: Prefect's task timeout would raise asynchronously inside
+    the Dask worker's thread, which can land inside a held lock (it deadlocked a worker in logging's
+    handler lock). Only futures submitted longer ago than the limit are asked for their state (the
+    time they started running), at most every `min(limit, 15)` seconds."""
+
+    def __init__(self, limit: float | None, stage: str, names: dict[Any, str]):
+        self.limit, self.stage, self.names = limit, stage, names
+        self.next = time.monotonic() + (limit or 0)  # no shard can be late before then
+
+    def overdue(self, pending: set) -> list:
+        now = time.monotonic()
+        if self.limit is None or now < self.next:
+            return []
+        self.next = now + min(self.limit, 15.0)
+        late = []
+        for fut in pending:
+            try:
+                state = fut.state
+            except Exception:  # the API may be briefly unreachable: ask again next time
+                continue
+            if state.is_running() and time.time() - state.timestamp.timestamp() > self.limit:
+                late.append(fut)
+        return late
+
+    def error(self, fut) -> TimeoutError:
+        return TimeoutError(f"shard {self.names[fut]} of stage {self.stage} still running after "
+                            f"dask.shard_timeout_s={self.limit:g}s: abandoned (finished shards are kept; it is "
+                            "redone on resume)")
+
+
 class _Build:
     """One run of the build flow: the record, the committed manifests (by instance name), services."""
 
-    def __init__(self, pipeline_ref: str, cfg: BuildConfig, build_id: str, selected: list[str], force: set[str]):
+    lease: Lease | None = None  # the build's lease, held by this process (checked at each stage)
+
+    def __init__(self, pipeline_ref: str, cfg: BuildConfig, build_id: str, selected: list[str], force: set[str],
+                 retry: set[str] = frozenset(), accept: list[str] = ()):
         self.pipeline_ref, self.pipeline = pipeline_ref, load_pipeline(pipeline_ref)
-        self.cfg, self.selected, self.force = cfg, selected, force
-        self.ctx = StageContext.create(cfg, build_id)
+        self.cfg, self.selected, self.force, self.retry = cfg, selected, force, retry
+        # failures named here are committed on purpose (runtime: not part of any fingerprint)
+        self.ctx = StageContext.create(cfg, build_id, {"accept_gates": list(accept)} if accept else None)
         self.manifests: dict[str, Manifest] = {}
         self.services, self.started = contextlib.ExitStack(), set()
         self.record = self.ctx.store.read_build(build_id) or BuildRecord(
             build_id=build_id, dataset=cfg.dataset, created_at=dt.datetime.now(dt.timezone.utc).isoformat())
         self.record = self.record.model_copy(update=dict(
             config=cfg.model_dump(mode="json"), config_hash=config_hash(cfg), trajforge_version=__version__,
-            status="running", selected=selected, forced=sorted(force)))
+            status="running", selected=selected, forced=sorted(force), accept_gates=list(accept)))
         self.save()
 
     def save(self) -> None:
@@ -89,13 +147,14 @@ class _Build:
         """Reuse or run one stage instance (`verify`, or `verify.r2` in adaptive round 2)."""
         stage, ctx, record = self.pipeline.stage(instance), self.ctx, self.record
         run_it = stage.name in self.selected
-        plan = prepare(stage, ctx, upstream, force=run_it and stage.name in self.force, plan_shards=run_it)
+        plan = prepare(stage, ctx, upstream, force=run_it and stage.name in self.force, plan_shards=run_it,
+                       retry=stage.name in self.retry)
         entry = dict(fingerprint=plan.fingerprint, components=plan.components)
         if plan.reused is not None:
             self.manifests[instance] = plan.reused
             record.stages[instance] = StageEntry(**entry, status="reused", reused_from=plan.reused.build_id,
                                                  manifest=plan.reused.dir, rows=plan.reused.rows,
-                                                 rejects=plan.reused.rejects)
+                                                 rejects=plan.reused.rejects, gate=_gate_entry(plan.reused.gate))
             console.print(f"[green]✓[/] {instance:<10} reused   fingerprint {plan.fingerprint} "
                           f"(committed in build {plan.reused.build_id}, {plan.reused.rows} rows)")
             self.save()
@@ -104,10 +163,16 @@ class _Build:
             raise RuntimeError(
                 f"stage {instance!r} is not selected and has no committed output with fingerprint "
                 f"{plan.fingerprint} (its config, code or upstream changed); run it, e.g. --from {stage.name}")
+        if self.lease is not None:  # stage start: another driver may have taken the build over
+            self.lease.check()
+            removed = ctx.store.clean_temporaries(ctx.store.build_dir(ctx.build_id), self.lease.info.acquired_at)
+            if removed:
+                console.print(f"  removed {removed} temporary file(s) left by a killed run of build {ctx.build_id}")
         record.stages[instance] = StageEntry(**entry, status="running")
         self.save()
         console.print(f"[cyan]▶[/] {instance:<10} running  fingerprint {plan.fingerprint} "
-                      f"({len(plan.pending)}/{len(plan.shards)} shards to run)")
+                      f"({len(plan.pending)}/{len(plan.shards)} shards to run"
+                      + (": its gate changed, only the gate runs again)" if plan.regate else ")"))
         if plan.pending:
             for name in stage.services_for(self.cfg):
                 if name not in self.started:
@@ -117,17 +182,23 @@ class _Build:
             self._run_shards(stage.name, plan, upstream)
         finally:
             _reap_build(ctx)
+        if self.lease is not None:
+            self.lease.check()
         try:
             manifest = commit(stage, ctx, plan, upstream)
         except Exception as err:
-            record.stages[instance] = StageEntry(**entry, status="failed", error=str(err)[:2000])
+            report = getattr(err, "report", None)
+            record.stages[instance] = StageEntry(**entry, status="failed", error=str(err)[:4000],
+                                                 gate=_gate_entry(report, failed=True) if report else None)
             raise
         self.manifests[instance] = manifest
         record.stages[instance] = StageEntry(**entry, status="committed", manifest=manifest.dir, rows=manifest.rows,
-                                             rejects=manifest.rejects)
+                                             rejects=manifest.rejects, gate=_gate_entry(manifest.gate))
         self.save()
         console.print(f"[green]✓[/] {instance:<10} committed {manifest.rows} rows, {manifest.rejects} rejects "
                       f"{manifest.reject_reasons or ''}")
+        for a in manifest.gate.get("accepted", []):
+            console.print(f"  [yellow]![/] gate accepted on purpose: {a['line']}", soft_wrap=True)
         return manifest
 
     def run_step(self, name: str, round_: int = 0) -> Manifest:
@@ -142,8 +213,9 @@ class _Build:
         stage, ctx = self.pipeline.stage(stage_name), self.ctx
         ups = {k: v.model_dump(mode="json") for k, v in upstream.items()}
         payload = ctx.payload()
-        futures = [shard_task.submit(self.pipeline_ref, stage_name, payload, plan.dir, s.model_dump(mode="json"), ups)
-                   for s in plan.pending]
+        futures = {shard_task.submit(self.pipeline_ref, stage_name, payload, plan.dir, s.model_dump(mode="json"),
+                                     ups): s.name for s in plan.pending}
+        watchdog = _Watchdog(self.cfg.dask.shard_timeout_s, stage_name, futures)
         errors: list[BaseException] = []
         t0 = time.monotonic()
         with Progress(TextColumn(f"  {stage_name}"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"),
@@ -161,22 +233,61 @@ class _Build:
                         errors.append(err)
                     bar.update(t, advance=1)
                 pending = set(not_done)
+                for fut in watchdog.overdue(pending):  # abandoned: the stage fails, naming it
+                    errors.append(watchdog.error(fut))
+                    pending.discard(fut)
+                    bar.update(t, advance=1)
                 bar.update(t, live=stage.progress_text(read_progress(ctx.store, plan.dir), time.monotonic() - t0))
         if errors:
             raise RuntimeError(f"stage {stage_name}: {len(errors)} shard(s) failed; first: "
                                f"{errors[0].__class__.__name__}: {errors[0]}") from errors[0]
 
 
+def _gate_entry(gate: dict[str, Any], failed: bool = False) -> dict[str, Any] | None:
+    """What build.json keeps of a gate (a manifest's `gate`, or a failed gate's report): only what
+    departs from a plain pass, None when nothing does."""
+    from ..expectations.gate import brief
+
+    out: dict[str, Any] = {}
+    if failed:
+        out["failures"] = [brief(f) for f in gate.get("failures", [])]
+    accepted = [a if "line" in a else brief(a) for a in gate.get("accepted", [])]
+    if accepted:
+        out["accepted"] = accepted
+    for key in ("overridden", "regated"):  # (defaults that are off stay in gate.json: not a departure)
+        if gate.get(key):
+            out[key] = gate[key]
+    return out or None
+
+
 def run_build_flow(config: dict, build_id: str, from_stage: str | None = None, only: list[str] | None = None,
-                   force: list[str] | None = None, pipeline: str = DEFAULT_PIPELINE) -> dict[str, Any]:
+                   force: list[str] | None = None, pipeline: str = DEFAULT_PIPELINE,
+                   retry: list[str] | None = None, accept: list[str] | None = None) -> dict[str, Any]:
     """Run (or reuse) each selected step of the pipeline in order, with the rounds of its loop when
-    the deciding stage asks for them; return the build record (as JSON)."""
+    the deciding stage asks for them; return the build record (as JSON). `retry`: stages whose
+    committed outputs have their infrastructure outcomes re-run (`trajforge rerun`). `accept`: gate
+    expectations whose failure is committed on purpose (`--accept-gate`), recorded in build.json.
+    Holds the build's lease throughout (re-entrant: the CLI took it already); raises LeaseHeld when
+    another live process holds it, before anything is written."""
     cfg = BuildConfig.model_validate(config)
+    with hold(RunStore(cfg.runs, cfg.dataset), build_id, config_hash(cfg), say=console.print) as lease:
+        return _run_build(config, build_id, from_stage, only, force, pipeline, retry, lease, accept)
+
+
+def _run_build(config: dict, build_id: str, from_stage: str | None, only: list[str] | None,
+               force: list[str] | None, pipeline: str, retry: list[str] | None, lease: Lease,
+               accept: list[str] | None = None) -> dict[str, Any]:
+    from ..expectations.gate import check_gates
+
+    cfg = BuildConfig.model_validate(config)
+    check_gates(cfg.gates)  # before anything runs: a typo'd suite or expectation name is an error
     graph = load_pipeline(pipeline)
     selected = graph.select(from_stage, only)
     wanted = graph.names[:max(graph.names.index(n) for n in selected) + 1]
-    b = _Build(pipeline, cfg, build_id, selected, set(force or []))
+    b = _Build(pipeline, cfg, build_id, selected, set(force or []), set(retry or []), list(accept or []))
+    b.lease = lease
     loop = graph.loop
+    error: BaseException | None = None
     try:
         for name in wanted:
             last = b.run_step(name)
@@ -197,14 +308,34 @@ def run_build_flow(config: dict, build_id: str, from_stage: str | None = None, o
             b.ctx.store.link_dataset(build_id, b.manifests[final].dir)
             b.ctx.store.set_latest(build_id)
     except BaseException as err:
+        error = err
         b.record.status = "failed"
         b.record.error = f"{err.__class__.__name__}: {err}"[:4000]
         raise
     finally:
-        b.services.close()  # e.g. stop the vLLM server the build started
+        _finish(b, error)
+    return b.record.model_dump(mode="json", exclude_none=True)
+
+
+def _finish(b: _Build, error: BaseException | None) -> None:
+    """Stop the services the build started (e.g. the vLLM server) and save the record, whatever
+    happened. A failure here never hides the error the build ended with (a full disk also refuses
+    `build.json`): it is printed, and the first error is what propagates."""
+    def save() -> None:
         b.record.finished_at = dt.datetime.now(dt.timezone.utc).isoformat()
         b.save()
-    return b.record.model_dump(mode="json", exclude_none=True)
+
+    late = []
+    for what, step in (("stop the build's services", b.services.close), ("save build.json", save)):
+        try:
+            step()
+        except Exception as err:
+            late.append((what, err))
+    if late and error is None:
+        raise late[0][1]
+    for what, err in late:
+        console.print(f"[yellow]![/] could not {what} either ({err.__class__.__name__}: {str(err).split(';')[0]})",
+                      soft_wrap=True)
 
 
 # Like the shard task: the flow wraps a module-level function kept under its own name, so Prefect's

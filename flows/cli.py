@@ -21,15 +21,42 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build verifi
 app.add_typer(envs_app, name="envs")
 app.add_typer(images_app, name="images")
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+ACCEPT_GATE = typer.Option([], "--accept-gate", help=(
+    "commit although this gate expectation fails (e.g. rollout.format_error_share); recorded in build.json "
+    "and the dataset card; repeatable"))
 
 
 _fail = fail
 
 
 def _load(config: Path) -> BuildConfig:
+    from ..expectations.gate import check_gates
+
     try:
-        return load_config(config)
+        cfg = load_config(config)
+        check_gates(cfg.gates)
+        return cfg
     except ConfigError as err:
+        _fail(str(err))
+    except ValueError as err:  # `gates:` naming a suite or expectation that does not exist
+        _fail(f"{config}: {err}")
+
+
+def _name(value: str | None, what: str = "build id") -> str | None:
+    """A build id or dataset name given on the command line: a plain name, never a path."""
+    from ..tasks.engine.store import check_name
+
+    try:
+        return check_name(value, what) if value is not None else None
+    except ValueError as err:
+        _fail(str(err))
+
+
+def _open_store(runs: str, dataset: str) -> RunStore:
+    """The store of an existing dataset (nothing is created for a mistyped name)."""
+    try:
+        return RunStore(runs, _name(dataset, "dataset name"), create=False)
+    except FileNotFoundError as err:
         _fail(str(err))
 
 
@@ -39,30 +66,43 @@ def _check_stage_names(names: list[str]) -> None:
             _fail(f"unknown stage {n!r}; valid stages: {', '.join(STAGE_NAMES)}")
 
 
-def _pick_build(store: RunStore, cfg: BuildConfig, requested: str | None) -> str:
-    """An explicit id; else resume the newest unfinished build of the same config; else a new id."""
+def _pick_build(store: RunStore, cfg: BuildConfig, requested: str | None) -> tuple[str, str]:
+    """(id, how): an explicit id; else resume the newest unfinished build of the same config; else a new id."""
     from .build import config_hash, new_build_id
 
     if requested:
-        return requested
+        return requested, "explicit"
     want = config_hash(cfg)
     for b in reversed(store.builds()):
         rec = store.read_build(b)
         if rec is not None and rec.status != "committed" and rec.config_hash == want:
-            err_console.print(f"resuming unfinished build {b}")
-            return b
+            return b, "resume"
         break  # only the newest build is a resume candidate
-    return new_build_id()
+    return new_build_id(), "fresh"
 
 
 def run_build(cfg: BuildConfig, build_id: str | None = None, from_stage: str | None = None,
-              only: list[str] | None = None, force: list[str] | None = None, dask_address: str | None = None) -> dict:
-    """Library entry point used by the CLI and the tests."""
+              only: list[str] | None = None, force: list[str] | None = None, dask_address: str | None = None,
+              retry: list[str] | None = None, accept: list[str] | None = None) -> dict:
+    """Library entry point used by the CLI and the tests. Takes the build's lease first: a build
+    another live process holds raises LeaseHeld before anything is started or reaped. `accept`: gate
+    expectations (`rollout.format_error_share`, or the name in its suite) committed although they fail."""
+    from .build import claim_build
+
+    store = RunStore(cfg.runs, cfg.dataset)
+    build_id, how = _pick_build(store, cfg, build_id)
+    with claim_build(store, cfg, build_id, fresh=how == "fresh", say=err_console.print):
+        if how == "resume":
+            err_console.print(f"resuming unfinished build {build_id}")
+        return _run_claimed(store, cfg, build_id, from_stage, only, force, dask_address, retry, accept)
+
+
+def _run_claimed(store: RunStore, cfg: BuildConfig, build_id: str, from_stage: str | None, only: list[str] | None,
+                 force: list[str] | None, dask_address: str | None, retry: list[str] | None,
+                 accept: list[str] | None = None) -> dict:
     from ..tasks.sandbox import reap_here
     from .build import build_dataset
 
-    store = RunStore(cfg.runs, cfg.dataset)
-    build_id = _pick_build(store, cfg, build_id)
     reaped = reap_here()
     if reaped:
         err_console.print(f"reaped {reaped} orphaned sandbox container(s) from a dead run")
@@ -79,7 +119,7 @@ def run_build(cfg: BuildConfig, build_id: str | None = None, from_stage: str | N
     err_console.print(f"build {build_id} of dataset {cfg.dataset!r} in {store.url(store.build_dir(build_id))}"
                       + (f" on Dask scheduler {address}" if address else " on a local Dask cluster"))
     return build_dataset.with_options(task_runner=runner)(
-        cfg.model_dump(mode="json"), build_id, from_stage, only, force)
+        cfg.model_dump(mode="json"), build_id, from_stage, only, force, retry=retry, accept=accept)
 
 
 @app.command()
@@ -88,11 +128,15 @@ def build(config: Path = typer.Argument(DEFAULT_CONFIG, help="build config (YAML
           only: list[str] = typer.Option([], "--only", help="run only these stages"),
           force: list[str] = typer.Option([], "--force", help="re-run these stages even if reusable"),
           build_id: Optional[str] = typer.Option(None, "--build", help="build id (default: resume or new)"),
-          dask_address: Optional[str] = typer.Option(None, "--dask-address", help="attach to a Dask scheduler")):
+          dask_address: Optional[str] = typer.Option(None, "--dask-address", help="attach to a Dask scheduler"),
+          accept_gate: list[str] = ACCEPT_GATE):
     """Run a dataset build; stages whose fingerprint is committed are reused."""
     _check_stage_names([n for n in [from_stage, *only, *force] if n])
+    _name(build_id)
     cfg = _load(config)
-    record = _guarded(lambda: run_build(cfg, build_id, from_stage, only or None, force or None, dask_address))
+    _check_gate_names(accept_gate)
+    record = _guarded(lambda: run_build(cfg, build_id, from_stage, only or None, force or None, dask_address,
+                                        accept=accept_gate or None))
     _print_status(cfg, record["build_id"])
     if record.get("dataset_dir"):
         store = RunStore(cfg.runs, cfg.dataset)
@@ -112,12 +156,48 @@ def stage(name: str = typer.Argument(..., help=f"one of: {', '.join(STAGE_NAMES)
           build_id: str = typer.Option(..., "--build", help="the build to re-run the stage in"),
           runs: str = typer.Option("./runs", help="runs root"),
           dataset: Optional[str] = typer.Option(None, help="dataset (default: the only one under runs)"),
-          dask_address: Optional[str] = typer.Option(None, "--dask-address")):
+          dask_address: Optional[str] = typer.Option(None, "--dask-address"),
+          accept_gate: list[str] = ACCEPT_GATE):
     """Re-run one stage of an existing build against its committed upstream outputs."""
     _check_stage_names([name])
+    _check_gate_names(accept_gate)
     cfg = _build_config(runs, dataset, build_id)
-    record = _guarded(lambda: run_build(cfg, build_id, None, [name], [name], dask_address))
+    record = _guarded(lambda: run_build(cfg, build_id, None, [name], [name], dask_address, accept=accept_gate or None))
     _print_status(cfg, record["build_id"])
+
+
+@app.command()
+def rerun(name: str = typer.Argument(..., help=f"one of: {', '.join(STAGE_NAMES)}"),
+          build_id: Optional[str] = typer.Option(None, "--build", help="the build (default: latest)"),
+          runs: str = typer.Option("./runs", help="runs root"),
+          dataset: Optional[str] = typer.Option(None, help="dataset (default: the only one under runs)"),
+          dask_address: Optional[str] = typer.Option(None, "--dask-address"),
+          accept_gate: list[str] = ACCEPT_GATE):
+    """Re-run only the infrastructure outcomes (teacher_error / infra_error episodes) of a committed
+    stage (and of its adaptive rounds); every other row is kept. The stages after it run again."""
+    _check_stage_names([name])
+    _check_gate_names(accept_gate)
+    cfg = _build_config(runs, dataset, build_id)
+    store = RunStore(cfg.runs, cfg.dataset)
+    build_id = build_id or store.latest() or store.builds()[-1]
+    record = _guarded(lambda: run_build(cfg, build_id, name, None, None, dask_address, retry=[name],
+                                        accept=accept_gate or None))
+    _print_status(cfg, record["build_id"])
+
+
+def _check_gate_names(names: list[str]) -> None:
+    """Each --accept-gate name is an expectation of some suite (full `suite.name` or the name alone)."""
+    from ..expectations.gate import effective_suite, suite_names
+
+    known = {"max_infra_share"} | {f"{s}.max_infra_share" for s in STAGE_NAMES}
+    for s in suite_names():
+        suite = effective_suite(s)
+        in_suite = [e["name"] for k in ("expectations", "stats_expectations") for e in suite[k]] + list(suite["disabled"])
+        known |= {n for e in in_suite for n in (e, f"{s}.{e}")}
+    for n in names:
+        if n not in known:
+            _fail(f"--accept-gate {n!r}: no such gate expectation (see the README's Gates section, or a failed "
+                  "gate's message, for the names)")
 
 
 def _guarded(fn):
@@ -128,7 +208,7 @@ def _guarded(fn):
         return fn()
     except (DockerUnavailable, GateFailed, ConfigError, KeyError, ValueError) as err:
         _fail(str(err).strip("'\""), 1)
-    except RuntimeError as err:
+    except (RuntimeError, OSError) as err:  # a held lease, failed shards, a full disk (StoreWriteError)
         _fail(str(err), 1)
 
 
@@ -145,7 +225,8 @@ def _find_dataset(runs: str, dataset: str | None) -> str:
 
 
 def _build_config(runs: str, dataset: str | None, build_id: str | None) -> BuildConfig:
-    store = RunStore(runs, _find_dataset(runs, dataset))
+    _name(build_id)
+    store = _open_store(runs, _find_dataset(runs, dataset))
     build_id = build_id or store.latest() or (store.builds() or [None])[-1]
     if not build_id:
         _fail(f"no builds under {store.url(store.root)}")
@@ -222,7 +303,8 @@ def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-o
     from .publish import PublishError
     from .publish import publish as do_publish
 
-    store = RunStore(runs, _find_dataset(runs, dataset))
+    _name(build_id)
+    store = _open_store(runs, _find_dataset(runs, dataset))
     build_id = build_id or store.latest()
     if not build_id:
         _fail(f"no committed build under {store.url(store.root)}")
@@ -245,7 +327,7 @@ def explain(build_id: Optional[str] = typer.Argument(None), runs: str = typer.Op
     cfg = _build_config(runs, dataset, build_id)
     store = RunStore(cfg.runs, cfg.dataset)
     for line in explain_build(store, build_id or store.latest() or store.builds()[-1]):
-        console.print(line)
+        console.print(line, markup=False, highlight=False)  # fingerprints in [brackets] are not markup
 
 
 @app.command()
@@ -258,12 +340,13 @@ def verify(trajectories: Path = typer.Option(..., "--trajectories", help="JSONL 
     from ..schemas.common import Reject
     from ..schemas.verdict import Verdict
     from ..tasks.engine.store import RunStore
+    from ..tasks.sandbox import DockerUnavailable
     from .reverify import reverify
 
     cfg = _load(config) if config else None
     try:
         verdicts, rejects, stats = reverify(str(trajectories), envs, cfg)
-    except ValueError as err:
+    except (ValueError, DockerUnavailable) as err:  # bad input; no engine, or no base image
         _fail(str(err), 1)
     store = RunStore(str(out.parent.resolve()), out.name)
     store.write_records(posixpath.join(store.root, "verdicts.parquet"), Verdict, verdicts)
@@ -279,6 +362,25 @@ def verify(trajectories: Path = typer.Option(..., "--trajectories", help="JSONL 
     for r in rejects[:20]:
         console.print(f"[red]✗[/] {r.key}: {r.reason}: {r.detail[:200]}")
     console.print(f"verdicts: {out / 'verdicts.parquet'}  rejects: {out / 'rejects.parquet'}")
+
+
+@app.command()
+def doctor(config: Path = typer.Argument(DEFAULT_CONFIG, help="the build config whose needs are checked")):
+    """Check this machine for a build of CONFIG: Docker engine, storage cap, CPU features, free disk,
+    base image, teacher. Exits non-zero when a check fails."""
+    from .doctor import run_checks
+
+    checks = run_checks(_load(config))
+    t = Table(title=f"trajforge doctor · {config}")
+    for col in ("check", "status", "found", "fix"):
+        t.add_column(col, overflow="fold")
+    style = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
+    for c in checks:
+        t.add_row(c.name, style[c.status], c.detail, c.fix)
+    console.print(t)
+    failed = [c.name for c in checks if c.status == "fail"]
+    if failed:
+        _fail(f"{len(failed)} check(s) failed: {', '.join(failed)}", 1)
 
 
 def main() -> None:  # pragma: no cover

@@ -160,6 +160,13 @@ def images_prune(runs: str = typer.Option("./runs"),
     from ..tasks.envs.images import prune_images
     from ..tasks.sandbox import docker_client
 
+    if not all_:  # no runs folder here (e.g. another working directory): nothing tells what is in use
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(runs)
+        if not fs.isdir(root):
+            fail(f"no runs folder at {runs}: every image would look unused; pass --runs PATH of your builds, "
+                 "or --all to remove every trajforge environment image")
     keep: set[str] = set() if all_ else images_in_use(runs)
     removed = prune_images(docker_client(), keep)
     console.print(json.dumps({"removed": len(removed), "kept_in_use": len(keep)}))

@@ -38,6 +38,18 @@ def _resolve(rec: Recorded, envs: dict[str, EnvSpec]) -> EnvSpec | None:
     return found[0] if len(found) == 1 else None
 
 
+def _limits_for(config: BuildConfig, records: list[Recorded]) -> BuildConfig:
+    """Limits follow the recording: every recorded command is replayed (plus the `submit` turn),
+    whatever `rollout.max_turns` says; the episode budget grows in proportion."""
+    need = max((len(r.commands) for r in records), default=0) + 1
+    rollout = config.rollout
+    if need <= rollout.max_turns:
+        return config
+    longer = rollout.model_copy(update={"max_turns": need,
+                                        "episode_timeout_s": rollout.episode_timeout_s * need / rollout.max_turns})
+    return config.model_copy(update={"rollout": longer})
+
+
 def reverify(trajectories: str, env_paths: list[str], config: BuildConfig | None = None
              ) -> tuple[list[Verdict], list[Reject], dict[str, Any]]:
     """Verdicts (rollout_id = trajectory_id) and rejects for every row of `trajectories`."""
@@ -55,7 +67,8 @@ def reverify(trajectories: str, env_paths: list[str], config: BuildConfig | None
             continue
         if env.env_id not in used:
             try:
-                env.image, _ = ensure_image(client, config.sandbox.base_image, env, config.synthesize.image_aliases)
+                env.image, _ = ensure_image(client, config.sandbox.base_image, env, config.synthesize.image_aliases,
+                                            limits=config.sandbox)
             except ImageBuildError as err:
                 rejects.append(Reject(key=rec.trajectory_id, reason="image_build_failed", detail=err.log_tail[-800:]))
                 continue
@@ -64,6 +77,7 @@ def reverify(trajectories: str, env_paths: list[str], config: BuildConfig | None
                                                       config.synthesize.solution_timeout_s) or []
             used[env.env_id] = env
         groups[env.env_id].append(rec)
+    config = _limits_for(config, [r for rs in groups.values() for r in rs])
     ctx = StageContext.create(config, "reverify")
     teacher = ReplayTeacher(config.teacher, {e: [r.commands for r in rs] for e, rs in groups.items()})
     ids = {(e, k): r.trajectory_id for e, rs in groups.items() for k, r in enumerate(rs)}

@@ -16,6 +16,10 @@ import os
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")  # the API server lives as long as the build
+# a failed shard or build is reported once, as one line naming its cause (build.json keeps it too):
+# not as Prefect's tracebacks of every task and flow run it passed through
+os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "CRITICAL")
+os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL", "CRITICAL")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # distributed configures its own loggers at INFO; a build's console shows our progress, not its chatter
@@ -30,15 +34,52 @@ def ensure_prefect_api() -> str:
     url = os.environ.get("PREFECT_API_URL")
     if url:
         return url
-    from prefect.server.api.server import SubprocessASGIServer
-
-    _server = SubprocessASGIServer()
+    _server = _server_dying_with_parent()
     # The first start on a fresh machine creates and migrates the SQLite database: on 2 cores that
     # takes longer than Prefect's default 30 s startup timeout.
     _server.start(timeout=int(os.environ.get("TRAJFORGE_PREFECT_STARTUP_TIMEOUT", "240")))
     os.environ["PREFECT_API_URL"] = _server.api_url
     atexit.register(stop_prefect_api)
     return _server.api_url
+
+
+def _server_dying_with_parent():
+    """Prefect's `SubprocessASGIServer` whose uvicorn process gets SIGTERM when the process that
+    started it dies (Linux `PR_SET_PDEATHSIG`): a SIGKILLed driver leaves no API server behind
+    (atexit cannot run then). The signal follows the starting *thread*: start it from the main one."""
+    import functools
+    import signal
+    import subprocess
+    import types
+
+    from prefect.server.api import server as prefect_server
+
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+    except (OSError, AttributeError):
+        return prefect_server.SubprocessASGIServer()
+
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the call
+            os._exit(1)
+
+    class Server(prefect_server.SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            # Prefect builds the command itself: hand it a Popen that sets the parent-death signal
+            real = prefect_server.subprocess
+            prefect_server.subprocess = types.SimpleNamespace(
+                Popen=functools.partial(real.Popen, preexec_fn=die_with_parent))
+            try:
+                return super()._run_uvicorn_command()
+            finally:
+                prefect_server.subprocess = real
+
+    return Server()
 
 
 def stop_prefect_api() -> None:
@@ -62,8 +103,19 @@ class ClusterLimiter:
         self.sem.register()
 
     @contextlib.asynccontextmanager
-    async def hold(self):
-        await asyncio.to_thread(self.sem.acquire)
+    async def hold(self, timeout: float | None = None):
+        """Hold one lease; TimeoutError if none frees up within `timeout` seconds. Cancel-safe: a lease
+        the acquiring thread gets after its waiter was cancelled is released, never leaked."""
+        acquiring = asyncio.ensure_future(asyncio.to_thread(self.sem.acquire, timeout))
+        try:
+            got = await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            acquiring.add_done_callback(
+                lambda f: (not f.cancelled() and f.exception() is None and f.result()
+                           and asyncio.ensure_future(asyncio.to_thread(self.sem.release))))
+            raise
+        if not got:
+            raise TimeoutError(f"no free lease of {self.name} within {timeout:g}s")
         try:
             yield
         finally:

@@ -8,11 +8,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .common import Record
 
-Label = Literal["trivial", "easy", "medium", "hard", "unsolved"]
+# `unlabelled`: no model-final attempt was counted (every episode an infrastructure outcome, or no
+# verified row): nothing is known of the difficulty, which is never the same as `unsolved` (0 of n>0).
+Label = Literal["trivial", "easy", "medium", "hard", "unsolved", "unlabelled"]
 
 
 class Calibration(Record):
-    """`attempts` excludes infrastructure/teacher errors (counted in `excluded`)."""
+    """`attempts` excludes infrastructure/teacher errors (counted in `excluded`); `attempts == 0`
+    if and only if `label == "unlabelled"` (then `certain` is False and the interval is (0, 1))."""
 
     env_id: str
     family: str

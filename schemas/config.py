@@ -68,6 +68,25 @@ class SandboxConfig(Section):
     pids_limit: int = Field(256, ge=16)
     output_limit_bytes: int = Field(8192, ge=256)
     final_state_limit_bytes: int = Field(8 << 20, ge=1024)
+    disk_mb: int = Field(4096, ge=64, description=(
+        "cap on a sandbox's writable layer where the engine's storage driver enforces one (overlay2 on xfs "
+        "with pquota, btrfs, zfs, ...; `trajforge doctor` says whether this engine does); elsewhere "
+        "`file_size_mb` bounds each file"))
+    file_size_mb: int = Field(1024, ge=16, description="largest file a sandbox process may write (RLIMIT_FSIZE: "
+                                                       "the writer gets SIGXFSZ)")
+    open_files: int = Field(4096, ge=64, description="open files per sandbox process (RLIMIT_NOFILE)")
+    build_memory_mb: int = Field(2048, ge=64, description="memory (no swap) of each image build step's container")
+    build_cpus: float = Field(2.0, gt=0, description="CPUs of each image build step's container")
+    exec_grace_s: float = operational(30, gt=0, description=(
+        "client-side slack past a command's timeout: an exec whose output stream is still open then is "
+        "hung (a process holds it), its user's processes are killed and the command counts as timed out"))
+
+    @model_validator(mode="after")
+    def _file_fits_state(self) -> "SandboxConfig":
+        if self.file_size_mb << 20 <= self.final_state_limit_bytes:
+            raise ValueError("file_size_mb must exceed final_state_limit_bytes (the final state is archived "
+                             "to one file in the sandbox)")
+        return self
 
 
 class LLMSynthesisConfig(Section):
@@ -83,6 +102,9 @@ DEFAULT_ALIASES = {"ubuntu:*": "{base}", "debian:*": "{base}", "python:*": "{bas
                    "ghcr.io/laude-institute/*": "{base}", "alpine:*": "{base}", "buildpack-deps:*": "{base}"}
 
 
+MAX_DEDUP_THRESHOLD = 0.98  # datasketch's MinHashLSH(num_perm=128) finds no bands above it
+
+
 class SynthesizeConfig(Section):
     """Where environments come from (procedural `families`, task folders to `imports`, `llm` themes)
     and how they are admitted (`dedup_threshold`, the validator's timeouts)."""
@@ -93,12 +115,22 @@ class SynthesizeConfig(Section):
     image_aliases: dict[str, str] = Field(
         default_factory=lambda: dict(DEFAULT_ALIASES),
         description="FROM images that cannot be pulled offline (fnmatch pattern -> local image; {base} = base image)")
-    dedup_threshold: float | None = Field(0.9, gt=0, le=1, description="MinHash Jaccard; null disables")
+    dedup_threshold: float | None = Field(0.9, gt=0, description=(
+        "MinHash Jaccard at or above which an environment is a near duplicate; null disables (at most "
+        f"{MAX_DEDUP_THRESHOLD}: MinHash LSH with 128 permutations cannot separate higher similarities)"))
     validate_envs: bool = Field(True, description="run the validator's checks in Docker")
     solution_timeout_s: float = Field(120, gt=0)
     test_timeout_s: float = Field(120, gt=0)
     build_concurrency: int = operational(2, ge=1)
     envs_per_shard: int = Field(8, ge=1)
+
+    @field_validator("dedup_threshold")
+    @classmethod
+    def _lsh_can_separate(cls, v: float | None) -> float | None:
+        if v is not None and v > MAX_DEDUP_THRESHOLD:
+            raise ValueError(f"{v} is above {MAX_DEDUP_THRESHOLD}, the highest similarity MinHash LSH (128 "
+                             "permutations) can separate; use at most that, or null to keep near duplicates")
+        return v
 
     @model_validator(mode="after")
     def _some_source(self) -> "SynthesizeConfig":
@@ -132,6 +164,15 @@ class TeacherConfig(Section):
                                                                 "is deterministic: 1 is enough)")
     return_token_ids: bool = Field(False, description="vLLM: store completion token ids per turn")
     logprobs: bool = Field(False, description="store the sampled tokens' logprobs per turn")
+    # Teacher time is not agent time (tasks/agent/harness.py): both only move time between the agent's
+    # budget and the teacher's, so they are operational (the same rollouts on fast or slow hardware).
+    max_wait_s: float = operational(600, gt=0, description=(
+        "teacher time allowed per turn (queue at the in-flight cap, retries, backoff, Retry-After, a server "
+        "that stops answering or answers slower than agent_tokens_per_s); beyond it the episode ends as "
+        "teacher_error"))
+    agent_tokens_per_s: float = operational(20, gt=0, description=(
+        "the generation speed the agent's episode budget is charged at, at most: a slower teacher's extra "
+        "time is teacher time"))
 
     @property
     def served_model(self) -> str:
@@ -233,7 +274,7 @@ class AdaptiveConfig(Section):
 
 
 class CalibrateConfig(Section):
-    """Labels from the point estimate p = passes/attempts: p == 0 -> unsolved; p >= trivial -> trivial;
+    """Labels from the point estimate p = passes/attempts: no attempt -> unlabelled; p == 0 -> unsolved; p >= trivial -> trivial;
     >= easy -> easy; >= medium -> medium; else hard. A label is *certain* when the Wilson interval
     contains none of the boundaries medium / easy / trivial."""
 
@@ -271,12 +312,49 @@ class GateConfig(Section):
     """Extra expectations per stage, appended to the versioned suite (a team can tighten a gate)."""
 
     extra: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+    max_infra_share: float = operational(0.05, ge=0, le=1, description=(
+        "the largest share of a stage's output (rows + rejects) that may be infrastructure outcomes "
+        "(`teacher_error` / `infra_error` episodes, verification infra rejects); above it the gate fails "
+        "and nothing is committed. A threshold changes no row: not fingerprinted, but re-checked when a "
+        "committed output would be reused (one above it has its infrastructure outcomes re-run)"))
+
+
+class GateOverride(Section):
+    """`gates.<suite>.<expectation>`: new thresholds for one expectation (Great Expectations' kwarg
+    names; `value` = its main threshold, as a plain number does), or `enabled: false` with the
+    `reason` (recorded in gate.json), or `enabled: true` for one that is off by default. Thresholds
+    are not part of the stage's data fingerprint: changing one re-runs only the stage's gate."""
+
+    enabled: bool | None = None
+    reason: str | None = None
+    value: float | None = None
+    min_value: float | None = None
+    max_value: float | None = None
+    mostly: float | None = Field(None, ge=0, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, bool):
+            return {"enabled": data}
+        if isinstance(data, (int, float)):
+            return {"value": data}
+        return data
+
+    @model_validator(mode="after")
+    def _reason_to_disable(self) -> "GateOverride":
+        if self.enabled is False and not (self.reason or "").strip():
+            raise ValueError("disabling an expectation needs a `reason` (it is recorded in gate.json)")
+        return self
 
 
 class DaskConfig(Section):
     address: str | None = None
     n_workers: int = Field(2, ge=1)
     threads_per_worker: int = Field(2, ge=1)
+    shard_timeout_s: float | None = operational(6 * 3600, gt=0, description=(
+        "backstop per shard task (Prefect task timeout): a shard still running after it fails, named, and "
+        "the stage fails with the other shards' finished work kept; null: no limit"))
 
 
 class BuildConfig(Section):
@@ -297,6 +375,9 @@ class BuildConfig(Section):
     calibrate: CalibrateConfig = Field(default_factory=CalibrateConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
+    gates: dict[str, dict[str, GateOverride]] = Field(default_factory=dict, description=(
+        "per suite (a stage, or an export config as `export.sft`), per expectation name: thresholds that "
+        "override the defaults, or `enabled: false` with a reason; see the README's Gates section"))
     dask: DaskConfig = Field(default_factory=DaskConfig)
 
     @model_validator(mode="before")
@@ -348,6 +429,27 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the file and each bad field."""
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML in which a key given twice in one mapping is an error (PyYAML keeps the last one
+    silently: a typo'd override would be ignored). Merge keys (`<<`) may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {first})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def _format_errors(source: str, err: ValidationError) -> str:
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
@@ -373,8 +475,15 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Bu
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
+                          f"{err.start}); save the file as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

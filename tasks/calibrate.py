@@ -1,6 +1,8 @@
 """Stage `calibrate`: solve rate per (environment, teacher) with a Wilson score interval, a difficulty
 label and whether the label is certain. Infrastructure/teacher errors and unverified rows are excluded
 from the counts (reported in `excluded`); hack-flagged rollouts count as attempts, never as passes.
+A pair with no counted attempt is `unlabelled`, never `unsolved`; the adaptive planner asks for more
+samples of it (like any unsure label, within `max_samples`).
 
 Adaptive rounds (`calibrate.adaptive`): the stage also decides which environments need more
 rollouts: those whose label is worth more rollouts (by default: `batch` more are expected to raise the
@@ -39,7 +41,10 @@ def wilson_interval(passes: int, n: int, confidence: float = 0.95) -> tuple[floa
 
 
 def difficulty_label(passes: int, n: int, cfg: CalibrateConfig) -> Label:
-    if n == 0 or passes == 0:
+    """No counted attempt is `unlabelled` (nothing is known), never `unsolved` (0 passes of n > 0)."""
+    if n == 0:
+        return "unlabelled"
+    if passes == 0:
         return "unsolved"
     p = passes / n
     if p >= cfg.trivial:
@@ -159,8 +164,8 @@ class CalibrateStage(Stage):
         return out
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
-        envs = load_envs(ctx, upstream["synthesize"])
         verdicts = ctx.store.read_records(upstream_parts(upstream, "verify"), Verdict)
+        envs = load_envs(ctx, upstream["synthesize"], {v.env_id for v in verdicts})
         groups: dict[tuple[str, str], list[Verdict]] = defaultdict(list)
         for v in verdicts:
             groups[(v.env_id, v.teacher)].append(v)
@@ -181,13 +186,19 @@ class CalibrateStage(Stage):
             samples[env_id] = max(samples.get(env_id, 0), max(v.sample for v in vs) + 1)  # over teachers
         a = cfg.adaptive
         if a:
-            counts = [(r.passes, r.attempts) for r in rows]
+            # an unlabelled pair is never sure: it asks for `batch` more samples (within max_samples);
+            # the prior is fitted to the labelled pairs only (no attempt carries no evidence)
+            labelled = [r for r in rows if r.attempts]
+            counts = [(r.passes, r.attempts) for r in labelled]
             if a.rule == "gain":
-                sure = [g < a.min_gain for g in label_gain(counts, cfg, a.batch)]
+                sure_l = [g < a.min_gain for g in label_gain(counts, cfg, a.batch)]
             elif a.rule == "posterior":
-                sure = [c >= a.target for c in label_confidence(counts, cfg)]
+                sure_l = [c >= a.target for c in label_confidence(counts, cfg)]
             else:
-                sure = [label_certain(*wilson_interval(r.passes, r.attempts, a.target), r.attempts, cfg) for r in rows]
+                sure_l = [label_certain(*wilson_interval(r.passes, r.attempts, a.target), r.attempts, cfg)
+                          for r in labelled]
+            by_pair = {(r.env_id, r.teacher): ok for r, ok in zip(labelled, sure_l)}
+            sure = [by_pair.get((r.env_id, r.teacher), False) for r in rows]
             for r, ok in zip(rows, sure):
                 if not ok and samples[r.env_id] < a.max_samples:
                     needs_more[r.env_id] = min(a.batch, a.max_samples - samples[r.env_id])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -33,12 +33,15 @@ from ..schemas.export import PreferenceRow, RLRow, TrajectoryRow
 from ..schemas.trajectory import Message, Rollout
 from ..schemas.verdict import Verdict
 from .engine import GateFailed, Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
+from .envs.catalogue import load_envs
 
 ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "harness", "sample", "messages", "tools_json", "status",
                    "turns", "prompt_tokens", "completion_tokens", "wall_s"]
 VERDICT_COLUMNS = ["rollout_id", "verified", "passed", "reward", "tests", "hack_flags", "quality", "mode", "changes",
                    "unexpected", "counterfactual"]
 TRAJECTORY_ADDED = [n for n in TrajectoryRow.model_fields if n not in ROLLOUT_COLUMNS]
+PREFERENCE_COLUMNS = ["rollout_id", "env_id", "family", "level", "messages", "tools_json", "status", "passed",
+                      "reward", "hack_flags"]
 
 
 def filter_reason(f: ExportFilters, *, hacks: int, inspect_before_act: bool, act_verify_share: float,
@@ -53,6 +56,46 @@ def filter_reason(f: ExportFilters, *, hacks: int, inspect_before_act: bool, act
     if f.max_repeated_commands is not None and repeated_commands > f.max_repeated_commands:
         return "filter_repeated_commands"
     return None
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _hash_strings(arr: pa.Array) -> np.ndarray:
+    import pandas as pd
+
+    return pd.util.hash_array(arr.to_numpy(zero_copy_only=False).astype(object), categorize=False)
+
+
+def _spread(x: np.ndarray) -> np.ndarray:
+    """A bijective 64-bit mixer (splitmix64's finaliser): positions and parts do not cancel out."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def content_hashes(messages: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Per row, a 64-bit hash (16 hex digits) of its messages in order: role, content, tool call names and
+    arguments. Column-wise (no per-row Python): equal trajectories get equal hashes."""
+    arr = messages.combine_chunks() if isinstance(messages, pa.ChunkedArray) else messages
+    n = len(arr)
+    msgs = arr.flatten()
+    parent = pc.list_parent_indices(arr).to_numpy()
+    h = _hash_strings(msgs.field("role")) * _MIX + _spread(_hash_strings(msgs.field("content")))
+    calls = msgs.field("tool_calls")
+    if len(calls.flatten()):
+        call_parent = pc.list_parent_indices(calls).to_numpy()
+        fn = calls.flatten().field("function")
+        call_h = _spread(_hash_strings(fn.field("name")) + _spread(_hash_strings(fn.field("arguments"))))
+        first_call = np.searchsorted(call_parent, call_parent)  # calls of one message are contiguous
+        np.add.at(h, call_parent, _spread(call_h + (np.arange(len(call_parent)) - first_call).astype(np.uint64)))
+    first = np.searchsorted(parent, parent)  # messages of one row are contiguous
+    row = np.zeros(n, dtype=np.uint64)
+    np.add.at(row, parent, _spread(h + (np.arange(len(parent)) - first).astype(np.uint64) * _MIX))
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.uint64)
+    return pa.array([f"{v:016x}" for v in _spread(row + lengths).tolist()], pa.string())
 
 
 def _index(table: pa.Table, *keys: str) -> dict:
@@ -107,14 +150,18 @@ class ExportStage(Stage):
             else:
                 keep.append(i)
                 keep_v.append(j)
+        if not keep:  # e.g. a part of teacher_error episodes only: nothing to join (an empty filter fails)
+            return ShardResult(arrow_schema(TrajectoryRow).empty_table(), rejects, {"passed": 0})
         out = table.take(pa.array(keep, pa.int64()))
         v = vt.take(pa.array(keep_v, pa.int64()))
         q = v.column("quality").combine_chunks()
-        envs = store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id", "family", "level"])
-        calib = store.read_table(upstream["calibrate"].parts, Calibration,
-                                 columns=["env_id", "teacher", "label", "solve_rate"])
-        env_idx, cal_idx = _index(envs, "env_id"), _index(calib, "env_id", "teacher")
         env_ids, teachers = out.column("env_id").to_pylist(), out.column("teacher").to_pylist()
+        mine = [("env_id", "in", sorted(set(env_ids)))]  # this part's environments only
+        envs = store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id", "family", "level"],
+                                filters=mine)
+        calib = store.read_table(upstream["calibrate"].parts, Calibration,
+                                 columns=["env_id", "teacher", "label", "solve_rate"], filters=mine)
+        env_idx, cal_idx = _index(envs, "env_id"), _index(calib, "env_id", "teacher")
         e = envs.take(pa.array([env_idx[x] for x in env_ids], pa.int64()))
         c = calib.take(pa.array([cal_idx[k] for k in zip(env_ids, teachers)], pa.int64()))
         added = {"family": e.column("family"), "level": e.column("level"), "passed": v.column("passed"),
@@ -125,47 +172,95 @@ class ExportStage(Stage):
                  "changed_paths": pc.fill_null(pc.struct_field(v.column("changes").combine_chunks(), "total"), 0),
                  "counterfactual": v.column("counterfactual"),
                  **{n: q.field(n) for n in ("inspect_before_act", "act_verify_share", "ends_with_verify",
-                                            "repeated_commands", "failed_commands", "recoveries")}}
+                                            "repeated_commands", "failed_commands", "recoveries")},
+                 "content_hash": content_hashes(out.column("messages"))}
         schema = arrow_schema(TrajectoryRow)
         for name in TRAJECTORY_ADDED:
             out = out.append_column(schema.field(name), pc.cast(added[name], schema.field(name).type))
         return ShardResult(out, rejects, {"passed": pc.sum(out.column("passed")).as_py() or 0})
 
     def finalize(self, ctx: StageContext, out_dir: str, stats: dict[str, Any], upstream: dict[str, Manifest]) -> None:
-        """Write the derived configs, gate each, then the card (all before the manifest)."""
-        from ..expectations.gate import run_gate
+        """Write the derived configs, gate each, then the card (all before the manifest).
+
+        Streamed: a config's rows are derived chunk by chunk (see DERIVED) and written in files of
+        `rows_per_shard` rows as they come; only the scalar columns its gate reads are kept for the
+        whole config. A failed gate leaves that config's files for inspection (no card, no manifest:
+        nothing is committed; a re-run starts the folder afresh). Failures named in `--accept-gate`
+        are committed and listed in the card, with those of the upstream stages."""
+        from ..expectations.gate import accept_failures, brief, gate_columns, run_gate
+        from .engine.runner import gate_failure_message, gate_suites
 
         store = ctx.store
         fp = posixpath.basename(out_dir)
-        table = store.read_table(store.fs.glob(posixpath.join(out_dir, "trajectories", "*.parquet")), TrajectoryRow)
-        counts = {"trajectories": table.num_rows}
+        parts = sorted(store.fs.glob(posixpath.join(out_dir, "trajectories", "*.parquet")))
+        counts = {"trajectories": store.num_rows(parts)}
+        suites = gate_suites(self, ctx.config)
         for name in ctx.config.export.configs:
-            derived = DERIVED[name](ctx, table, upstream)
-            report = run_gate(f"export.{name}", derived, {"rows": derived.num_rows})
-            store.write_json(posixpath.join(out_dir, f"gate.{name}.json"), report)
+            folder, suite = posixpath.join(out_dir, name), suites[f"export.{name}"]
+            store.remove(folder)  # a re-run after a failed gate or a crash starts clean (the card globs it)
+            writer, gated = _FileWriter(store, folder, fp, ctx.config.export.rows_per_shard), []
+            for chunk in DERIVED[name](ctx, parts, upstream):
+                writer.add(chunk)
+                gated.append(chunk.select(gate_columns(f"export.{name}", chunk.schema, suite=suite)))
+            n = writer.close()
+            report = run_gate(f"export.{name}", pa.concat_tables(gated) if gated else pa.table({}), {"rows": n},
+                              suite=suite)
+            report = accept_failures(report, ctx.runtime.get("accept_gates", []))
+            gate_file = posixpath.join(out_dir, f"gate.{name}.json")
+            store.write_json(gate_file, report)
             if not report["success"]:
-                raise GateFailed(f"gate of export config {name!r} failed: {report['failures']}")
-            n, size = derived.num_rows, ctx.config.export.rows_per_shard
-            for i, start in enumerate(range(0, n, size)):
-                store.write_table(posixpath.join(out_dir, name, f"train-{fp}-{i:05d}.parquet"),
-                                  derived.slice(start, size))
+                raise GateFailed(gate_failure_message(f"export.{name}", store.url(folder), store.url(gate_file),
+                                                      report), report)
+            stats.setdefault("gate_accepted", []).extend(report["accepted"])
             counts[name] = n
         stats["configs"] = counts
-        store.write_text(posixpath.join(out_dir, "README.md"), dataset_card(ctx, stats, fp))
+        accepted = [(n, a) for n, m in sorted(upstream.items()) for a in m.gate.get("accepted", [])]
+        accepted += [("export", brief(f)) for f in stats.get("gate_accepted", [])]
+        store.write_text(posixpath.join(out_dir, "README.md"), dataset_card(ctx, stats, fp, accepted))
+
+
+class _FileWriter:
+    """Rows appended in order land in `<folder>/train-<fp>-NNNNN.parquet` files of `size` rows each
+    (the last one shorter), as a whole-table slice would; at most one file's rows are held."""
+
+    def __init__(self, store, folder: str, fp: str, size: int):
+        self.store, self.folder, self.fp, self.size = store, folder, fp, size
+        self.pending: list[pa.Table] = []
+        self.held = self.files = self.rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self.pending.append(table)
+            self.held += table.num_rows
+        while self.held >= self.size:
+            self._flush(self.size)
+
+    def close(self) -> int:
+        if self.held:
+            self._flush(self.held)
+        return self.rows
+
+    def _flush(self, n: int) -> None:
+        table = pa.concat_tables(self.pending)
+        self.store.write_table(posixpath.join(self.folder, f"train-{self.fp}-{self.files:05d}.parquet"), table.slice(0, n))
+        rest = table.slice(n)
+        self.pending, self.held = ([rest] if rest.num_rows else []), rest.num_rows
+        self.files, self.rows = self.files + 1, self.rows + n
 
 
 def sft(ctx: StageContext, t: pa.Table, upstream: dict[str, Manifest]) -> pa.Table:
     return t.filter(pc.and_(t["passed"], pc.equal(t["status"], "ok")))
 
 
-def rl(ctx: StageContext, t: pa.Table, upstream: dict[str, Manifest]) -> pa.Table:
-    envs = {e.env_id: e for e in ctx.store.read_records(upstream["synthesize"].parts, EnvSpec)}
+def rl(ctx: StageContext, t: pa.Table | None, upstream: dict[str, Manifest]) -> pa.Table:
+    calib = [c for c in ctx.store.read_records(upstream["calibrate"].parts, Calibration) if 0 < c.passes < c.attempts]
+    envs = load_envs(ctx, upstream["synthesize"], {c.env_id for c in calib})
     rows = [RLRow(env_id=c.env_id, family=c.family, level=c.level, source=envs[c.env_id].source,
                   instruction=envs[c.env_id].instruction, workdir=envs[c.env_id].workdir,
                   image=envs[c.env_id].image or "", teacher=c.teacher, attempts=c.attempts, solve_rate=c.solve_rate,
                   ci_low=c.ci_low, ci_high=c.ci_high, difficulty=c.label,
                   env_spec_json=envs[c.env_id].model_dump_json(exclude={"image"}))
-            for c in ctx.store.read_records(upstream["calibrate"].parts, Calibration) if 0 < c.passes < c.attempts]
+            for c in calib]
     return to_table(RLRow, rows)
 
 
@@ -173,11 +268,14 @@ def preference(ctx: StageContext, t: pa.Table, upstream: dict[str, Manifest]) ->
     """Pairs (success, failure) of the same environment *and the same prompt* (system + instruction
     messages and tool schemas identical: a continuation only compares with one written for the same
     context), by rollout id order, as many as the smaller side has. Hack-flagged attempts are
-    failures here: preferring the clean success over them is what a preference set should teach."""
+    failures here: preferring the clean success over them is what a preference set should teach.
+    Both sides hold model turns: an attempt without any (e.g. an `agent_timeout` before the first
+    answer) is never paired, as a trainer can learn nothing from an empty side."""
     wins, losses = defaultdict(list), defaultdict(list)
-    for r in t.select(["rollout_id", "env_id", "family", "level", "messages", "tools_json", "status", "passed",
-                       "reward", "hack_flags"]).to_pylist():
-        head = next((i for i, m in enumerate(r["messages"]) if m["role"] == "assistant"), len(r["messages"]))
+    for r in t.select(PREFERENCE_COLUMNS).to_pylist():
+        head = next((i for i, m in enumerate(r["messages"]) if m["role"] == "assistant"), None)
+        if head is None:
+            continue
         key = (r["env_id"], json.dumps(r["messages"][:head], sort_keys=True), r["tools_json"])
         if r["passed"]:
             wins[key].append((head, r))
@@ -192,16 +290,73 @@ def preference(ctx: StageContext, t: pa.Table, upstream: dict[str, Manifest]) ->
             rows.append(PreferenceRow(env_id=w["env_id"], family=w["family"], level=w["level"], prompt=msgs[:head],
                                       chosen=msgs[head:], rejected=lose[head:], chosen_id=w["rollout_id"],
                                       rejected_id=lo["rollout_id"], chosen_reward=w["reward"],
-                                      rejected_reward=lo["reward"], tools_json=w["tools_json"]))
+                                      rejected_reward=lo["reward"], tools_json=w["tools_json"],
+                                      chosen_turns=_model_turns(msgs[head:]), rejected_turns=_model_turns(lose[head:])))
     return to_table(PreferenceRow, rows)
 
 
-DERIVED: dict[str, Callable[[StageContext, pa.Table, dict[str, Manifest]], pa.Table]] = {
-    "sft": sft, "rl": rl, "preference": preference}
+def _model_turns(messages: list[Message]) -> int:
+    return sum(m.role == "assistant" for m in messages)
 
 
-def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str) -> str:
-    """A Hub dataset card whose YAML header declares the non-empty configs (what `load_dataset` reads)."""
+def _sft_chunks(ctx: StageContext, parts: list[str], upstream: dict[str, Manifest]) -> Iterator[pa.Table]:
+    for t in ctx.store.iter_tables(parts, TrajectoryRow):  # one trajectories part at a time
+        yield sft(ctx, t, upstream)
+
+
+def _rl_chunks(ctx: StageContext, parts: list[str], upstream: dict[str, Manifest]) -> Iterator[pa.Table]:
+    yield rl(ctx, None, upstream)  # one row per (environment, teacher): bounded by the catalogue
+
+
+def _preference_chunks(ctx: StageContext, parts: list[str], upstream: dict[str, Manifest]) -> Iterator[pa.Table]:
+    """Pairs never cross environments and come out in environment order: the environments with both
+    a success and a counted failure are taken in groups of about `rows_per_shard` rollouts, each
+    group read across every part (filtered on env_id), paired as the whole table would be."""
+    store, counts = ctx.store, defaultdict(lambda: [0, 0, 0])  # env_id -> [rollouts, wins, losses]
+    for t in store.iter_tables(parts, TrajectoryRow, columns=["env_id", "passed", "status"]):
+        for env_id, passed, status in zip(*(t.column(c).to_pylist() for c in ("env_id", "passed", "status"))):
+            c = counts[env_id]
+            c[0] += 1
+            if passed:
+                c[1] += 1
+            elif status not in INFRA_STATUSES:  # what `preference` takes as a failure
+                c[2] += 1
+    groups, group, held = [], [], 0
+    for env_id in sorted(e for e, (_, wins, losses) in counts.items() if wins and losses):
+        if group and held + counts[env_id][0] > ctx.config.export.rows_per_shard:
+            groups.append(group)
+            group, held = [], 0
+        group.append(env_id)
+        held += counts[env_id][0]
+    if group:
+        groups.append(group)
+    for ids in groups:
+        t = store.read_table(parts, TrajectoryRow, columns=PREFERENCE_COLUMNS, filters=[("env_id", "in", ids)])
+        yield preference(ctx, t, upstream)
+
+
+# config -> its rows, chunk by chunk, in output order, from the trajectories parts (memory: one chunk)
+DERIVED: dict[str, Callable[[StageContext, list[str], dict[str, Manifest]], Iterator[pa.Table]]] = {
+    "sft": _sft_chunks, "rl": _rl_chunks, "preference": _preference_chunks}
+
+
+def _gates_section(ctx: StageContext, accepted: list[tuple[str, dict[str, Any]]]) -> str:
+    """The card's record of gates passed on purpose (`--accept-gate`) and thresholds the config set."""
+    lines = [f"- **accepted** `{a['name']}` (stage {stage}): {a['line']}" for stage, a in accepted]
+    for suite, overrides in sorted(ctx.config.gates.items()):
+        for name, o in sorted(overrides.items()):
+            lines.append(f"- config `gates.{suite}.{name}`: "
+                         + ", ".join(f"{k}={v}" for k, v in o.model_dump().items() if v is not None))
+    if not lines:
+        return ""
+    return ("\n## Gates\n\nThis dataset was committed with these departures from the default data-quality "
+            "gates (see gate.json beside each stage's output):\n\n" + "\n".join(lines) + "\n")
+
+
+def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
+                 accepted: list[tuple[str, dict[str, Any]]] = ()) -> str:
+    """A Hub dataset card whose YAML header declares the non-empty configs (what `load_dataset` reads);
+    `accepted`: (stage, failure) of the gates committed on purpose, listed in a Gates section."""
     counts = stats.get("configs", {})
     configs = [{"config_name": name, "data_files": [{"split": "train", "path": f"{name}/train-{fingerprint}-*.parquet"}]}
                for name in ["trajectories", *ctx.config.export.configs] if counts.get(name)]
@@ -223,4 +378,4 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str) -> 
             "`inspect_before_act`, ...) and the environment's calibrated `difficulty` and `solve_rate`. "
             "`sft` keeps the verified successes; `rl` lists environments solved sometimes (0 < p < 1) with "
             "their full spec; `preference` pairs a success with a failure of the same environment. "
-            "Configs without rows are not declared.\n")
+            "Configs without rows are not declared.\n" + _gates_section(ctx, list(accepted)))

@@ -3,17 +3,25 @@ environment, `samples_per_env` each (a teacher may set its own). Adaptive rounds
 only to the (environment, teacher) pairs whose calibration asked for them.
 
 Episodes run in the asyncio driver of `agent.driver` (many in flight per shard task).
+`teacher_error` / `infra_error` episodes are never final: when the stage runs again (a resume, or
+`trajforge rerun rollout` of a committed output) exactly those episodes run again, same rollout ids,
+and every model-final episode is kept as it was (`retryable` / `retry_shard`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ..schemas.calibration import RoundPlan
+from ..schemas.common import INFRA_STATUSES, Reject
 from ..schemas.environment import EnvSpec
 from ..schemas.trajectory import Rollout
 from .agent.driver import run_episodes
-from .engine import Manifest, Shard, ShardResult, Stage, StageContext
+from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext, sum_counters
 from .envs.catalogue import load_envs
 
 
@@ -55,8 +63,32 @@ class RolloutStage(Stage):
         return [Shard(index=i, payload={"episodes": work[j:j + n]}) for i, j in enumerate(range(0, len(work), n))]
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
-        envs = load_envs(ctx, upstream["synthesize"])
+        envs = load_envs(ctx, upstream["synthesize"], {e[0] for e in shard.payload["episodes"]})
         return run_episodes(ctx, envs, [tuple(e) for e in shard.payload["episodes"]])
+
+    def retryable(self, rows: pa.Table, rejects: list[Reject]) -> Retryable:
+        """Episodes that ended in an infrastructure outcome (teacher or Docker), with their errors."""
+        mask = pc.is_in(rows.column("status"), value_set=pa.array(sorted(INFRA_STATUSES))).to_pylist()
+        at = [i for i, m in enumerate(mask) if m]
+        errors = rows.column("error").take(pa.array(at[:3], pa.int64())).to_pylist() if at else []
+        return Retryable(rows=at, errors=[(e or "no error recorded").strip().splitlines()[0] for e in errors])
+
+    def retry_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest], rows: pa.Table,
+                    rejects: list[Reject]) -> ShardResult:
+        """The same episodes again (env, sample, teacher): one row each, in order, same rollout ids."""
+        index = {t.label: i for i, t in enumerate(ctx.config.teachers)}
+        episodes = [(e, k, index[t]) for e, k, t in zip(rows.column("env_id").to_pylist(),
+                                                        rows.column("sample").to_pylist(),
+                                                        rows.column("teacher").to_pylist())]
+        envs = load_envs(ctx, upstream["synthesize"], {e for e, _, _ in episodes})
+        return run_episodes(ctx, envs, episodes)
+
+    def retry_stats(self, old: dict[str, Any], new: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
+        """Costs (tokens, seconds, retries) of both runs summed; outcome counts from the rows kept."""
+        out = sum_counters([old, new])
+        out.update(episodes=rows.num_rows, status=dict(Counter(rows.column("status").to_pylist())),
+                   teachers=dict(Counter(rows.column("teacher").to_pylist())))
+        return out
 
     def progress_text(self, totals: dict[str, Any], elapsed_s: float) -> str:
         if not totals:

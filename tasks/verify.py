@@ -24,7 +24,7 @@ from ..schemas.common import INFRA_STATUSES, Reject
 from ..schemas.environment import EnvSpec
 from ..schemas.trajectory import Rollout
 from ..schemas.verdict import HackFlag, Verdict
-from .engine import Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
+from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .envs.catalogue import load_envs, sibling_of
 from .sandbox import Sandbox, SandboxError, docker_client
 from .sandbox.changes import apply_final_state, counterfactual, revert_plan, review_flags, unexpected, written_outside
@@ -59,10 +59,16 @@ class VerifyStage(Stage):
         return [Shard(index=i, payload={"env_ids": ids}) for i, ids in enumerate(shards)]
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
-        envs = load_envs(ctx, upstream["synthesize"])
+        envs = load_envs(ctx, upstream["synthesize"], shard.payload["env_ids"])
         rollouts = ctx.store.read_records(upstream_parts(upstream, "rollout"), Rollout,
                                           filters=[("env_id", "in", shard.payload["env_ids"])])
         return verify_rollouts(ctx, envs, rollouts)
+
+    def retryable(self, rows, rejects: list[Reject]) -> Retryable:
+        """`verify_infra` rejects (Docker failed under the verifier): never final; the engine re-runs
+        their shard (whole: the contrastive check compares an environment's rollouts together)."""
+        at = [i for i, r in enumerate(rejects) if r.reason == "verify_infra"]
+        return Retryable(rejects=at, errors=[f"{rejects[i].key}: {rejects[i].detail}" for i in at[:3]])
 
 
 def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[Rollout]) -> ShardResult:

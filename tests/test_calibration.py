@@ -19,7 +19,7 @@ def test_interval_narrows_with_more_attempts():
 
 
 @pytest.mark.parametrize("passes,n,label", [(0, 4, "unsolved"), (4, 4, "trivial"), (3, 4, "easy"),
-                                            (2, 4, "medium"), (1, 4, "hard"), (0, 0, "unsolved")])
+                                            (2, 4, "medium"), (1, 4, "hard"), (0, 0, "unlabelled")])
 def test_labels(passes, n, label):
     assert difficulty_label(passes, n, CalibrateConfig()) == label
 

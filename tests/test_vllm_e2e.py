@@ -61,4 +61,4 @@ def test_build_with_the_embedded_vllm_teacher(tmp_path):
 
     ds = datasets.load_dataset(str(build_dir / "dataset"), "trajectories")["train"]
     assert ds.num_rows == rec["stages"]["verify"]["rows"] == 8
-    assert set(ds["difficulty"]) <= {"trivial", "easy", "medium", "hard", "unsolved"}
+    assert set(ds["difficulty"]) <= {"trivial", "easy", "medium", "hard", "unsolved", "unlabelled"}

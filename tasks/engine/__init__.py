@@ -4,6 +4,7 @@ from .contract import (
                        GateFailed,
                        LimiterFactory,
                        Manifest,
+                       Retryable,
                        Shard,
                        ShardResult,
                        Stage,
@@ -14,6 +15,6 @@ from .contract import (
 from .runner import StagePlan, commit, execute_shard, fingerprint, fingerprint_components, prepare, read_output
 from .store import RunStore
 
-__all__ = ["GateFailed", "LimiterFactory", "Manifest", "Shard", "ShardResult", "Stage", "StageContext",
+__all__ = ["GateFailed", "LimiterFactory", "Manifest", "Retryable", "Shard", "ShardResult", "Stage", "StageContext",
            "sum_counters", "upstream_parts", "StagePlan", "commit", "execute_shard", "fingerprint", "fingerprint_components",
            "prepare", "read_output", "RunStore"]

@@ -41,6 +41,13 @@ class Manifest(BaseModel):
     components: dict[str, Any]
     gate: dict[str, Any]
     created_at: str
+    revision: int = 0  # times its infrastructure outcomes were re-run after a commit (`trajforge rerun`)
+
+    @property
+    def content_id(self) -> str:
+        """What downstream fingerprints hash: the fingerprint, plus the revision once a rerun
+        replaced some rows (so every stage that read the older rows runs again)."""
+        return self.fingerprint if not self.revision else f"{self.fingerprint}.r{self.revision}"
 
 
 class Shard(BaseModel):
@@ -59,6 +66,20 @@ class ShardResult:
     rows: list[BaseModel] | pa.Table  # records, or a table with the output record's columns
     rejects: list[Reject] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Retryable:
+    """A shard's infrastructure outcomes (never final): positions among its output `rows` and its
+    `rejects`, and one line of error per outcome (the first few are kept in the shard's marker)."""
+
+    rows: list[int] = field(default_factory=list)
+    rejects: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.rows) + len(self.rejects)
 
 
 # (name, capacity) -> an object whose `hold()` is an async context manager: a limit on concurrent
@@ -143,6 +164,25 @@ class Stage(ABC):
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
         """Do one shard's work and return its rows; must not write to the store itself."""
 
+    def retryable(self, rows: pa.Table, rejects: list[Reject]) -> Retryable:
+        """The infrastructure outcomes among a shard's output rows and rejects (default: none).
+        Invariant: they are never final. The engine records their number in the shard's marker,
+        re-runs them whenever the stage runs again before it is committed (resume), counts them
+        against `gate.max_infra_share`, and `trajforge rerun` re-runs those of a committed stage."""
+        return Retryable()
+
+    def retry_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest], rows: pa.Table,
+                    rejects: list[Reject]) -> ShardResult | None:
+        """Re-run only the retryable `rows` / `rejects` of a finished shard; return one replacement row
+        per given row, in the same order (plus new rejects). The engine keeps every other row as it
+        was. None (the default): the whole shard runs again."""
+        return None
+
+    def retry_stats(self, old: dict[str, Any], new: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
+        """A shard's stats after `retry_shard`: `old` (the whole shard before), `new` (the re-run
+        rows only), `rows` (the merged output). Default: counters summed (cost spent, both runs)."""
+        return sum_counters([old, new])
+
     def finalize(self, ctx: StageContext, out_dir: str, manifest_stats: dict[str, Any],
                  upstream: dict[str, Manifest]) -> None:
         """Hook run after the gate passed and before the manifest is written (e.g. a dataset card).
@@ -183,4 +223,9 @@ def upstream_parts(upstream: dict[str, Manifest], stage: str) -> list[str]:
 
 
 class GateFailed(RuntimeError):
-    """A stage output failed its expectation suite; nothing was committed."""
+    """A stage output failed its expectation suite; nothing was committed. `report`: the gate's
+    report (failures with name, observed value, threshold, offending rows), when one ran."""
+
+    def __init__(self, message: str, report: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.report = report or {}

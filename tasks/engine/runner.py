@@ -1,7 +1,11 @@
 """The engine that runs any stage: plan -> shards -> gate -> manifest.
 
-fingerprint = sha256(stage config section, stage code version, upstream fingerprints).
-Same fingerprint + a committed manifest anywhere in the dataset => the stage is reused.
+fingerprint = sha256(stage config section, stage code version, upstream fingerprints): what decides
+the rows. The gate has its own hash (components["gate"]: the effective suites, see `gate_suites`),
+recorded in the manifest and not part of the fingerprint: a changed threshold keeps the folder, the
+shards and every downstream fingerprint, and only re-runs the commit ("re-gate").
+Same fingerprint + a committed manifest anywhere in the dataset + the same gate hash => the stage is
+reused; another gate hash => the output is re-gated in this build (copied when it was another's).
 Invariants: a shard's Parquet part is written before its `_done` marker; the manifest is written
 last and only when the gate passed; a forced re-run starts from nothing in this build only.
 """
@@ -18,30 +22,49 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ...schemas.arrow import arrow_schema, to_table
 from ...schemas.common import Reject
 from .codeversion import modules_digest
 from .contract import GateFailed, Manifest, Shard, Stage, StageContext
 from .progress import ProgressWriter, progress_path
+from .retry import FIRST_ERRORS, infra_failure, marker_path, needs_run, reopen, rerun_retryable, revision
 
 
 def _sha(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def gate_suites(stage: Stage, config) -> dict[str, dict[str, Any]]:
+    """The effective suites the commit of `stage` runs (its own, and its configs' as `export.sft`):
+    versioned defaults, facts from `config`, `gates.<suite>` overrides, `gate.extra`."""
+    from ...expectations.figures import GateFacts
+    from ...expectations.gate import effective_suite, suite_names
+
+    facts = GateFacts.of(config)
+    return {n: effective_suite(n, config.gates.get(n), config.gate.extra.get(n, []), facts)
+            for n in suite_names() if n == stage.name or n.startswith(stage.name + ".")}
+
+
+def gate_hash(suites: dict[str, dict[str, Any]]) -> str:
+    return _sha(suites)[:16]
+
+
 def fingerprint_components(stage: Stage, ctx: StageContext, upstream_fps: dict[str, str]) -> dict[str, Any]:
-    extra = ctx.config.gate.extra.get(stage.name, [])
     components = {
-        "config": _sha([stage.config_section(ctx.config), extra]),
+        # `[section, []]`: the form fingerprints had when `gate.extra` was hashed here (reuse is kept)
+        "config": _sha([stage.config_section(ctx.config), []]),
         "code": stage.code_version(),
         "upstream": dict(sorted(upstream_fps.items())),
     }
     if ctx.config.plugins:  # a plugin may change any stage (a backend, a family, a format): all count
         components["plugins"] = modules_digest(list(ctx.config.plugins))
+    components["gate"] = gate_hash(gate_suites(stage, ctx.config))
     return components
 
 
 def fingerprint(components: dict[str, Any]) -> str:
-    return _sha(components)[:16]
+    """What decides the rows (the gate hash is left out: see the module docstring)."""
+    return _sha({k: v for k, v in components.items() if k != "gate"})[:16]
 
 
 @dataclass
@@ -55,53 +78,83 @@ class StagePlan:
     reused: Manifest | None
     shards: list[Shard]
     pending: list[Shard]
+    regate: bool = False  # a committed output whose gate hash changed: only its commit runs again
 
 
 def prepare(stage: Stage, ctx: StageContext, upstream: dict[str, Manifest], force: bool = False,
-            plan_shards: bool = True) -> StagePlan:
+            plan_shards: bool = True, retry: bool = False) -> StagePlan:
     """Fingerprint the stage, reuse a committed output if any, else list the shards still to run
-    (only when `plan_shards`: a stage that is merely resolved is never planned)."""
+    (only when `plan_shards`: a stage that is merely resolved is never planned): those with no
+    marker and those whose marker counts infrastructure outcomes (re-run, never final).
+
+    `retry` (`trajforge rerun`): a committed output holding infrastructure outcomes is reopened in
+    this build and only those are re-run; so is one whose share exceeds the current
+    `gate.max_infra_share` (the threshold is not fingerprinted: it changes no row). A committed output
+    whose gate hash differs from the current one (a threshold changed) is reopened with no shard
+    pending: only its gate runs again, and its revision (what downstream hashes) stays."""
     missing = set(stage.requires) - set(upstream)
     if missing:
         raise RuntimeError(f"stage {stage.name!r} needs the committed output of {sorted(missing)}")
     # every manifest the flow hands over counts (e.g. all verify rounds for an adaptive calibrate)
-    components = fingerprint_components(stage, ctx, {n: m.fingerprint for n, m in upstream.items()})
+    components = fingerprint_components(stage, ctx, {n: m.content_id for n, m in upstream.items()})
     fp = fingerprint(components)
     out_dir = ctx.store.stage_dir(ctx.build_id, stage.name, fp)
+    regate = False
     if not force:
         found = ctx.store.find_committed(stage.name, fp)
         if found:
             m = Manifest.model_validate(ctx.store.read_json(found))
-            return StagePlan(stage.name, fp, components, m.dir, m, [], [])
+            too_many = m.stats.get("infra_share", 0.0) > ctx.config.gate.max_infra_share
+            rerun_infra = bool(m.stats.get("infra", 0)) and (retry or too_many)
+            stale_gate = m.gate.get("suite") != components["gate"]
+            if not plan_shards or not (rerun_infra or stale_gate):
+                return StagePlan(stage.name, fp, components, m.dir, m, [], [])
+            reopen(ctx.store, m, out_dir, bump=rerun_infra)
+            regate = not rerun_infra
     if not plan_shards:
         return StagePlan(stage.name, fp, components, out_dir, None, [], [])
     if force:
         ctx.store.remove(out_dir)  # a forced re-run starts from nothing, in this build only
     shards = stage.plan(ctx, upstream)
-    pending = [s for s in shards if not ctx.store.exists(posixpath.join(out_dir, "_done", s.name))]
-    return StagePlan(stage.name, fp, components, out_dir, None, shards, pending)
+    pending = [s for s in shards if needs_run(ctx.store, out_dir, s)]
+    return StagePlan(stage.name, fp, components, out_dir, None, shards, pending, regate=regate and not pending)
 
 
 def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
                   upstream: dict[str, Manifest]) -> dict[str, Any]:
     """Run one shard and persist it: Parquet, then rejects, then the `_done` marker (last).
 
-    Idempotent: a shard whose marker exists is skipped; a shard that crashed before its marker is
-    simply redone, overwriting the same part file (rows keep deterministic ids: no duplicates)."""
-    marker = posixpath.join(plan_dir, "_done", shard.name)
-    if ctx.store.exists(marker):
-        return ctx.store.read_json(marker)
+    Idempotent: a shard whose marker exists is skipped, unless the marker counts infrastructure
+    outcomes: then only those are re-run (`Stage.retry_shard`) and every other row is written back
+    as it was. A shard that crashed before its marker is simply redone, overwriting the same part
+    file (rows keep deterministic ids: no duplicates). The marker records `retryable` (how many
+    infrastructure outcomes the part holds), `retry_errors` (the first few) and `retried` (how many
+    were re-run so far)."""
+    marker = marker_path(plan_dir, shard)
+    prior = ctx.store.read_json(marker) if ctx.store.exists(marker) else None
+    if prior is not None and not prior.get("retryable"):
+        return prior
     t0, started = time.monotonic(), time.time()
     ctx.reporter = ProgressWriter(ctx.store, progress_path(plan_dir, shard.name))
-    result = stage.run_shard(ctx, shard, upstream)
+    if prior is None:
+        result, retried = stage.run_shard(ctx, shard, upstream), 0
+    else:
+        result, retried = rerun_retryable(stage, ctx, plan_dir, shard, upstream, prior)
     part = stage.part_path(shard, posixpath.basename(plan_dir))
-    n = ctx.store.write_records(posixpath.join(plan_dir, part), stage.output, result.rows)
+    table = to_table(stage.output, result.rows)
+    left = stage.retryable(table, result.rejects)
+    ctx.store.write_table(posixpath.join(plan_dir, part), table)
+    reject_file = posixpath.join(plan_dir, "_rejects", f"{shard.name}.parquet")
     if result.rejects:
-        ctx.store.write_rejects(posixpath.join(plan_dir, "_rejects", f"{shard.name}.parquet"), result.rejects)
-    info = {"shard": shard.name, "part": part, "rows": n, "rejects": len(result.rejects),
-            "stats": result.stats, "seconds": round(time.monotonic() - t0, 3),
+        ctx.store.write_rejects(reject_file, result.rejects)
+    elif prior is not None and prior.get("rejects"):
+        ctx.store.remove(reject_file)  # the re-run left none: no stale file beside the part
+    info = {"shard": shard.name, "part": part, "rows": table.num_rows, "rejects": len(result.rejects),
+            "stats": result.stats, "seconds": round(time.monotonic() - t0 + (prior or {}).get("seconds", 0), 3),
             "started_at": round(started, 3), "finished_at": round(time.time(), 3),
-            "worker": f"{socket.gethostname()}:{os.getpid()}"}
+            "worker": f"{socket.gethostname()}:{os.getpid()}",
+            "retryable": left.count, "retry_errors": [e[:300] for e in left.errors[:FIRST_ERRORS]],
+            "retried": (prior or {}).get("retried", 0) + retried}
     ctx.store.write_json(marker, info)
     return info
 
@@ -109,7 +162,7 @@ def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
 
 def commit(stage: Stage, ctx: StageContext, plan: StagePlan, upstream: dict[str, "Manifest"] | None = None) -> Manifest:
     """Check every shard is done, merge rejects and stats, run the gate, write the manifest last."""
-    from ...expectations.gate import run_gate  # GE import is heavy: only where a gate runs
+    from ...expectations.gate import accept_failures, brief, gate_columns, run_gate  # GX: only where a gate runs
 
     store = ctx.store
     infos = []
@@ -128,25 +181,58 @@ def commit(stage: Stage, ctx: StageContext, plan: StagePlan, upstream: dict[str,
     stats = stage.summarize(ctx, [i["stats"] for i in infos])
     stats.update(rows=sum(i["rows"] for i in infos), rejects=rejects.num_rows, reject_reasons=reasons,
                  shard_seconds=round(sum(i["seconds"] for i in infos), 3))
+    infra = sum(i.get("retryable", 0) for i in infos)  # infrastructure outcomes: never final
+    units = stats["rows"] + stats["rejects"]
+    stats.update(infra=infra, infra_share=round(infra / units, 6) if units else 0.0,
+                 retried=sum(i.get("retried", 0) for i in infos))
     store.write_json(posixpath.join(plan.dir, "stats.json"), stats)
 
-    table = store.read_table(parts, stage.output)
-    report = run_gate(stage.name, table, stats, ctx.config.gate.extra.get(stage.name, []))
-    store.write_json(posixpath.join(plan.dir, "gate.json"), report)
+    # only the columns the suite names: never messages or final states (memory bounded by scalars)
+    suites = gate_suites(stage, ctx.config)
+    suite = suites[stage.name]
+    table = store.read_table(parts, stage.output, columns=gate_columns(stage.name, arrow_schema(stage.output),
+                                                                       suite=suite))
+    report = run_gate(stage.name, table, stats, suite=suite, rejects=rejects)
+    too_many = infra_failure(stage.name, infos, units, ctx.config.gate.max_infra_share)
+    if too_many:
+        report.update(success=False, failures=[{"name": f"{stage.name}.max_infra_share", **too_many},
+                                               *report["failures"]])
+    report = accept_failures(report, ctx.runtime.get("accept_gates", []))
+    report["regated"] = plan.regate
+    gate_file = posixpath.join(plan.dir, "gate.json")
+    store.write_json(gate_file, report)
     if not report["success"]:
-        failed = "; ".join(f"{f['expectation']}({f['kwargs']}) unexpected={f['unexpected']}" for f in report["failures"])
-        raise GateFailed(f"gate of stage {stage.name!r} failed, nothing committed "
-                         f"(report: {store.url(posixpath.join(plan.dir, 'gate.json'))}): {failed}")
+        raise GateFailed(gate_failure_message(stage.name, store.url(plan.dir), store.url(gate_file), report), report)
+    stats["gate_accepted"] = report["accepted"]  # finalize adds those of its own gates (export configs)
     stage.finalize(ctx, plan.dir, stats, upstream or {})
+    accepted = stats.pop("gate_accepted")
     store.write_json(posixpath.join(plan.dir, "stats.json"), stats)  # finalize may add to them
     manifest = Manifest(stage=stage.name, fingerprint=plan.fingerprint, build_id=ctx.build_id, dir=plan.dir,
                         parts=parts, rows=stats["rows"], rejects=rejects.num_rows, reject_reasons=reasons,
-                        stats=stats, components=plan.components,
-                        gate={"success": True, "evaluated": report["evaluated"]},
-                        created_at=dt.datetime.now(dt.timezone.utc).isoformat())
+                        stats=stats, components={**plan.components, "gate": gate_hash(suites)},
+                        gate={"success": True, "evaluated": report["evaluated"], "suite": gate_hash(suites),
+                              "accepted": [brief(f) for f in accepted], "disabled": report["disabled"],
+                              "overridden": report["overridden"], "regated": plan.regate},
+                        created_at=dt.datetime.now(dt.timezone.utc).isoformat(),
+                        revision=revision(store, plan.dir))
     store.write_json(posixpath.join(plan.dir, "manifest.json"), manifest.model_dump(mode="json"))
     return manifest
 
 
-def read_output(ctx: StageContext, stage: Stage, manifest: Manifest) -> list:
-    return ctx.store.read_records(manifest.parts, stage.output)
+def gate_failure_message(stage: str, out_dir: str, gate_file: str, report: dict[str, Any]) -> str:
+    """What the CLI prints for a failed gate: each failure on its line (name, observed value,
+    threshold, the first offending rows), where the output stays, how to commit it on purpose."""
+    from ...expectations.gate import describe_failure
+
+    names = [f.get("name") or f["expectation"] for f in report["failures"]]
+    lines = [f"gate of stage {stage!r} failed, nothing committed (report: {gate_file}):"]
+    lines += [f"  ✗ {describe_failure(f)}" for f in report["failures"]]
+    lines.append(f"  the output stays in {out_dir} for inspection; to commit it on purpose re-run with "
+                 + " ".join(f"--accept-gate {n}" for n in names)
+                 + ", or change a threshold in the config (`gates.<suite>.<name>`; README, Gates)")
+    return "\n".join(lines)
+
+
+def read_output(ctx: StageContext, stage: Stage, manifest: Manifest, filters: list | None = None) -> list:
+    """A committed output as records: the whole table unless `filters` (pyarrow DNF) narrow it."""
+    return ctx.store.read_records(manifest.parts, stage.output, filters=filters)

@@ -1,6 +1,7 @@
 """The environment catalogue: environments by id, wherever they come from, and their relatives.
 
-- `load_envs(ctx, manifest)`: a committed `synthesize` output, by env_id (what stages read);
+- `load_envs(ctx, manifest, env_ids)`: a committed `synthesize` output, by env_id (what stages read;
+  a shard names the ids it needs, so it never loads the whole catalogue);
 - `resolve(ref, known, runs)`: a task folder (or a folder of them), a procedural id
   (`family-l<level>-s<seed>`, optionally with its content-hash suffix), an env_id in `known`, or an
   env_id committed in any build under `runs`; raises EnvNotFound naming what was tried;
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from ...schemas.common import Reject
 from ...schemas.environment import EnvSpec
@@ -30,8 +31,16 @@ class EnvNotFound(ValueError):
     """A reference that names no environment; the message says what was tried."""
 
 
-def load_envs(ctx: "StageContext", manifest: "Manifest") -> dict[str, EnvSpec]:
-    return {e.env_id: e for e in ctx.store.read_records(manifest.parts, EnvSpec)}
+def load_envs(ctx: "StageContext", manifest: "Manifest", env_ids: Iterable[str] | None = None) -> dict[str, EnvSpec]:
+    """The committed environments of a `synthesize` output by env_id: only `env_ids` when given (a
+    shard's own: other rows are dropped while reading, row groups whose statistics exclude them are
+    skipped), else all of them."""
+    if env_ids is None:
+        return {e.env_id: e for e in ctx.store.read_records(manifest.parts, EnvSpec)}
+    wanted = sorted(set(env_ids))
+    if not wanted:
+        return {}
+    return {e.env_id: e for e in ctx.store.read_records(manifest.parts, EnvSpec, filters=[("env_id", "in", wanted)])}
 
 
 def source_kind(source: str) -> str:

@@ -47,11 +47,20 @@ def find_tasks(root: Path) -> list[Path]:
 
 
 def import_task(folder: Path) -> EnvSpec:
-    fmt = detect(Path(folder))
-    if fmt is None:
-        markers = " or ".join(f.marker for f in FORMATS.values())
-        raise TaskFormatError(Path(folder), f"not a task folder (no {markers})")
-    return fmt.read(Path(folder))
+    """The task folder as an EnvSpec. Raises TaskFormatError only: whatever a format (a plugin's
+    too) raises on odd input makes that folder malformed (one `import_malformed` reject), never the
+    stage fail."""
+    try:
+        fmt = detect(Path(folder))
+        if fmt is None:
+            markers = " or ".join(f.marker for f in FORMATS.values())
+            raise TaskFormatError(Path(folder), f"not a task folder (no {markers})")
+        return fmt.read(Path(folder))
+    except TaskFormatError:
+        raise
+    except Exception as err:
+        raise TaskFormatError(Path(folder), f"cannot be imported: {err.__class__.__name__}: "
+                                            f"{str(err).splitlines()[0] if str(err) else ''}"[:500]) from None
 
 
 def markers() -> str:

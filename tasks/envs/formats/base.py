@@ -124,5 +124,8 @@ def folder_digest(root: Path) -> str:
             h.update(p.relative_to(root).as_posix().encode() + b" -> " + str(p.readlink()).encode())
         elif p.is_file():
             h.update(p.relative_to(root).as_posix().encode())
-            h.update(p.read_bytes())
+            try:
+                h.update(p.read_bytes())
+            except OSError as err:  # unreadable: the import rejects the folder; the digest still exists
+                h.update(f"unreadable: {err.__class__.__name__}".encode())
     return h.hexdigest()[:16]
