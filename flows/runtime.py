@@ -48,32 +48,23 @@ def _server_dying_with_parent():
     started it dies (Linux `PR_SET_PDEATHSIG`): a SIGKILLed driver leaves no API server behind
     (atexit cannot run then). The signal follows the starting *thread*: start it from the main one."""
     import functools
-    import signal
     import subprocess
     import types
 
     from prefect.server.api import server as prefect_server
 
-    try:
-        import ctypes
+    from ..tasks.teachers.vllm_server import die_with_parent
 
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
-    except (OSError, AttributeError):
+    pre = die_with_parent(os.getpid())
+    if pre is None:  # not Linux: Prefect's own behaviour
         return prefect_server.SubprocessASGIServer()
-
-    parent = os.getpid()
-
-    def die_with_parent() -> None:
-        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the call
-            os._exit(1)
 
     class Server(prefect_server.SubprocessASGIServer):
         def _run_uvicorn_command(self) -> subprocess.Popen:
             # Prefect builds the command itself: hand it a Popen that sets the parent-death signal
             real = prefect_server.subprocess
             prefect_server.subprocess = types.SimpleNamespace(
-                Popen=functools.partial(real.Popen, preexec_fn=die_with_parent))
+                Popen=functools.partial(real.Popen, preexec_fn=pre))
             try:
                 return super()._run_uvicorn_command()
             finally:

@@ -97,8 +97,9 @@ PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
-def _die_with_parent(parent: int) -> Callable[[], None] | None:
-    """A Popen `preexec_fn`: SIGTERM the child when the thread that started it dies (Linux only)."""
+def die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A Popen `preexec_fn`: SIGTERM the child when the thread that started it dies (Linux only; None
+    elsewhere). Used for every long-lived child a driver starts (vLLM, Prefect's API server)."""
     if _LIBC is None:
         return None
 
@@ -222,7 +223,7 @@ class VLLMServer:
         log.flush()
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, start_new_session=True,
-                                     preexec_fn=_die_with_parent(os.getpid()) if self.die_with_parent else None)
+                                     preexec_fn=die_with_parent(os.getpid()) if self.die_with_parent else None)
         log.close()
         me = psutil.Process()
         started = _identity(self.proc.pid)  # (its command line may still read empty this early: use `cmd`)

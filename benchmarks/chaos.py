@@ -1,0 +1,170 @@
+"""Benchmark `chaos` (target: N/N kills survived, 0 rows lost, 0 rows duplicated, 0 orphans).
+
+Runs `trajforge build` (the CLI, as a user does: Prefect flow, Dask LocalCluster, real containers,
+the replay teacher) on the small build of tests/chaos_kit.py. First one uninterrupted build, timed:
+its wall time T, rollout ids and export rows are the reference. Then N times, each in a fresh runs
+folder: start the same build, SIGKILL the driver alone (not its process group) at a uniformly random
+point of [0, T), and run the same command again (it resumes the killed build, or starts afresh when
+the kill came before any build was recorded). A build that ends before its kill point (the machine's
+load changed) is one more uninterrupted build: T becomes the shortest seen and the point is drawn
+again, up to 3 times. Each resume is audited:
+- survived: the resume exits 0, resumes the killed build (a new one only when the kill came before
+  any build was recorded or after it was committed), the build is committed and its export rows
+  equal the reference's (content columns; timings left out);
+- rows lost / duplicated: rollout ids of the reference missing from / repeated in the committed
+  rollout output;
+- orphans: processes the killed driver or the resume started that are still alive once the resume
+  has ended, plus containers of the build (or owned by one of those processes) still on the engine;
+- resume overhead: kill time + resume wall - T (what the crash cost; T: the median uninterrupted
+  build), in seconds and as a ratio to T.
+
+Usage: python benchmarks/chaos.py [--n 20] [--seed 0] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from _common import print_table  # noqa: E402
+from chaos_kit import (  # noqa: E402
+    Driver,
+    chaos_config,
+    describe,
+    export_content,
+    newest_build,
+    orphan_containers,
+    record,
+    rollout_ids,
+    stage_status,
+    write_config,
+)
+
+from trajforge.tasks.engine.store import RunStore  # noqa: E402
+from trajforge.tasks.sandbox import docker_client  # noqa: E402
+
+
+def reference(folder: Path) -> tuple[float, dict, dict]:
+    """(wall s, rollout ids, export content) of an uninterrupted build."""
+    cfg = chaos_config(folder / "runs")
+    driver = Driver(write_config(folder, cfg), folder / "build.log")
+    code = driver.wait()
+    wall = time.monotonic() - driver.t0
+    if code != 0:
+        sys.exit(f"the uninterrupted build failed (code {code}):\n{driver.tail()}")
+    store = RunStore(cfg["runs"], cfg["dataset"])
+    build_id = newest_build(store)
+    return wall, rollout_ids(store, build_id), export_content(store, build_id)
+
+
+def where(store: RunStore) -> str:
+    """The stage the newest build was in (`start-up` before any build is recorded)."""
+    build_id = newest_build(store)
+    if build_id is None:
+        return "start-up"
+    running = [k for k, v in stage_status(store, build_id).items() if v == "running"]
+    return running[-1] if running else ("done" if record(store, build_id).get("status") == "committed" else "between")
+
+
+def one_kill(folder: Path, at_s: float, ref_ids: dict, ref_export: dict, client) -> dict:
+    cfg = chaos_config(folder / "runs")
+    config = write_config(folder, cfg)
+    store = RunStore(cfg["runs"], cfg["dataset"])
+    victim = Driver(config, folder / "killed.log")
+    while victim.running() and time.monotonic() - victim.t0 < at_s:
+        victim.sample()
+        time.sleep(0.05)
+    if victim.running():
+        killed_at, stage = victim.kill(), where(store)
+    else:  # it ended before the kill point: faster this time than the reference, or failed by itself
+        killed_at = time.monotonic() - victim.t0
+        stage = "ended first" if victim.proc.returncode == 0 else f"failed ({victim.proc.returncode})"
+    killed_build = newest_build(store)
+    # a kill after the build was committed (while the driver printed its summary or stopped its cluster):
+    # the same command then starts a new build that reuses every stage
+    committed = killed_build is not None and record(store, killed_build).get("status") == "committed"
+    resume = Driver(config, folder / "resume.log")
+    code = resume.wait()
+    resume_wall = time.monotonic() - resume.t0
+    build_id = newest_build(store)
+    row = dict(at=killed_at, stage=stage, resume_s=resume_wall, code=code, lost=None, dup=None, same=False,
+               resumed=killed_build is None or build_id == killed_build or committed)
+    if code == 0 and build_id and record(store, build_id).get("status") == "committed":
+        ids = rollout_ids(store, build_id)
+        row["lost"] = len(set(ref_ids) - set(ids))
+        row["dup"] = sum(n - 1 for n in ids.values())
+        row["same"] = export_content(store, build_id) == ref_export
+    procs = victim.alive_descendants() + resume.alive_descendants(grace_s=10)
+    pids = set(victim.seen) | set(resume.seen) | {victim.pid, resume.pid}
+    containers = sorted({n for b in store.builds() for n in orphan_containers(client, b, pids)})
+    row["orphans"] = len(procs) + len(containers)
+    row["orphan_names"] = describe(procs) + containers
+    row["survived"] = (code == 0 and not stage.startswith("failed") and row["same"] and row["resumed"]
+                       and row["lost"] == 0 and row["dup"] == 0)
+    if not row["survived"] or row["orphans"]:
+        print(f"  kill at {killed_at:.1f}s ({stage}): code {code}, orphans {row['orphan_names']}\n"
+              f"{resume.tail(2000)}", file=sys.stderr)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=20, help="kill points")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", action="store_true", help="keep the runs folders (printed)")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="trajforge-chaos-"))
+    client = docker_client()
+    try:
+        wall, ref_ids, ref_export = reference(work / "reference")
+        print(f"uninterrupted build: {wall:.1f} s, {len(ref_ids)} rollouts, "
+              f"{sum(len(v) for v in ref_export.values())} export rows", file=sys.stderr)
+        rows, walls = [], [wall]
+        for i in range(args.n):
+            for attempt in range(3):  # a build that ends before its kill point was an uninterrupted one:
+                at = rng.uniform(0, min(walls))  # its time is measured too, and the point is drawn again
+                r = one_kill(work / f"kill-{i:02d}-{attempt}", at, ref_ids, ref_export, client)
+                if r["stage"] != "ended first":
+                    break
+                walls.append(r["at"])
+            rows.append(r)
+            print(f"  [{i + 1}/{args.n}] kill at {r['at']:5.1f}s in {r['stage']:<10} resume {r['resume_s']:5.1f}s "
+                  f"survived={r['survived']} lost={r['lost']} dup={r['dup']} orphans={r['orphans']}",
+                  file=sys.stderr, flush=True)
+    finally:
+        client.close()
+        if args.keep:
+            print(f"runs kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+    wall = statistics.median(walls)
+    print_table(f"Kill points (uninterrupted build: median {wall:.1f} s of {len(walls)})",
+                ["#", "kill at (s)", "stage", "resume (s)", "survived", "lost", "dup", "orphans"],
+                [[i + 1, f"{r['at']:.1f}", r["stage"], f"{r['resume_s']:.1f}", "yes" if r["survived"] else "NO",
+                  r["lost"], r["dup"], r["orphans"]] for i, r in enumerate(rows)])
+    killed = [r for r in rows if r["stage"] != "ended first" and not r["stage"].startswith("failed")]
+    overhead = [r["at"] + r["resume_s"] - wall for r in killed]
+    ratio = [(r["at"] + r["resume_s"]) / wall for r in killed]
+    print_table("Chaos: random kill -9 of the driver, then resume (target: N/N, 0, 0, 0)",
+                ["kills survived", "rows lost", "rows duplicated", "orphans left", "mean resume overhead"],
+                [[f"{sum(r['survived'] for r in rows)}/{len(rows)}", sum(r["lost"] or 0 for r in rows),
+                  sum(r["dup"] or 0 for r in rows), sum(r["orphans"] for r in rows),
+                  f"{statistics.mean(overhead):.1f} s ({statistics.mean(ratio):.2f}x)" if killed else "n/a"]])
+    if len(killed) < len(rows):
+        print(f"({len(rows) - len(killed)} build(s) ended before their kill point; counted, not in the overhead)")
+
+
+if __name__ == "__main__":
+    main()
