@@ -170,9 +170,9 @@ class TeacherConfig(Section):
         "teacher time allowed per turn (queue at the in-flight cap, retries, backoff, Retry-After, a server "
         "that stops answering or answers slower than agent_tokens_per_s); beyond it the episode ends as "
         "teacher_error"))
-    agent_tokens_per_s: float = operational(20, gt=0, description=(
+    agent_tokens_per_s: float = Field(20, gt=0, description=(
         "the generation speed the agent's episode budget is charged at, at most: a slower teacher's extra "
-        "time is teacher time"))
+        "time is teacher time (fingerprinted: it decides which episodes end as agent_timeout)"))
 
     @property
     def served_model(self) -> str:

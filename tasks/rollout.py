@@ -32,7 +32,8 @@ class RolloutStage(Stage):
     # teachers: what decides the turns (settings models, clients, replay, recorded files, the registry);
     # not endpoint routing or the vLLM process lifecycle (operational)
     code_modules = ("agent", "teachers.registry", "teachers.base", "teachers.replay", "teachers.recorded",
-                    "teachers.openai", "teachers.vllm", "sandbox.container", "sandbox.verifier", "sandbox.changes")
+                    "teachers.openai", "teachers.vllm", "sandbox.container", "sandbox.streams", "sandbox.limits",
+                    "sandbox.verifier", "sandbox.changes")
     config_sections = ("rollout", "teacher", "sandbox")
     output = Rollout
 

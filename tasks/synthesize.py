@@ -13,7 +13,7 @@ from typing import Any
 from ..schemas.common import Reject
 from ..schemas.config import BuildConfig, fingerprint_view
 from ..schemas.environment import EnvSpec
-from .engine import Manifest, Shard, ShardResult, Stage, StageContext
+from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext
 from .envs.catalogue import sibling_of, source_kind, source_priority
 from .envs.images import ImageBuildError, ensure_image
 from .envs.validator import dedup, validate_env
@@ -28,8 +28,14 @@ class SynthesizeStage(Stage):
     requires = ("propose",)
     config_sections = ("synthesize", "sandbox")
     code_modules = ("envs.images", "envs.validator", "envs.families", "envs.catalogue", "sandbox.container",
-                    "sandbox.verifier")
+                    "sandbox.streams", "sandbox.limits", "sandbox.verifier")
     output = EnvSpec
+
+    def retryable(self, rows, rejects: list[Reject]) -> Retryable:
+        """`validation_infra` rejects (Docker failed while checking an environment): never final; their
+        shard runs again (an environment's checks are cheap next to an episode's)."""
+        at = [i for i, r in enumerate(rejects) if r.reason == "validation_infra"]
+        return Retryable(rejects=at, errors=[f"{rejects[i].key}: {rejects[i].detail[:300]}" for i in at[:3]])
 
     def config_section(self, config: BuildConfig) -> dict[str, Any]:
         s = fingerprint_view(config.synthesize)

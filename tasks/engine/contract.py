@@ -45,9 +45,10 @@ class Manifest(BaseModel):
 
     @property
     def content_id(self) -> str:
-        """What downstream fingerprints hash: the fingerprint, plus the revision once a rerun
-        replaced some rows (so every stage that read the older rows runs again)."""
-        return self.fingerprint if not self.revision else f"{self.fingerprint}.r{self.revision}"
+        """What downstream fingerprints hash: the fingerprint, plus the revision and the build that
+        made it once a rerun replaced some rows (so every stage that read the older rows runs again, and
+        two builds' reruns of one output, which re-ran different episodes, are never taken for each other)."""
+        return self.fingerprint if not self.revision else f"{self.fingerprint}.r{self.revision}-{self.build_id}"
 
 
 class Shard(BaseModel):

@@ -74,8 +74,11 @@ class LeaseInfo(BaseModel):
             return "it cannot be read"
         if self.owner == owner_label():
             return "it was left by this very process"
-        if owner_alive(self.owner) is False:
+        alive = owner_alive(self.owner)  # None: another host's process, known only by its heartbeat
+        if alive is False:
             return "its process is gone"
+        if alive:  # a live holder on this host is never taken over (a full disk may have stopped its beats)
+            return None
         age = (now or time.time()) - self.heartbeat_at
         if age > stale_after * self.refresh_s:
             return f"no heartbeat for {age:.0f} s (> {stale_after} x {self.refresh_s:g} s)"

@@ -116,7 +116,8 @@ def prepare(stage: Stage, ctx: StageContext, upstream: dict[str, Manifest], forc
     if force:
         ctx.store.remove(out_dir)  # a forced re-run starts from nothing, in this build only
     shards = stage.plan(ctx, upstream)
-    pending = [s for s in shards if needs_run(ctx.store, out_dir, s)]
+    # a re-gate only commits again: the rows stay what they were (their revision, what downstream hashes, too)
+    pending = [] if regate else [s for s in shards if needs_run(ctx.store, out_dir, s)]
     return StagePlan(stage.name, fp, components, out_dir, None, shards, pending, regate=regate and not pending)
 
 

@@ -239,13 +239,18 @@ class Sandbox:
                           oom_killed=ooms > 0 and not killed)
 
     def _harness(self, argv: list[str], user: str = "0:0", timeout_s: float = 120,
-                 cap: int = 256 << 20) -> tuple[int | None, bytes]:
+                 cap: int = 64 << 20) -> tuple[int | None, bytes]:
         """One of the harness's own execs (process counts, kills, file walks): like `exec_run`, with a
-        client-side deadline; a stream still open past it is an infrastructure failure."""
+        client-side deadline; a stream still open past it is an infrastructure failure, and so is one
+        of `cap` bytes or more (a listing is never used cut: it would lose or splice entries)."""
         try:
-            return run_exec(self.client.api, self.container.id, argv, time.monotonic() + timeout_s, cap, user=user)
+            code, out = run_exec(self.client.api, self.container.id, argv, time.monotonic() + timeout_s, cap,
+                                 user=user)
         except ExecHung:
             raise SandboxError(f"{argv[0]} in {self.name} did not finish within {timeout_s:g}s") from None
+        if len(out) >= cap:
+            raise SandboxError(f"{argv[0]} in {self.name} printed {cap >> 20} MiB or more: not used cut")
+        return code, out
 
     def _unhang(self, user: str, partial: bytes, duration: float) -> ExecResult:
         """An exec whose output stream outlived its deadline: a process of the agent's holds it (the
@@ -362,7 +367,7 @@ class Sandbox:
         root_dev = next((d for t, d, _, _ in rows if t == "R"), None)
         if root_dev is None:
             raise SandboxError(f"could not list the files of {self.name}: {(out or b'')[:200]!r}")
-        return [(t, k, p) for t, d, k, p in rows if (d == root_dev or t in "KD") and t != "R"]
+        return [(t, k, p) for t, d, k, p in rows if (d == root_dev or t in ("K", "D")) and t != "R"]
 
     def _listing(self) -> dict[str, str]:
         """{path: type} of everything on the container's root filesystem (other mounts, /proc, /sys,
