@@ -49,3 +49,44 @@ def prefect_api():
     runtime.stop_prefect_api()
     if old:
         os.environ["PREFECT_API_URL"] = old
+
+
+@pytest.fixture(scope="module")
+def envs(docker_client):
+    """Two small procedural environments (log_report, file_search, level 1) with their images built."""
+    from trajforge.tasks.envs.families import get_family
+    from trajforge.tasks.envs.images import ensure_image
+
+    out = {}
+    for fam in ("log_report", "file_search"):
+        env = get_family(fam).generate(1, 0)
+        env.image, _ = ensure_image(docker_client, "trajforge/base:latest", env)
+        out[env.env_id] = env
+    return out
+
+
+@pytest.fixture(scope="session")
+def s3_url():
+    """A bucket on a local moto S3 server, one per session (fsspec caches its S3 filesystem: a second
+    server would leave that instance pointing at a stopped endpoint)."""
+    pytest.importorskip("s3fs")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="trajforge-test")
+    yield "s3://trajforge-test/runs"
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

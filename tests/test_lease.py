@@ -127,31 +127,6 @@ def test_hold_is_reentrant_released_on_error_and_a_takeover_is_noticed(tmp_path)
     assert LeaseInfo.model_validate_json(store.read_text(path)).token == "theirs", "never remove another's lease"
 
 
-@pytest.fixture(scope="module")
-def s3_url():
-    pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import boto3
-
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="trajforge-lease")
-    yield "s3://trajforge-lease/runs"
-    server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 def test_lease_on_s3_is_exclusive(s3_url):
     store = RunStore(s3_url, "ds")
     assert store.create_exclusive(f"{store.root}/x", "1") and not store.create_exclusive(f"{store.root}/x", "2")

@@ -2,8 +2,6 @@
 
 import os
 
-import pytest
-
 from trajforge.schemas.common import Reject
 from trajforge.tasks.engine.store import RunStore
 
@@ -28,31 +26,6 @@ def test_local_store(tmp_path):
     store = RunStore(str(tmp_path / "runs"), "ds")
     _exercise(store)
     assert os.path.islink(tmp_path / "runs" / "ds" / "latest")
-
-
-@pytest.fixture(scope="module")
-def s3_url():
-    pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import boto3
-
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="trajforge-test")
-    yield "s3://trajforge-test/runs"
-    server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 def test_s3_store(s3_url):

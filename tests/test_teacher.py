@@ -14,21 +14,9 @@ from helpers import small_config
 from trajforge.schemas.config import parse_config
 from trajforge.tasks.agent.driver import run_episodes
 from trajforge.tasks.engine import StageContext
-from trajforge.tasks.envs.families import get_family
-from trajforge.tasks.envs.images import ensure_image
 from trajforge.tasks.teachers.base import stable_hash as _h
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def envs(docker_client):
-    out = {}
-    for fam in ("log_report", "file_search"):
-        env = get_family(fam).generate(1, 0)
-        env.image, _ = ensure_image(docker_client, "trajforge/base:latest", env)
-        out[env.env_id] = env
-    return out
 
 
 def ctx_for(tmp_path, urls, **teacher):

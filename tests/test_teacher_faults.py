@@ -113,19 +113,6 @@ def test_a_server_that_comes_back_is_waited_for_not_counted_as_failures():
 
 # ---- the harness: teacher time never ends an episode as agent_timeout ------------------------------------
 
-@pytest.fixture(scope="module")
-def envs(docker_client):
-    from trajforge.tasks.envs.families import get_family
-    from trajforge.tasks.envs.images import ensure_image
-
-    out = {}
-    for fam in ("log_report", "file_search"):
-        env = get_family(fam).generate(1, 0)
-        env.image, _ = ensure_image(docker_client, "trajforge/base:latest", env)
-        out[env.env_id] = env
-    return out
-
-
 def ctx_for(tmp_path, url, episode_timeout_s, **teacher):
     cfg = small_config(tmp_path / "runs")
     cfg["teacher"] = {"backend": "openai", "endpoints": [url], "model": "fake", "tool_calling": False, **teacher}
