@@ -6,9 +6,9 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export TRAJFORGE_VLLM_PYTHON ?= $(CURDIR)/.venv-vllm/bin/python
 
-.PHONY: setup docker base-image teacher demo test test-fast bench lint clean
+.PHONY: setup docker system-packages base-image teacher demo test test-fast bench lint clean
 
-setup: $(VENV)/.installed docker base-image
+setup: $(VENV)/.installed docker base-image system-packages
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml
 
 docker:
 	@bash deploy/ensure-docker.sh
+
+system-packages:
+	@bash deploy/ensure-system-packages.sh
 
 base-image: docker
 	@bash deploy/images/build-base.sh
