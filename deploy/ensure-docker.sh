@@ -14,7 +14,8 @@ if ! command -v dockerd >/dev/null 2>&1; then
 fi
 echo "starting dockerd --bridge=none ..."
 mkdir -p /var/log
-nohup dockerd --bridge=none >/var/log/trajforge-dockerd.log 2>&1 &
+# setsid: its own session, so a caller whose process group is killed (a CI step, a job runner) does not take the engine down
+setsid nohup dockerd --bridge=none >/var/log/trajforge-dockerd.log 2>&1 < /dev/null &
 for _ in $(seq 1 60); do
   docker info >/dev/null 2>&1 && { echo "dockerd is up"; exit 0; }
   sleep 1

@@ -47,24 +47,26 @@ def _server_dying_with_parent():
     """Prefect's `SubprocessASGIServer` whose uvicorn process gets SIGTERM when the process that
     started it dies (Linux `PR_SET_PDEATHSIG`): a SIGKILLed driver leaves no API server behind
     (atexit cannot run then). The signal follows the starting *thread*: start it from the main one."""
-    import functools
     import subprocess
+    import sys
     import types
 
     from prefect.server.api import server as prefect_server
 
     from ..tasks.teachers.vllm_server import die_with_parent
 
-    pre = die_with_parent(os.getpid())
-    if pre is None:  # not Linux: Prefect's own behaviour
+    if not sys.platform.startswith("linux"):  # Prefect's own behaviour
         return prefect_server.SubprocessASGIServer()
+    parent = os.getpid()
+
+    def popen(args, *a, **kw) -> subprocess.Popen:  # an exec wrapper, never a `preexec_fn` (threads)
+        return subprocess.Popen(die_with_parent(list(args), parent), *a, **kw)
 
     class Server(prefect_server.SubprocessASGIServer):
         def _run_uvicorn_command(self) -> subprocess.Popen:
-            # Prefect builds the command itself: hand it a Popen that sets the parent-death signal
+            # Prefect builds the command itself: hand it a Popen that runs it behind the wrapper
             real = prefect_server.subprocess
-            prefect_server.subprocess = types.SimpleNamespace(
-                Popen=functools.partial(real.Popen, preexec_fn=pre))
+            prefect_server.subprocess = types.SimpleNamespace(Popen=popen)
             try:
                 return super()._run_uvicorn_command()
             finally:

@@ -26,7 +26,7 @@ from helpers import small_config, venv_bin
 
 from trajforge.tasks.engine.store import RunStore
 
-TIMING_COLUMNS = {"wall_s"}  # differ run to run: everything else in an export row is content
+TIMING_COLUMNS = {"wall_s", "created_at"}  # differ run to run (created_at: when the shard was written): the rest is content
 STAGES = ("synthesize", "rollout", "verify", "calibrate", "export")
 
 

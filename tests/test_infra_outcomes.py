@@ -207,6 +207,70 @@ def test_verify_infra_rejects_fail_the_gate_and_their_shard_runs_again(rollout_c
     assert stage.ran == ["part-00000"] and m.rows == 4 and m.rejects == 0 and m.stats["retried"] == 1
 
 
+def _plant_lease(store, build_id: str, token: str) -> None:
+    """Write the build's lease file as a driver holding `token` would have (a takeover, a new run)."""
+    from trajforge.tasks.engine.lease import FILE, LeaseInfo
+
+    store.write_json(posixpath.join(store.build_dir(build_id), FILE), LeaseInfo(
+        owner="elsewhere:1:0", token=token, build_id=build_id, acquired_at=0, heartbeat_at=0, refresh_s=15
+    ).model_dump(mode="json"))
+
+
+class LateRollout(FakeRollout):
+    """A shard that outlives its run: while it runs, `meanwhile()` happens (the lease changes hands,
+    or the driver abandons the shard)."""
+
+    meanwhile = staticmethod(lambda: None)
+
+    def run_shard(self, ctx, shard, upstream):
+        result = super().run_shard(ctx, shard, upstream)
+        self.meanwhile()
+        return result
+
+
+def test_a_late_shard_commits_nothing_once_its_lease_is_gone_or_it_was_abandoned(rollout_ctx):
+    """Issue 15 (shard watchdog): a shard keeps running in its worker after the driver gave up on it.
+    Its part, rejects and `_done` marker are fenced by the lease token it was started under."""
+    from trajforge.tasks.engine.lease import RUNTIME_KEY, ShardFenced, abandon
+
+    ctx, upstream = rollout_ctx
+    store = ctx.store
+    _plant_lease(store, "b1", "run-1")
+    ctx.runtime[RUNTIME_KEY] = "run-1"
+    stage = LateRollout()
+    plan = prepare(stage, ctx, upstream)
+    first, second = plan.pending[:2]
+
+    # 1. another driver took the build over while the shard ran: nothing of it is written
+    stage.meanwhile = lambda: _plant_lease(store, "b1", "run-2")
+    with pytest.raises(ShardFenced, match="now held by"):
+        execute_shard(stage, ctx, plan.dir, first, upstream)
+    assert not store.exists(posixpath.join(plan.dir, "_done", first.name))
+    assert not store.exists(posixpath.join(plan.dir, f"{first.name}.parquet"))
+
+    # 2. the driver abandoned it (dask.shard_timeout_s) under its own, still valid, token
+    _plant_lease(store, "b1", "run-1")
+    stage.meanwhile = lambda: abandon(store, plan.dir, second.name, "run-1", "past dask.shard_timeout_s")
+    with pytest.raises(ShardFenced, match="abandoned by its driver"):
+        execute_shard(stage, ctx, plan.dir, second, upstream)
+    assert not store.exists(posixpath.join(plan.dir, "_done", second.name))
+    assert len(stage.ran) == 4, "both shards ran to their end: only their commit was refused"
+
+    # 3. the lease was released (the driver ended): refused as well
+    store.remove(posixpath.join(store.build_dir("b1"), "lease.json"))
+    stage.meanwhile = lambda: None
+    with pytest.raises(ShardFenced, match="released"):
+        execute_shard(stage, ctx, plan.dir, first, upstream)
+
+    # the next run of the build (a new token) redoes both and commits every row exactly once
+    _plant_lease(store, "b1", "run-3")
+    ctx.runtime[RUNTIME_KEY] = "run-3"
+    stage.ran = []
+    plan, manifest = _run(stage, ctx, upstream)
+    assert len(stage.ran) == 6 and manifest.rows == 6
+    assert len(_rows(store, manifest)) == 6
+
+
 def _calibrate(tmp_path, verdicts: list[Verdict], adaptive: dict | None = None) -> tuple[list[Calibration], RoundPlan]:
     over = {"calibrate.adaptive": adaptive} if adaptive else {}
     ctx = _ctx(parse_config(small_config(tmp_path / "runs", dataset="cal", **over)), "b1")
@@ -312,7 +376,7 @@ def test_build_with_the_teacher_down_fails_its_gate_then_resumes_only_the_failed
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_committed_rollout_with_infra_rows_is_unlabelled_until_rerun(tmp_path):
-    from trajforge.flows.cli import run_build
+    from trajforge.flows.cli import rerun_build, run_build
     from trajforge.tasks.engine.store import RunStore
 
     cfg = _flaky_config(tmp_path, "rerun", teacher={"down_families": ["file_search"], "down_samples": [0, 1]},
@@ -332,8 +396,14 @@ def test_committed_rollout_with_infra_rows_is_unlabelled_until_rerun(tmp_path):
     (tmp_path / "down").unlink()
     assert run_build(parse_config(cfg))["stages"]["rollout"]["status"] == "reused", "committed: reused as is"
     assert len(_sessions(tmp_path)) == first_pass
-    rec2 = run_build(parse_config(cfg), rec["build_id"], "rollout", retry=["rollout"])  # = `trajforge rerun rollout`
+    rec2 = rerun_build(parse_config(cfg), "rollout")  # = `trajforge rerun rollout`
     assert len(_sessions(tmp_path)) - first_pass == 2, "only the two teacher_error episodes ran again"
+    assert rec2["build_id"] != rec["build_id"], "a rerun goes into a new build"
+    old = store.read_build(rec["build_id"])
+    assert old.status == "committed" and store.latest() == rec2["build_id"]
+    assert store.exists(posixpath.join(rec["stages"]["rollout"]["manifest"], "manifest.json")), \
+        "the build that committed the output is left as it was"
+    assert labels(rec) == {"log_report": "trivial", "file_search": "unlabelled"}
     assert rec2["stages"]["verify"]["status"] == "committed", "the stages after it run again"
     assert labels(rec2) == {"log_report": "trivial", "file_search": "trivial"}
     m = store.read_json(posixpath.join(rec2["stages"]["rollout"]["manifest"], "manifest.json"))

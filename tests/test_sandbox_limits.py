@@ -111,6 +111,26 @@ def test_image_build_steps_are_limited(docker_client, sandbox_cfg):
         docker_client.images.remove(tag, force=True)
 
 
+def test_image_build_steps_have_a_pids_cap_where_the_engine_allows_one(docker_client, sandbox_cfg):
+    """The legacy builder has no pids option: build steps run under a cgroup parent whose pids.max
+    caps them (local engine, cgroupfs driver, root). A step forking past the cap fails the build."""
+    from trajforge.tasks.envs.images import ImageBuildError, ensure_image
+    from trajforge.tasks.sandbox.limits import BUILD_PIDS_FACTOR, build_cgroup
+
+    cfg = sandbox_cfg.model_copy(update={"pids_limit": 16})
+    parent = build_cgroup(docker_client, cfg)
+    if parent is None:
+        pytest.skip("this engine's cgroups cannot be written from here (remote engine, systemd driver, not root)")
+    cap = BUILD_PIDS_FACTOR * 16
+    fork = f"for i in $(seq {2 * cap}); do sleep 30 & done; wait"
+    env = EnvSpec(env_id="pids-probe", family="t", level=1, seed=0, instruction="x",
+                  files=[FileSpec(path="a.txt", content="pids test marker 51c2\n")], setup=[fork],
+                  tests=[FileSpec(path="test_x.py", content="def test_x():\n    pass\n")], solution=["true"])
+    with pytest.raises(ImageBuildError) as err:
+        ensure_image(docker_client, cfg.base_image, env, limits=cfg)
+    assert re.search(r"fork|Resource temporarily unavailable", str(err.value), re.I), str(err.value)[-500:]
+
+
 @pytest.mark.slow
 def test_a_shard_past_its_timeout_fails_the_stage_named(make_config, prefect_api):
     """The Prefect task timeout is the shards' backstop: the stage fails naming the shard and the limit,
@@ -127,3 +147,49 @@ def test_a_shard_past_its_timeout_fails_the_stage_named(make_config, prefect_api
     # (a stage quicker than the limit, such as propose, may commit before)
     assert rec.status == "failed" and rec.stages[stage].status != "committed"
     assert not any(e.status == "committed" for name, e in rec.stages.items() if name not in ("propose", stage))
+    # the abandoned shards were fenced: recorded under the run's lease token, and none of them
+    # committed a marker after that (the lease is released now too: a late one is refused either way)
+    from trajforge.tasks.engine.lease import ABANDONED
+
+    folder = store.stage_dir(rec.build_id, stage, rec.stages[stage].fingerprint)
+    named = set(re.findall(r"shard (part-\d+) of stage", str(err.value)))
+    records = {p.rsplit("/", 1)[-1].removesuffix(".json"): store.read_json(p)
+               for p in store.fs.glob(f"{folder}/{ABANDONED}/*.json")}
+    assert named <= set(records) and all(r["token"] for r in records.values())
+    for shard, r in records.items():
+        marker = f"{folder}/_done/{shard}"
+        assert not store.exists(marker) or store.read_json(marker)["finished_at"] < r["at"], shard
+    assert not store.exists(f"{store.build_dir(rec.build_id)}/lease.json")
+
+
+def test_an_opt_in_tmpfs_work_dir_caps_its_size_and_keeps_change_sets_whole(docker_client, sandbox_cfg, envs):
+    """`sandbox.work_tmpfs_mb` (for overlay2 on ext4, where no writable-layer cap exists): the work dir
+    is a size-capped tmpfs holding the image's files with their owners; the agent's changes in it are
+    found exactly as on the root filesystem (same change set as a plain sandbox doing the same)."""
+    from trajforge.tasks.sandbox.verifier import restore_state
+
+    env = next(e for e in envs.values() if len(e.files) > 1)
+    capped = sandbox_cfg.model_copy(update={"work_tmpfs_mb": 8})
+    script = ("set -e; a=$(find . -type f | sort | sed -n 1p); b=$(find . -type f | sort | sed -n 2p); "
+              "echo more >> \"$a\"; rm \"$b\"; mkdir -p out; echo made > out/new.txt")
+    seen = {}
+    for name, cfg in (("plain", sandbox_cfg), ("tmpfs", capped)):
+        with Sandbox(docker_client, env.image, cfg, workdir=env.workdir) as s:
+            listing = s.exec("find . | sort; stat -c '%U %a' .", 20).output
+            kind = s.exec(f"stat -f -c %T {env.workdir}", 10).output.strip()
+            assert s.exec(script, 20).exit_code == 0
+            full = s.exec("head -c 20M /dev/zero > big; echo rc=$?; rm -f big", 30).output
+            changes = s.changes()
+            after = s.exec("(find . -type f -exec stat -c '%n %U %a %s' {} +; find . ! -type f -exec stat -c '%n %U %a %F' {} +) | sort", 20).output
+            state = s.get_archive(env.workdir, 8 << 20)
+        with Sandbox(docker_client, env.image, cfg, workdir=env.workdir) as s:  # what verification does
+            restore_state(s, state)
+            restored = s.exec("(find . -type f -exec stat -c '%n %U %a %s' {} +; find . ! -type f -exec stat -c '%n %U %a %F' {} +) | sort", 20).output
+        assert restored == after, name
+        seen[name] = (listing, kind, full, changes)
+    assert seen["tmpfs"][0] == seen["plain"][0], "the image's work dir, owners and modes are all there"
+    assert seen["tmpfs"][1] == "tmpfs" and seen["plain"][1] != "tmpfs"
+    assert "No space left on device" in seen["tmpfs"][2] and "rc=0" in seen["plain"][2]
+    plain, tmpfs = seen["plain"][3], seen["tmpfs"][3]
+    assert tmpfs.added == plain.added and tmpfs.modified == plain.modified and tmpfs.deleted == plain.deleted
+    assert len(plain.modified) == 1 and len(plain.deleted) == 1 and any(p.endswith("out/new.txt") for p in plain.added)

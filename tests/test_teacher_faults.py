@@ -201,6 +201,92 @@ def test_watchdog_restarts_a_dead_or_silent_server_at_most_max_restarts_times(tm
     assert not list(pids.glob("*.json"))
 
 
+def test_unwatch_during_a_restart_leaves_no_server_running(tmp_path):
+    """The watchdog's restart and the service's unwatch()+stop() never interleave: an unwatch that
+    arrives while the old process is being stopped means no new one is started (nothing is orphaned)."""
+    server = VLLMServer(stand_in(health_interval_s=0.2, max_restarts=3), tmp_path / "vllm.log", pid_dir=tmp_path / "pids")
+    notes: list[str] = []
+    server.start()
+    try:
+        server.wait_healthy()
+        first = server.proc.pid
+        real_stop = server._stop
+
+        def stop_then_unwatch(grace_s):  # the service's unwatch() lands in the middle of the restart
+            real_stop(grace_s)
+            if threading.current_thread().name == "trajforge-vllm-watchdog":
+                server._watch_stop.set()
+
+        server._stop = stop_then_unwatch
+        server.watch(notes.append)
+        os.kill(first, signal.SIGKILL)
+        assert until(lambda: server.restarts == 1)
+        server.unwatch()
+        assert server.proc.pid == first and not alive(first), "no new server was started after unwatch"
+    finally:
+        server.unwatch()
+        server.stop()
+    assert not list((tmp_path / "pids").glob("*.json"))
+
+
+@pytest.mark.timeout(180)  # max_wait_s is huge: a turn that waits for it instead of failing fast times out here
+def test_once_the_watchdog_gives_up_turns_in_flight_and_new_ones_fail_fast(tmp_path):
+    """Issue 15: a dead teacher must not cost `max_wait_s` per turn. The server hangs (SIGSTOP) with
+    four turns in flight; the watchdog (no restarts left) stops it and publishes its death; every turn
+    in flight ends as TeacherError, and a new turn fails without sending a request."""
+    from trajforge.tasks.teachers.endpoints import read_dead_file
+
+    cfg = stand_in(health_interval_s=0.3, unhealthy_after_s=1, max_restarts=0, args=["--delay-s", 3600])
+    cfg = cfg.model_copy(update={"max_wait_s": 10 ** 6, "retries": 10 ** 6})
+    server = VLLMServer(cfg, tmp_path / "vllm.log", pid_dir=tmp_path / "pids")
+    dead = tmp_path / "teacher" / "vllm.dead.json"
+    notes: list[str] = []
+
+    def on_dead(why: str) -> None:
+        dead.parent.mkdir(exist_ok=True)
+        dead.write_text(json.dumps({"url": server.url, "why": why}))
+
+    server.start()
+    try:
+        server.wait_healthy()
+        t = OpenAITeacher(cfg, [server.url], dead_files={server.url: str(dead)})
+        hung = server.proc.pid
+
+        async def go():
+            async def turn(i: int):
+                return await t.session(EnvSpec.model_construct(), 0, f"r{i}").next_turn(
+                    [Message(role="user", content="hi")], [])
+
+            inflight = [asyncio.ensure_future(turn(i)) for i in range(4)]
+            end = time.monotonic() + 60  # (a bound) until the four requests are in the server (answers in an hour)
+            while sum(c.status == psutil.CONN_ESTABLISHED and c.laddr.port == server.port
+                      for c in psutil.Process(hung).net_connections("tcp")) < 4:
+                assert time.monotonic() < end, "the four requests never reached the stand-in server"
+                await asyncio.sleep(0.05)
+            os.kill(hung, signal.SIGSTOP)  # now it does not even answer /health
+            server.watch(notes.append, on_dead=on_dead)
+            done = await asyncio.gather(*inflight, return_exceptions=True)
+            sent = t.endpoint_stats()[server.url]["requests"]
+            try:
+                await turn(9)
+            except TeacherError as err:
+                late = err
+            return done, sent, late, t.endpoint_stats()[server.url]["requests"]
+
+        try:
+            done, sent, late, after = asyncio.run(go())
+        finally:
+            asyncio.run(t.aclose())
+    finally:
+        server.unwatch()
+        server.stop()
+    assert any("not restarting it" in n for n in notes) and server.dead and not alive(hung)
+    assert read_dead_file(str(dead)) and "max_restarts=0" in read_dead_file(str(dead))
+    assert [type(r) for r in done] == [TeacherError] * 4, done
+    assert all("dead for good" in str(r) for r in done)
+    assert "dead for good" in str(late) and after == sent, "a new turn sends no request to a dead server"
+
+
 @pytest.mark.docker
 def test_episodes_in_flight_retry_their_turn_after_the_server_is_restarted(tmp_path, envs):
     crashed = tmp_path / "crashed"

@@ -219,3 +219,41 @@ def live_leases(store: RunStore, stale_after: int = STALE_AFTER) -> list[LeaseIn
         if info.stale_reason(stale_after) is None or info.owner == owner_label():
             out.append(info)
     return out
+
+
+# -- fencing: a shard commits only under the lease it was started with ------------------------------
+RUNTIME_KEY = "lease_token"  # in `StageContext.runtime`: the token of the lease the shard runs under
+ABANDONED = "_abandoned"  # in a stage folder: `<shard>.json` = {"token", "reason"} written by the driver
+
+
+class ShardFenced(RuntimeError):
+    """A shard may not commit: the lease it ran under is gone or another's, or its driver abandoned it."""
+
+
+def abandoned_path(plan_dir: str, shard: str) -> str:
+    return f"{plan_dir.rstrip('/')}/{ABANDONED}/{shard}.json"
+
+
+def abandon(store: RunStore, plan_dir: str, shard: str, token: str, reason: str) -> None:
+    """The driver gives up on `shard` (e.g. past `dask.shard_timeout_s`): whatever still runs it under
+    `token` is refused its part and marker (`fence`); a later run under another token is not."""
+    store.write_json(abandoned_path(plan_dir, shard), {"token": token, "reason": reason, "at": time.time()})
+
+
+def fence(store: RunStore, build_id: str, token: str, plan_dir: str, shard: str) -> None:
+    """Raise ShardFenced unless `token` still holds the build's lease and the shard was not abandoned
+    under it. Called right before each write a shard commits (its part, its rejects, its marker), so
+    a late shard of an abandoned or taken-over run never overwrites what a newer run wrote. (Files
+    only, no compare-and-swap: the window left is between this read and the rename that follows.)"""
+    cur = Lease(store, build_id, say=lambda _: None).read()
+    if cur is None or cur.token != token:
+        raise ShardFenced(f"shard {shard} of {plan_dir}: the lease it ran under is "
+                          f"{'released' if cur is None else 'now held by ' + cur.describe()}; its output is "
+                          "discarded (the build's current run redoes the shard)")
+    path = abandoned_path(plan_dir, shard)
+    if store.exists(path):
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            rec = store.read_json(path)
+            if rec.get("token") == token:
+                raise ShardFenced(f"shard {shard} of {plan_dir} was abandoned by its driver ({rec.get('reason', '?')}); "
+                                  "its output is discarded (it is redone on resume)")

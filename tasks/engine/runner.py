@@ -26,6 +26,7 @@ from ...schemas.arrow import arrow_schema, to_table
 from ...schemas.common import Reject
 from .codeversion import modules_digest
 from .contract import GateFailed, Manifest, Shard, Stage, StageContext
+from .lease import RUNTIME_KEY, fence
 from .progress import ProgressWriter, progress_path
 from .retry import FIRST_ERRORS, infra_failure, marker_path, needs_run, reopen, rerun_retryable, revision
 
@@ -130,11 +131,19 @@ def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
     as it was. A shard that crashed before its marker is simply redone, overwriting the same part
     file (rows keep deterministic ids: no duplicates). The marker records `retryable` (how many
     infrastructure outcomes the part holds), `retry_errors` (the first few) and `retried` (how many
-    were re-run so far)."""
+    were re-run so far).
+
+    Fenced: under a build lease (`ctx.runtime[lease.RUNTIME_KEY]`, set by the flow), each of the three
+    writes first checks that the lease is still that token's and the driver did not abandon the shard
+    (`lease.fence`): a late shard of a run that was given up on commits nothing (ShardFenced)."""
     marker = marker_path(plan_dir, shard)
+    token = ctx.runtime.get(RUNTIME_KEY)
+    check = (lambda: fence(ctx.store, ctx.build_id, token, plan_dir, shard.name)) if token else None
     prior = ctx.store.read_json(marker) if ctx.store.exists(marker) else None
     if prior is not None and not prior.get("retryable"):
         return prior
+    if check:
+        check()  # (a task re-sent after its driver gave up on it: nothing to do)
     t0, started = time.monotonic(), time.time()
     ctx.reporter = ProgressWriter(ctx.store, progress_path(plan_dir, shard.name))
     if prior is None:
@@ -144,11 +153,13 @@ def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
     part = stage.part_path(shard, posixpath.basename(plan_dir))
     table = to_table(stage.output, result.rows)
     left = stage.retryable(table, result.rejects)
-    ctx.store.write_table(posixpath.join(plan_dir, part), table)
+    ctx.store.write_table(posixpath.join(plan_dir, part), table, fence=check)
     reject_file = posixpath.join(plan_dir, "_rejects", f"{shard.name}.parquet")
     if result.rejects:
-        ctx.store.write_rejects(reject_file, result.rejects)
+        ctx.store.write_rejects(reject_file, result.rejects, fence=check)
     elif prior is not None and prior.get("rejects"):
+        if check:
+            check()
         ctx.store.remove(reject_file)  # the re-run left none: no stale file beside the part
     info = {"shard": shard.name, "part": part, "rows": table.num_rows, "rejects": len(result.rejects),
             "stats": result.stats, "seconds": round(time.monotonic() - t0 + (prior or {}).get("seconds", 0), 3),
@@ -156,7 +167,7 @@ def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
             "worker": f"{socket.gethostname()}:{os.getpid()}",
             "retryable": left.count, "retry_errors": [e[:300] for e in left.errors[:FIRST_ERRORS]],
             "retried": (prior or {}).get("retried", 0) + retried}
-    ctx.store.write_json(marker, info)
+    ctx.store.write_json(marker, info, fence=check)  # the commit point of the shard
     return info
 
 

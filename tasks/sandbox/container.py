@@ -46,6 +46,8 @@ _NOISE = re.compile(r"^/(proc|sys|dev)(/|$)|^(?!/(usr|opt|etc)/).*/__pycache__(/
 _PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
 # image id -> (the paths of its root filesystem, their children by folder)
 _BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]]]] = {}
+# (image id, work dir) -> the image's work dir as a tar (None: the image has none), seeding a tmpfs work dir
+_WORK_SEEDS: dict[tuple[str, str], tuple[bytes, int, int, int] | None] = {}
 
 
 class SandboxError(RuntimeError):
@@ -154,6 +156,7 @@ class Sandbox:
         self.started_at = 0.0
         self.baseline: frozenset[str] = frozenset()
         self.children: dict[str, set[str]] = {}
+        self._work_owner = "0:0"  # who fills a tmpfs work dir (`work_tmpfs_mb`): the image's owner of it
 
     def __enter__(self) -> "Sandbox":
         self.start()
@@ -162,8 +165,91 @@ class Sandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @property
+    def _prune(self) -> str:
+        """`find`'s start points and pruning: the root filesystem, plus the work dir when it is its own
+        tmpfs (`-xdev` keeps each walk on its start point's filesystem)."""
+        return _PRUNE if not self.cfg.work_tmpfs_mb else _PRUNE.replace("/ -xdev", f"/ {shlex.quote(self.workdir)} -xdev", 1)
+
+    def _work_seed(self) -> tuple[bytes, int, int, int] | None:
+        """The image's work dir as (tar, owner uid, gid, mode), from a created, never started container
+        (once per image): what a tmpfs mounted over it would hide. None if the image has no such folder.
+        One owner only (a tmpfs is filled by that user: the sandbox keeps no CAP_CHOWN)."""
+        key = (self.image, self.workdir)
+        if key not in _WORK_SEEDS:
+            c = self.client.api.create_container(self.image, command=["true"], labels=self.labels)
+            try:
+                bits, _ = self.client.api.get_archive(c["Id"], self.workdir)
+                data = b"".join(bits)
+            except docker.errors.NotFound:
+                data = None
+            finally:
+                self.client.api.remove_container(c["Id"], force=True)
+            seed = None
+            if data is not None:
+                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                    members = tar.getmembers()
+                owners = {(m.uid, m.gid) for m in members}
+                if len(owners) > 1:
+                    raise SandboxError(f"sandbox.work_tmpfs_mb: the work dir {self.workdir} of {self.image} has files of "
+                                       f"{len(owners)} owners ({sorted(owners)[:4]}); a tmpfs work dir needs one")
+                seed = (data, members[0].uid, members[0].gid, members[0].mode & 0o7777)
+            _WORK_SEEDS[key] = seed
+        return _WORK_SEEDS[key]
+
+    def _seed_work(self, seed: tuple[bytes, int, int, int]) -> None:
+        """Copy the image's work dir into its tmpfs, as its owner (files, modes, times)."""
+        data, uid, gid, _ = seed
+        self._work_owner = f"{uid}:{gid}"
+        self._put_into_work(posixpath.dirname(self.workdir.rstrip("/")) or "/", data)
+
+    def _put_into_work(self, parent: str, data: bytes) -> None:
+        """`put_archive(parent, data)` when the work dir is a tmpfs: the engine's archive upload writes
+        below the mount, where the container never sees it. Members outside the work dir go the usual
+        way; those inside are extracted to a staging folder on the root filesystem and copied in by
+        `cp` in the container, as the work dir's owner (their owner becomes it: the sandbox keeps no
+        CAP_CHOWN), modes and times kept."""
+        work = self.workdir.rstrip("/")
+        inside, outside = io.BytesIO(), io.BytesIO()
+        mode = None
+        with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=inside, mode="w") as tin, \
+                tarfile.open(fileobj=outside, mode="w") as tout:
+            n_out = 0
+            for m in src.getmembers():
+                path = posixpath.normpath(posixpath.join(parent, m.name))
+                body = src.extractfile(m) if m.isfile() else None
+                if path == work:
+                    mode = m.mode & 0o7777
+                elif path.startswith(work + "/"):
+                    m.name = posixpath.relpath(path, work)
+                    tin.addfile(m, body)
+                else:
+                    tout.addfile(m, body)
+                    n_out += 1
+        if n_out:
+            self._put(parent, outside.getvalue())
+        user = self._work_owner
+        stage = f"/tmp/.tf-seed.{uuid.uuid4().hex[:6]}"
+        q = shlex.quote
+        code, out = self._harness(["mkdir", "-m", "700", stage], user=user, timeout_s=self.cfg.exec_grace_s)
+        if code == 0:
+            self._put(stage, inside.getvalue())
+            chmod = f"chmod {mode:o} {q(stage)}" if mode is not None else f"chmod \"$(stat -c %a {q(work)})\" {q(stage)}"
+            code, out = self._harness(["sh", "-c", f"{chmod} && cp -R -P --preserve=mode,timestamps,links "
+                                                   f"{q(stage)}/. {q(work)}/ && rm -rf {q(stage)}"],
+                                      user=user, timeout_s=120)
+        if code != 0:
+            raise SandboxError(f"could not copy into the tmpfs work dir of {self.name}: {out[-300:]!r}")
+
     def start(self) -> None:
         try:
+            # opt-in (`work_tmpfs_mb`): the work dir is a size-capped tmpfs where the engine cannot cap the
+            # writable layer; it counts against `memory_mb`, and it is seeded with the image's work dir
+            seed, tmpfs = None, None
+            if self.cfg.work_tmpfs_mb:
+                seed = self._work_seed()
+                owner = f",uid={seed[1]},gid={seed[2]},mode={seed[3]:o}" if seed else ""
+                tmpfs = {self.workdir: f"size={self.cfg.work_tmpfs_mb}m,exec{owner}"}
             # create + start, never `run`: run would try to pull a missing image from a registry
             self.container = create_capped(
                 self.client, self.image, self.cfg, command=["sleep", "infinity"], name=self.name,
@@ -172,10 +258,13 @@ class Sandbox:
                 pids_limit=self.cfg.pids_limit, mem_limit=f"{self.cfg.memory_mb}m",
                 memswap_limit=f"{self.cfg.memory_mb}m", nano_cpus=int(self.cfg.cpus * 1e9),
                 ulimits=ulimits(self.cfg), working_dir=self.workdir, init=True,
-                environment={"HOME": self._home(self.agent)},
+                environment={"HOME": self._home(self.agent)}, tmpfs=tmpfs,
             )
             started = time.time()  # the host's clock is the container's: no inspect round-trip
             self.container.start()
+            if seed is not None:
+                self._seed_work(seed)
+                started = time.time()  # the seeding is the image's, not the episode's
             if self.agent == "root":  # the init's children: the `sleep infinity` a root agent's cleanup spares
                 for _ in range(50):  # (right after the start, the init may not have started it yet)
                     _, out = run_exec(self.client.api, self.container.id, ["cat", "/proc/1/task/1/children"],
@@ -271,6 +360,19 @@ class Sandbox:
         self.put_archive(parent, _tar(files, root, uid, dir_mode))
 
     def put_archive(self, parent: str, data: bytes) -> None:
+        """Extract a tar at `parent` (by the engine, owners kept); into a tmpfs work dir through the container."""
+        if self.cfg.work_tmpfs_mb and self._touches_work(parent, data):
+            self._put_into_work(parent, data)
+        else:
+            self._put(parent, data)
+
+    def _touches_work(self, parent: str, data: bytes) -> bool:
+        work = self.workdir.rstrip("/")
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            return any(p == work or p.startswith(work + "/")
+                       for p in (posixpath.normpath(posixpath.join(parent, n)) for n in tar.getnames()))
+
+    def _put(self, parent: str, data: bytes) -> None:
         try:
             if not self.container.put_archive(parent, data):
                 raise SandboxError(f"put_archive to {parent} refused in {self.name}")
@@ -279,6 +381,10 @@ class Sandbox:
 
     def get_archive(self, path: str, limit: int) -> bytes:
         """A tar of `path`; raises SandboxError past `limit` bytes (never buffers more than that)."""
+        work = self.workdir.rstrip("/")
+        norm = posixpath.normpath(path)
+        if self.cfg.work_tmpfs_mb and (norm == work or norm.startswith(work + "/")):
+            return self._archive_in_work(norm, limit)
         try:
             stream, _ = self.container.get_archive(path)
             buf = bytearray()
@@ -289,6 +395,22 @@ class Sandbox:
             return bytes(buf)
         except docker.errors.DockerException as err:
             raise SandboxError(f"get_archive {path} failed in {self.name}: {err}") from None
+
+    def _archive_in_work(self, path: str, limit: int) -> bytes:
+        """`get_archive` of a path in a tmpfs work dir: the engine reads below the mount (the image's
+        files), so `tar` runs in the container, as the work dir's owner, into a spool file taken back."""
+        parent, base = posixpath.split(path)
+        q = shlex.quote
+        code, out = self._harness(["sh", "-c", f"t=$(mktemp /tmp/.tf-state.XXXXXX) && tar -C {q(parent or '/')} "
+                                               f"-cf \"$t\" {q(base)} && echo \"$t\""], user=self._work_owner,
+                                  timeout_s=120)
+        spool = out.decode(errors="replace").strip().splitlines()[-1:] if code == 0 else []
+        if not spool or not spool[0].startswith("/tmp/.tf-state."):
+            raise SandboxError(f"could not archive {path} in {self.name}: {out[-300:]!r}")
+        try:
+            return self.get_archive_file(spool[0], limit)
+        finally:
+            self._harness(["rm", "-f", spool[0]], user=self._work_owner, timeout_s=30)
 
     def digests(self, globs: list[str]) -> dict[str, str]:
         """sha256 of every file matching `globs` (relative to the work dir), read as root; a file root
@@ -352,6 +474,8 @@ class Sandbox:
         """(tag, type, path) of the `<tag> <dev> <type> <path>` records `script` prints (NUL-ended),
         on this container's root filesystem only (every container's overlay has its own device)."""
         script = "printf 'R %s d /\\0' \"$(stat -c %d /)\"; " + script
+        if self.cfg.work_tmpfs_mb:  # the work dir's own tmpfs counts as the root filesystem
+            script = f"printf 'W %s d /\\0' \"$(stat -c %d {shlex.quote(self.workdir)})\"; " + script
         try:
             _, out = self._harness(["sh", "-c", script], timeout_s=300)
         except docker.errors.DockerException as err:
@@ -367,18 +491,21 @@ class Sandbox:
         root_dev = next((d for t, d, _, _ in rows if t == "R"), None)
         if root_dev is None:
             raise SandboxError(f"could not list the files of {self.name}: {(out or b'')[:200]!r}")
-        return [(t, k, p) for t, d, k, p in rows if (d == root_dev or t in ("K", "D")) and t != "R"]
+        devs = {root_dev} | {d for t, d, _, _ in rows if t == "W"}
+        # (a tmpfs work dir is walked from `/` and from itself: its mount point would come twice)
+        kept = {(t, k, p): None for t, d, k, p in rows if (d in devs or t in ("K", "D")) and t not in ("R", "W")}
+        return list(kept)
 
     def _listing(self) -> dict[str, str]:
         """{path: type} of everything on the container's root filesystem (other mounts, /proc, /sys,
         /dev and bind-mounted files left out)."""
-        return {p: k for _, k, p in self._find(f"find {_PRUNE} -printf 'L %D %y %p\\0'") if p != "/"}
+        return {p: k for _, k, p in self._find(f"find {self._prune} -printf 'L %D %y %p\\0'") if p != "/"}
 
     def _changes_script(self) -> str:
         since = f"-newerct @{self.started_at:.6f}"
         # one walk prints what changed and notes the changed folders; then the entries of those folders
         # (spool files get fresh names: a root agent may have planted links at any fixed one)
-        return (f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {_PRUNE} {since} -printf 'C %D %y %p\\0' "
+        return (f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {self._prune} {since} -printf 'C %D %y %p\\0' "
                 "-type d -fprint0 \"$d\"; xargs -0 -r -a \"$d\" sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 "
                 "-printf \"L %D %y %p\\0\"' _; rm -f \"$d\"")
 

@@ -3,16 +3,25 @@
 Every sandbox gets RLIMIT_FSIZE (`file_size_mb`) and RLIMIT_NOFILE (`open_files`); its writable layer
 is capped at `disk_mb` where the engine's storage driver supports `--storage-opt size` (overlay2 on
 xfs mounted with pquota, btrfs, zfs, devicemapper). Elsewhere (overlay2 on ext4, the common case) no
-total cap exists and the per-file cap is what bounds a runaway writer; a tmpfs is deliberately not
-used instead: a mount would take its folder out of the root-filesystem walk change sets rely on.
+total cap exists and the per-file cap is what bounds a runaway writer, unless `work_tmpfs_mb` is set
+(opt-in): the work dir is then a size-capped tmpfs (memory, counted against `memory_mb`), seeded with
+the image's work dir as its owner, and the change-set walk starts there too (`Sandbox._prune`), so
+its changes are found as on the root filesystem. Writes outside the work dir stay uncapped.
 Whether the cap works is learnt from the first sandbox create (the engine refuses the option where it
 cannot enforce it) and remembered per engine. Image builds (legacy builder: one container per
-step) get memory without swap, a CPU quota and the same ulimits; the build API has no pids limit.
+step) get memory without swap, a CPU quota and the same ulimits. The build API has no pids option
+(`docker build` has none either), and `ulimit nproc` would not help: the kernel does not enforce
+RLIMIT_NPROC on root (the user of build steps here, without user namespaces) and counts it per user
+over the whole host. What the legacy builder does honour is `cgroupparent`: where this process can
+write the engine's cgroups (a local engine with the `cgroupfs` driver, run as root), build containers
+are placed under `/trajforge-build-<N>`, whose `pids.max` N (BUILD_PIDS_FACTOR x `pids_limit`) caps
+the processes of all of this host's build steps together (`build_cgroup`); elsewhere they have none.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import docker
@@ -22,6 +31,9 @@ from docker.types import Ulimit
 from ...schemas.config import SandboxConfig
 
 _CAP: dict[str, bool] = {}  # engine (base url) -> whether `storage_opt size` is enforced
+_BUILD_CG: dict[tuple[str, int], str | None] = {}  # (engine, pids cap) -> cgroup parent of build steps, or None
+BUILD_PIDS_FACTOR = 4  # the host's build steps together may run this many times a sandbox's pids
+CGROUP_ROOT = "/sys/fs/cgroup"
 _LOCK = threading.Lock()
 CPU_PERIOD = 100_000
 
@@ -74,11 +86,56 @@ def probe_storage_cap(client: docker.DockerClient, image: str, labels: dict[str,
     return True, "the engine accepts --storage-opt size"
 
 
-def build_params(cfg: SandboxConfig) -> dict[str, str | int]:
+def _pids_cgroup(name: str, cap: int, version: str) -> bool:
+    """Create (or update) cgroup `name` of this host with `pids.max` = cap; False if it cannot be done."""
+    if version == "2":
+        root = CGROUP_ROOT
+        with open(os.path.join(root, "cgroup.controllers")) as f:
+            if "pids" not in f.read().split():
+                return False
+        with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+            f.write("+pids")
+    else:
+        root = os.path.join(CGROUP_ROOT, "pids")
+    path = os.path.join(root, name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "pids.max"), "w") as f:
+        f.write(str(cap))
+    with open(os.path.join(path, "pids.max")) as f:
+        return f.read().strip() == str(cap)
+
+
+def build_cgroup(client: docker.DockerClient, cfg: SandboxConfig) -> str | None:
+    """The cgroup parent (`/trajforge-build-<N>`) under which image-build containers together run at
+    most N = BUILD_PIDS_FACTOR x `pids_limit` processes, or None where this process cannot set one up:
+    a remote engine (its cgroups are another host's), the `systemd` cgroup driver (a parent must then
+    be a systemd slice), not root, or no pids controller. Learnt once per engine and cap."""
+    cap = BUILD_PIDS_FACTOR * cfg.pids_limit
+    key = (client.api.base_url, cap)
+    if key not in _BUILD_CG:
+        name, found = f"trajforge-build-{cap}", None
+        try:
+            info = client.info()
+            local = client.api.base_url.startswith("http+docker://localhost")  # the unix socket
+            if local and info.get("CgroupDriver") == "cgroupfs" and _pids_cgroup(name, cap, str(info.get("CgroupVersion") or "1")):
+                found = "/" + name
+        except (OSError, docker.errors.DockerException):
+            found = None
+        with _LOCK:
+            _BUILD_CG[key] = found
+    return _BUILD_CG[key]
+
+
+def build_params(cfg: SandboxConfig, client: docker.DockerClient | None = None) -> dict[str, str | int]:
     """Query parameters of `/build` limiting each build step's container (memory without swap, CPU
-    quota, file size and open files)."""
+    quota, file size and open files; with `client`, processes where `build_cgroup` can cap them)."""
     mem = cfg.build_memory_mb << 20
     fsize = cfg.file_size_mb << 20
-    return {"memory": mem, "memswap": mem, "cpuperiod": CPU_PERIOD, "cpuquota": int(cfg.build_cpus * CPU_PERIOD),
-            "ulimits": json.dumps([{"Name": "fsize", "Soft": fsize, "Hard": fsize},
-                                   {"Name": "nofile", "Soft": cfg.open_files, "Hard": cfg.open_files}])}
+    params: dict[str, str | int] = {
+        "memory": mem, "memswap": mem, "cpuperiod": CPU_PERIOD, "cpuquota": int(cfg.build_cpus * CPU_PERIOD),
+        "ulimits": json.dumps([{"Name": "fsize", "Soft": fsize, "Hard": fsize},
+                               {"Name": "nofile", "Soft": cfg.open_files, "Hard": cfg.open_files}])}
+    parent = build_cgroup(client, cfg) if client is not None else None
+    if parent:
+        params["cgroupparent"] = parent
+    return params

