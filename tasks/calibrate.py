@@ -1,28 +1,38 @@
 """Stage `calibrate`: solve rate per (environment, teacher) with a Wilson score interval, a difficulty
-label and whether the label is certain. Infrastructure/teacher errors and unverified rows are excluded
-from the counts (reported in `excluded`); hack-flagged rollouts count as attempts, never as passes.
-A pair with no counted attempt is `unlabelled`, never `unsolved`; the adaptive planner asks for more
-samples of it (like any unsure label, within `max_samples`).
+label, the posterior probability that the label is right and whether it is certain; and one pooled
+difficulty per environment across teachers (`difficulty.pooled`). Each label's meaning is stated once,
+in `schemas.calibration.LABEL_DEFINITIONS` (`label_definitions(cfg)` fills in the thresholds).
+Infrastructure/teacher errors and unverified rows are excluded from the counts (reported in `excluded`);
+hack-flagged rollouts count as attempts, never as passes. A pair with no counted attempt is
+`unlabelled`, never `unsolved`; an environment without a reference solution that no teacher passed is
+`unverified`, never `unsolved`.
 
-Adaptive rounds (`calibrate.adaptive`): the stage also decides which environments need more
-rollouts: those whose label is worth more rollouts (by default: `batch` more are expected to raise the
-empirical-Bayes probability that the label is right by `min_gain` per rollout) and that have fewer
-than `max_samples` attempts get `batch` more. The decision is a typed `RoundPlan` in the manifest's stats;
-the flow runs another rollout -> verify -> calibrate round for exactly those.
+Adaptive rounds (`calibrate.adaptive`): the stage also decides which (environment, teacher) pairs get
+more rollouts (`next_rollouts`): not the certain ones (posterior mass on the label >= `confidence`: so
+0 of n stops once the posterior says p < unsolved_below), not those the rule calls sure (by default:
+`batch` more are expected to raise P(label right) by less than `min_gain` per rollout), not those at
+`max_samples`; the rest get `batch` more, highest expected gain first, while the build-wide `budget`
+lasts. The decision is a typed `RoundPlan` in the manifest's stats; the flow runs another
+rollout -> verify -> calibrate round for exactly those.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from statistics import NormalDist
 
-from ..schemas.calibration import Calibration, Label, RoundPlan
+from ..schemas.calibration import CERTAINTY_DEFINITION, LABEL_DEFINITIONS, POOLED_DEFINITION, Calibration, RoundPlan
 from ..schemas.common import INFRA_STATUSES
 from ..schemas.config import CalibrateConfig
 from ..schemas.verdict import Verdict
+from .difficulty import fit_pooled, label_confidence, label_gain
+from .difficulty.bands import difficulty_label, label_of_rate
 from .engine import Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .envs.catalogue import load_envs
+
+__all__ = ["CalibrateStage", "difficulty_label", "label_certain", "label_confidence", "label_definitions",
+           "label_gain", "label_of_rate", "next_rollouts", "wilson_interval"]
 
 
 def wilson_interval(passes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -40,113 +50,77 @@ def wilson_interval(passes: int, n: int, confidence: float = 0.95) -> tuple[floa
     return lo, hi
 
 
-def difficulty_label(passes: int, n: int, cfg: CalibrateConfig) -> Label:
-    """No counted attempt is `unlabelled` (nothing is known), never `unsolved` (0 passes of n > 0)."""
-    if n == 0:
-        return "unlabelled"
-    if passes == 0:
-        return "unsolved"
-    p = passes / n
-    if p >= cfg.trivial:
-        return "trivial"
-    if p >= cfg.easy:
-        return "easy"
-    if p >= cfg.medium:
-        return "medium"
-    return "hard"
-
-
 def label_certain(lo: float, hi: float, n: int, cfg: CalibrateConfig) -> bool:
-    """No boundary inside the interval (a boundary exactly at an end belongs to the upper label)."""
-    return n > 0 and not any(lo < b <= hi for b in (cfg.medium, cfg.easy, cfg.trivial))
+    """No band boundary inside the Wilson interval (a boundary exactly at an end belongs to the upper band)."""
+    bounds = (cfg.unsolved_below, cfg.medium, cfg.easy, cfg.trivial)
+    return n > 0 and not any(lo < b <= hi for b in bounds)
 
 
-GRID = [i / 50 for i in range(51)]  # solve rates the empirical-Bayes prior lives on (0 and 1 included)
+def label_definitions(cfg: CalibrateConfig) -> dict[str, str]:
+    """Each label's definition with this config's thresholds, plus `certain` and `pooled` (what the
+    dataset card prints)."""
+    values = {"unsolved_below": f"{cfg.unsolved_below:g}", "medium": f"{cfg.medium:g}", "easy": f"{cfg.easy:g}",
+              "trivial": f"{cfg.trivial:g}", "fail_rate": f"{1 - cfg.trivial:.3g}", "confidence": f"{cfg.confidence:g}"}
+    out = {label: text.format(**values) for label, text in LABEL_DEFINITIONS.items()}
+    out["certain"] = CERTAINTY_DEFINITION.format(**values)
+    out["pooled"] = POOLED_DEFINITION.format(**values)
+    return out
 
 
-def label_of_rate(p: float, cfg: CalibrateConfig) -> Label:
-    if p == 0:
-        return "unsolved"
-    return "trivial" if p >= cfg.trivial else "easy" if p >= cfg.easy else "medium" if p >= cfg.medium else "hard"
-
-
-def _posterior(counts: list[tuple[int, int]], iters: int = 300):
-    """Posterior over GRID for each (passes, attempts), under a prior fitted by EM to all of them
-    (nonparametric empirical Bayes). A pseudo-count per grid point keeps a small build from trusting
-    a prior fitted to a handful of environments."""
-    import numpy as np
-
-    grid = np.array(GRID)
-    s = np.array([c[0] for c in counts], dtype=float)[:, None]
-    n = np.array([c[1] for c in counts], dtype=float)[:, None]
-    like = grid[None, :] ** s * (1 - grid[None, :]) ** (n - s)
-    prior = np.full(len(GRID), 1 / len(GRID))
-    for _ in range(iters):  # EM, with one pseudo-environment per grid point (few environments: ~uniform prior)
-        post = like * prior
-        post /= post.sum(axis=1, keepdims=True)
-        prior = (post.sum(axis=0) + 1.0) / (len(counts) + len(GRID))
-    post = like * prior
-    return grid, post / post.sum(axis=1, keepdims=True)
-
-
-def _label_of_grid(cfg: CalibrateConfig):
-    """The label of each GRID rate, as an array to compare a label against."""
-    import numpy as np
-
-    return np.array([label_of_rate(p, cfg) for p in GRID])
-
-
-def _mass_of_label(post_row, of_grid, passes: int, attempts: int, cfg: CalibrateConfig) -> float:
-    """Posterior mass on the rates whose label is the point-estimate label of (passes, attempts)."""
-    return float(post_row[of_grid == difficulty_label(passes, attempts, cfg)].sum())
-
-
-def label_confidence(counts: list[tuple[int, int]], cfg: CalibrateConfig) -> list[float]:
-    """P(the point-estimate label is the label of the true rate | passes, attempts) for each environment,
-    under the empirical-Bayes prior (many unsolved environments make 0/4 convincing; a spread
-    population makes it less so)."""
-    if not counts:
-        return []
-    _, post = _posterior(counts)
-    of_grid = _label_of_grid(cfg)
-    return [_mass_of_label(post[i], of_grid, s, n, cfg) for i, (s, n) in enumerate(counts)]
-
-
-def label_gain(counts: list[tuple[int, int]], cfg: CalibrateConfig, batch: int,
-               horizons: tuple[int, ...] = (1, 2, 4)) -> list[float]:
-    """Expected gain in P(label right) per extra rollout, for each environment: for h batches more
-    (h in `horizons`), the posterior predictive over their passes times the confidence of the label
-    they would give, minus today's confidence, divided by the rollouts spent; the best h counts (a
-    label that one batch cannot move may be moved by four). Sure labels gain ~0, and so do labels
-    sitting on a boundary that no affordable number of rollouts would settle: the rule spends
-    rollouts where they buy accuracy (knowledge gradient)."""
-    from math import comb
-
-    if not counts:
-        return []
-    grid, post = _posterior(counts)
-    of_grid = _label_of_grid(cfg)
-    first = {}  # environments with the same counts have the same posterior: compute each once
-    for i, c in enumerate(counts):
-        first.setdefault(c, i)
-    gain = {}
-    for (s, n), i in first.items():
-        now = _mass_of_label(post[i], of_grid, s, n, cfg)
-        best = 0.0
-        for h in horizons:
-            m = h * batch
-            expected = sum(_mass_of_label(post[i] * comb(m, k) * grid ** k * (1 - grid) ** (m - k), of_grid,
-                                          s + k, n + m, cfg)
-                           for k in range(m + 1))  # k passes among m more rollouts
-            best = max(best, (expected - now) / m)
-        gain[(s, n)] = best
-    return [gain[c] for c in counts]
+def next_rollouts(counts: list[tuple[int, int]], samples: list[int], cfg: CalibrateConfig, spent: int = 0,
+                  groups: list[str] | None = None, confidence: list[float] | None = None,
+                  rounds_left: int = 1) -> dict[int, int]:
+    """One adaptive round: pair index -> how many more rollouts. `counts`: (passes, attempts) per
+    (environment, teacher) pair (attempts 0: unlabelled, never sure, served first); `samples`: how many
+    samples the pair's environment has (over teachers); `groups`: each pair's teacher (each teacher's prior
+    is fitted to its own pairs); `spent`: rollouts the adaptive rounds already added (against `budget`);
+    `confidence`: `label_confidence` per pair, if already computed. A pair gets `batch` more (fewer at
+    `max_samples`) unless it is certain (posterior mass on its label >= `confidence`) or its rule calls
+    it sure; the unsure get them in order of expected gain while this round's share of the budget lasts
+    (what is left over `rounds_left` rounds, this one included, but at least a batch: later rounds see
+    the answers first)."""
+    a = cfg.adaptive
+    if a is None:
+        return {}
+    groups = groups or [""] * len(counts)
+    conf = list(confidence) if confidence is not None else [0.0] * len(counts)
+    gain = [math.inf] * len(counts)
+    for g in sorted(set(groups)):
+        idx = [i for i, x in enumerate(groups) if x == g and counts[i][1] > 0]
+        sub = [counts[i] for i in idx]
+        if confidence is None:
+            for i, v in zip(idx, label_confidence(sub, cfg)):
+                conf[i] = v
+        if a.rule == "gain" or a.budget is not None:
+            for i, v in zip(idx, label_gain(sub, cfg, a.batch)):
+                gain[i] = v
+    unsure = []
+    for i, (s, n) in enumerate(counts):
+        if samples[i] >= a.max_samples:
+            continue
+        if n > 0 and (conf[i] >= cfg.confidence
+                      or (a.rule == "gain" and gain[i] < a.min_gain)
+                      or (a.rule == "posterior" and conf[i] >= a.target)
+                      or (a.rule == "wilson" and label_certain(*wilson_interval(s, n, a.target), n, cfg))):
+            continue
+        unsure.append(i)
+    left = math.inf
+    if a.budget is not None:  # this round's share, at least a batch
+        left = min(a.budget - spent, max(math.ceil((a.budget - spent) / max(rounds_left, 1)), a.batch))
+    out: dict[int, int] = {}
+    for i in sorted(unsure, key=lambda i: -gain[i]):  # stable: equal gains keep the pairs' order
+        k = min(a.batch, a.max_samples - samples[i])
+        if k <= left:
+            out[i] = k
+            left -= k
+    return out
 
 
 class CalibrateStage(Stage):
     name = "calibrate"
     requires = ("verify", "synthesize")
     config_sections = ("calibrate", "rollout")
+    code_modules = ("difficulty",)
     output = Calibration
 
     def config_section(self, config) -> dict:
@@ -158,9 +132,11 @@ class CalibrateStage(Stage):
         return [Shard(index=0)]
 
     def summarize(self, ctx: StageContext, shard_stats: list[dict]) -> dict:
-        """One shard: its round plan is kept whole (summing would drop the teacher lists)."""
+        """One shard: its round plan and pooled fit are kept whole (summing would drop lists and names)."""
         out = super().summarize(ctx, shard_stats)
         out[RoundPlan.STATS_KEY] = shard_stats[0][RoundPlan.STATS_KEY] if shard_stats else {}
+        if shard_stats and "pooled" in shard_stats[0]:
+            out["pooled"] = shard_stats[0]["pooled"]
         return out
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
@@ -170,44 +146,64 @@ class CalibrateStage(Stage):
         for v in verdicts:
             groups[(v.env_id, v.teacher)].append(v)
         cfg = ctx.config.calibrate
-        rows, needs_more, next_sample, samples, unsure = [], {}, {}, {}, {}
-        for (env_id, teacher), vs in sorted(groups.items()):
+        pairs = sorted(groups)
+        counts: dict[tuple[str, str], tuple[int, int]] = {}
+        samples: dict[str, int] = {}  # the next sample number of each environment, over teachers
+        for key, vs in sorted(groups.items()):
             counted = [v for v in vs if v.verified and v.status not in INFRA_STATUSES]
-            passes = sum(v.passed for v in counted)
-            n = len(counted)
+            counts[key] = (sum(v.passed for v in counted), len(counted))
+            samples[key[0]] = max(samples.get(key[0], 0), max(v.sample for v in vs) + 1)
+        # an environment is known solvable when it has a reference solution or any teacher passed it
+        solvable = {e: getattr(envs[e], "oracle", "present") != "absent" for e in samples}
+        for (e, _), (s, _) in counts.items():
+            solvable[e] = solvable[e] or s > 0
+        conf: dict[tuple[str, str], float] = {}
+        for teacher in sorted({t for _, t in pairs}):  # each teacher's prior from its own pairs
+            keys = [k for k in pairs if k[1] == teacher and counts[k][1] > 0]
+            conf.update(zip(keys, label_confidence([counts[k] for k in keys], cfg)))
+        per_env: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
+        for (e, t), c in counts.items():
+            per_env[e][t] = c
+        pooled = fit_pooled(per_env, cfg)
+        rows = []
+        for (env_id, teacher) in pairs:
+            passes, n = counts[(env_id, teacher)]
+            vs = groups[(env_id, teacher)]
             lo, hi = wilson_interval(passes, n, cfg.confidence)
-            certain = label_certain(lo, hi, n, cfg)
-            env = envs[env_id]
-            rows.append(Calibration(env_id=env_id, family=env.family, level=env.level, teacher=teacher,
-                                    attempts=n, passes=passes, excluded=len(vs) - n,
-                                    solve_rate=passes / n if n else 0.0, ci_low=round(lo, 6), ci_high=round(hi, 6),
-                                    label=difficulty_label(passes, n, cfg), certain=certain,
-                                    hacks=sum(bool(v.hack_flags) for v in counted)))
-            samples[env_id] = max(samples.get(env_id, 0), max(v.sample for v in vs) + 1)  # over teachers
-        a = cfg.adaptive
-        if a:
-            # an unlabelled pair is never sure: it asks for `batch` more samples (within max_samples);
-            # the prior is fitted to the labelled pairs only (no attempt carries no evidence)
-            labelled = [r for r in rows if r.attempts]
-            counts = [(r.passes, r.attempts) for r in labelled]
-            if a.rule == "gain":
-                sure_l = [g < a.min_gain for g in label_gain(counts, cfg, a.batch)]
-            elif a.rule == "posterior":
-                sure_l = [c >= a.target for c in label_confidence(counts, cfg)]
+            label = difficulty_label(passes, n, cfg, solvable[env_id])
+            lc = conf.get((env_id, teacher), 0.0)
+            if env_id not in pooled.rate:
+                p_label, p_rate, p_conf = "unlabelled", 0.0, 0.0
             else:
-                sure_l = [label_certain(*wilson_interval(r.passes, r.attempts, a.target), r.attempts, cfg)
-                          for r in labelled]
-            by_pair = {(r.env_id, r.teacher): ok for r, ok in zip(labelled, sure_l)}
-            sure = [by_pair.get((r.env_id, r.teacher), False) for r in rows]
-            for r, ok in zip(rows, sure):
-                if not ok and samples[r.env_id] < a.max_samples:
-                    needs_more[r.env_id] = min(a.batch, a.max_samples - samples[r.env_id])
-                    next_sample[r.env_id] = samples[r.env_id]
-                    unsure.setdefault(r.env_id, []).append(r.teacher)
-        labels: dict[str, int] = {}
-        for r in rows:
-            labels[r.label] = labels.get(r.label, 0) + 1
+                p_rate = pooled.rate[env_id]
+                p_label = label_of_rate(p_rate, cfg) if solvable[env_id] else "unverified"
+                p_conf = pooled.band_mass[env_id].get(label_of_rate(p_rate, cfg), 0.0)
+            env = envs[env_id]
+            rows.append(Calibration(
+                env_id=env_id, family=env.family, level=env.level, teacher=teacher, attempts=n, passes=passes,
+                excluded=len(vs) - n, solve_rate=passes / n if n else 0.0, ci_low=round(lo, 6),
+                ci_high=round(hi, 6), label=label, label_confidence=round(lc, 6),
+                certain=lc >= cfg.confidence and label not in ("unverified", "unlabelled"),
+                hacks=sum(bool(v.hack_flags) and v.verified and v.status not in INFRA_STATUSES for v in vs),
+                pooled_label=p_label, pooled_solve_rate=p_rate, pooled_confidence=round(p_conf, 6),
+                pooled_teacher=pooled.reference))
+        needs_more, next_sample, unsure = {}, {}, {}
+        spent = 0
+        if cfg.adaptive:
+            first = {t.label: t.samples_per_env or ctx.config.rollout.samples_per_env for t in ctx.config.teachers}
+            spent = sum(v.sample >= first.get(v.teacher, ctx.config.rollout.samples_per_env) for v in verdicts)
+            done = sum(name.split(".")[0] == "verify" for name in upstream) - 1  # adaptive rounds so far
+            more = next_rollouts([counts[k] for k in pairs], [samples[e] for e, _ in pairs], cfg, spent,
+                                 groups=[t for _, t in pairs], confidence=[conf.get(k, 0.0) for k in pairs],
+                                 rounds_left=cfg.adaptive.max_rounds - done)
+            for i, k in sorted(more.items()):
+                env_id, teacher = pairs[i]
+                needs_more[env_id], next_sample[env_id] = k, samples[env_id]
+                unsure.setdefault(env_id, []).append(teacher)
         plan = RoundPlan(needs_more=needs_more, next_sample=next_sample, unsure_teachers=unsure)
-        stats = {"labels": labels, "environments": len(rows), "certain": sum(r.certain for r in rows),
-                 "attempts": sum(r.attempts for r in rows), RoundPlan.STATS_KEY: plan.model_dump(mode="json")}
+        stats = {"labels": dict(Counter(r.label for r in rows)), "environments": len(rows),
+                 "pooled_labels": dict(Counter(r.pooled_label for r in {r.env_id: r for r in rows}.values())),
+                 "certain": sum(r.certain for r in rows), "attempts": sum(r.attempts for r in rows),
+                 "adaptive_rollouts": spent, "pooled": {"reference": pooled.reference, "ability": pooled.ability},
+                 RoundPlan.STATS_KEY: plan.model_dump(mode="json")}
         return ShardResult(rows, [], stats)
