@@ -1,7 +1,7 @@
 """`trajforge envs ...` and `trajforge images ...`: environments outside a build.
 
 envs families | sample FAMILY --level L --seed S | validate PATH|ID | import DIR | export ID DIR
-images prune [--all]
+images prune [--all] | base add NAME --from-debootstrap SUITE [--mirror URL] [--alias PATTERN]
 
 An environment ID is a procedural one (`family-l<level>-s<seed>`, optionally with its content-hash
 suffix) or the env_id of an environment committed in a build under `--runs`. `validate` and `import`
@@ -89,9 +89,11 @@ def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConf
     except Exception as err:
         fail(str(err), 1)
 
+    from ..tasks.synthesize import build_options
+
     def one(env: EnvSpec):
         return env, validate_env(client, env, sandbox, sandbox.base_image, s.image_aliases, s.solution_timeout_s,
-                                 s.test_timeout_s, sibling=sibling_of)
+                                 s.test_timeout_s, sibling=sibling_of, build=build_options(s))
 
     with ThreadPoolExecutor(jobs) as pool:
         return list(pool.map(one, envs))
@@ -128,16 +130,101 @@ def envs_validate(ref: str = typer.Argument(..., help="task folder(s), family-l<
 @envs_app.command("import")
 def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Bench task folder, or a folder of them"),
                 out: Optional[Path] = typer.Option(None, help="write the admitted environments here (JSONL)"),
-                config: Optional[Path] = typer.Option(None), jobs: int = typer.Option(2)):
-    """Import task folders through the validator (a build takes them with `synthesize.imports`)."""
+                config: Optional[Path] = typer.Option(None), jobs: int = typer.Option(2, help="builds at once"),
+                sample: Optional[int] = typer.Option(None, help="try a seeded sample of N task folders first"),
+                seed: int = typer.Option(0, help="seed of --sample"),
+                ca_bundle: Optional[Path] = typer.Option(None, help="host CA bundle for networked builds "
+                                                                     "(overrides synthesize.build.ca_bundle)"),
+                state: Optional[Path] = typer.Option(None, help="journal of outcomes (resume); default "
+                                                                 ".trajforge/import-<hash of FOLDER>.jsonl"),
+                fresh: bool = typer.Option(False, help="ignore the journal: check every task again"),
+                log_dir: Path = typer.Option(Path(".trajforge/build-logs"), help="build logs, one per image")):
+    """Import task folders through the validator (a build takes them with `synthesize.imports`): parse all,
+    build and validate through a pool with a progress bar, resume from the journal, print yield by reason."""
+    import hashlib
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..tasks.envs.corpus import Journal, admit, discover, parse, tally
+    from ..tasks.envs.formats import TaskFormatError
+
     s, sandbox = _settings(config)
-    envs = _resolve(str(folder), "./runs")
-    results = _validate_all(envs, s, sandbox, jobs)
-    rejected = _report(results, f"import of {folder}")
+    if ca_bundle:
+        s = s.model_copy(update={"build": s.build.model_copy(update={"ca_bundle": str(ca_bundle)})})
+    t0 = time.monotonic()
+    try:
+        folders = discover(folder, sample, seed)
+    except TaskFormatError as err:
+        fail(str(err))
+    if not folders:
+        fail(f"{folder}: no task folder there")
+    envs, malformed = parse(folders)
+    console.print(f"parsed {len(folders)} task folder(s) in {time.monotonic() - t0:.1f}s: {len(envs)} readable, "
+                  f"{len(malformed)} malformed" + (f" (sample of {sample}, seed {seed})" if sample else ""))
+    for o in malformed:
+        err_console.print(f"[red]✗[/] {o.detail}")
+    unique = list({e.env_id: e for _, e in envs}.values())
+    settings = json.dumps([str(folder.resolve()), s.model_dump(mode="json"), sandbox.model_dump(mode="json")],
+                          sort_keys=True)  # other settings, another journal
+    digest = hashlib.sha256(settings.encode()).hexdigest()[:12]
+    journal = Journal(None if fresh and state is None else (state or Path(f".trajforge/import-{digest}.jsonl")))
+    if fresh:
+        journal.done.clear()
+    resumed = sum(e.env_id in journal.done for e in unique)
+    if resumed:
+        console.print(f"resuming: {resumed} environment(s) already checked (journal {journal.path})")
+    failures: dict[str, int] = {}
+    t1 = time.monotonic()
+    built = [0]
+    with Progress(TextColumn("[bold]import"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[why]}"), console=console,
+                  transient=False) as bar:
+        task = bar.add_task("import", total=len(unique) - resumed, rate="", why="")
+
+        def on_result(o) -> None:
+            built[0] += int(o.built)
+            if not o.kept:
+                failures[o.cause or o.outcome] = failures.get(o.cause or o.outcome, 0) + 1
+            minutes = max(time.monotonic() - t1, 1e-6) / 60
+            bar.update(task, advance=1, rate=f"{built[0] / minutes:.1f} images/min",
+                       why=", ".join(f"{k}={v}" for k, v in sorted(failures.items(), key=lambda kv: -kv[1])))
+
+        outcomes = admit(unique, s, sandbox, jobs, journal, on_result, log_dir)
+    by_id = {o.key: o for o in outcomes}
+    if len(outcomes) <= 40:
+        _outcome_table(outcomes, f"import of {folder}")
+    for o in outcomes:
+        if not o.kept:
+            console.print(f"[red]✗[/] {o.key}: {o.outcome}: {o.detail[:400]}")
+    _yield_table(tally([*outcomes, *malformed]))
     if out:
-        out.write_text("".join(env.model_dump_json() + "\n" for env, v in results if v.ok))
-        console.print(f"wrote {len(results) - rejected} environment(s) to {out}")
-    raise typer.Exit(1 if rejected else 0)
+        kept = [by_id[e.env_id].spec for e in unique if by_id.get(e.env_id) and by_id[e.env_id].kept]
+        out.write_text("".join(k + "\n" for k in kept if k))
+        console.print(f"wrote {len(kept)} environment(s) to {out}")
+    console.print(f"build logs: {log_dir}/<image>.log · wall time {time.monotonic() - t0:.1f}s")
+    raise typer.Exit(1 if malformed or any(not o.kept for o in outcomes) else 0)
+
+
+def _outcome_table(outcomes, title: str) -> None:
+    t = Table(title=title)
+    for col in ("environment", "source", "oracle", "verdict"):
+        t.add_column(col)
+    for o in sorted(outcomes, key=lambda o: o.key):
+        t.add_row(o.key, o.source, o.oracle, "[green]kept[/]" if o.kept else f"[red]{o.outcome}[/]")
+    console.print(t)
+
+
+def _yield_table(by_source: dict[str, dict[str, int]]) -> None:
+    t = Table(title="yield per source")
+    for col in ("source", "candidates", "kept (oracle)", "kept (no oracle)", "yield", "rejected by reason"):
+        t.add_column(col)
+    for source, counts in sorted(by_source.items()):
+        total = sum(counts.values())
+        k1, k2 = counts.get("kept (oracle)", 0), counts.get("kept (no oracle)", 0)
+        why = ", ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if not k.startswith("kept"))
+        t.add_row(source, str(total), str(k1), str(k2), f"{(k1 + k2) / total:.0%}" if total else "-", why)
+    console.print(t)
 
 
 @envs_app.command("export")
@@ -150,6 +237,39 @@ def envs_export(ref: str = typer.Argument(..., help="family-l<L>-s<S> or a commi
     for env in _resolve(ref, runs):
         out = export_harbor(env, dest)
         console.print(f"exported {env.env_id} -> {out}")
+
+
+base_app = typer.Typer(no_args_is_help=True, help="Local base images that registry `FROM` images map to.")
+images_app.add_typer(base_app, name="base")
+
+
+@base_app.command("add")
+def images_base_add(name: str = typer.Argument(..., help="tags trajforge/base-NAME:latest"),
+                    from_debootstrap: str = typer.Option(..., "--from-debootstrap", metavar="SUITE",
+                                                         help="e.g. bookworm, trixie, or noble with an Ubuntu --mirror"),
+                    mirror: str = typer.Option("http://deb.debian.org/debian"),
+                    components: str = typer.Option("main", help="e.g. main,universe for Ubuntu"),
+                    alias: list[str] = typer.Option([], help="FROM pattern(s) this base stands in for, e.g. "
+                                                             "'*/ubuntu-24-04:*' (printed as config lines)")):
+    """Build another local base image offline (debootstrap + docker import + the agent layer) and print the
+    `synthesize.image_aliases` lines that map registry images to it."""
+    import os
+    import re
+    import subprocess
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+        fail(f"NAME {name!r}: use lower-case letters, digits and ._- (it becomes trajforge/base-NAME)")
+    script = Path(__file__).resolve().parents[1] / "deploy" / "images" / "add-base.sh"
+    proc = subprocess.run(["bash", str(script), name, from_debootstrap, mirror], env={**os.environ,
+                          "COMPONENTS": components}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        fail(f"base image {name} from {from_debootstrap} ({mirror}) did not build:\n{(proc.stdout + proc.stderr)[-1500:]}", 1)
+    console.print(proc.stdout.strip())
+    tag = f"trajforge/base-{name}:latest"
+    console.print("add to your build config (the mapping is recorded on each environment as `base_images`):")
+    console.print("synthesize:\n  image_aliases:")
+    for pattern in alias or ["<registry pattern>"]:
+        console.print(f'    "{pattern}": "{tag}"')
 
 
 @images_app.command("prune")

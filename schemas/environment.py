@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 from .common import FileSpec, Record
 
 DEFAULT_WORKDIR = "/home/agent/work"
+LATER_FIELDS = ("oracle", "blobs", "build_timeout_s")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
@@ -38,6 +39,23 @@ def check_workdir(path: str) -> str:
         if (path == d or path.startswith(d + "/")) and not path.startswith(("/usr/src/", "/usr/local/src/")):
             raise ValueError(f"workdir {path!r} is (inside) the system directory {d}")
     return path
+
+
+class Blob(Record):
+    """A binary file of an environment's build context: `path` relative to the context, its bytes in
+    the content-addressed blob store under `sha256` (`tasks/envs/blobs.py`)."""
+
+    path: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    mode: int = 0o644
+
+
+class BaseImage(Record):
+    """A `FROM` image of an imported Dockerfile and the local image it was built on instead."""
+
+    image: str
+    local: str
 
 
 class EnvSpec(Record):
@@ -72,7 +90,16 @@ class EnvSpec(Record):
     tests: list[FileSpec]
     verifier: Literal["functions", "script"] = "functions"
     test_command: str | None = None
-    solution: list[str] = Field(description="shell commands of the reference solution, run in order")
+    solution: list[str] = Field(default_factory=list,
+                                description="shell commands of the reference solution, run in order (empty when "
+                                            "`oracle` is absent)")
+    oracle: Literal["present", "absent"] = Field("present", description=(
+        "whether a reference solution ships with the environment; `absent` (imported corpora that publish "
+        "tasks only): the validator runs every check that needs no oracle, and the environment counts as "
+        "solvable only once some teacher passes it"))
+    blobs: list[Blob] = Field(default_factory=list, description=(
+        "binary build-context files, carried by content hash (bytes in the blob store, never in the spec)"))
+    build_timeout_s: float | None = Field(None, description="the task's own image build timeout")
     protected: list[str] = Field(default_factory=list,
                                  description="globs (relative to workdir) the agent must not change: checksummed "
                                              "before and after each episode")
@@ -87,6 +114,9 @@ class EnvSpec(Record):
         "paths the reference solution changed in the container (set by the validator): a change an agent "
         "makes that is not here is `unexpected`"))
     image: str | None = None
+    base_images: list[BaseImage] = Field(default_factory=list, description=(
+        "set at build: each `FROM` image of `dockerfile` mapped through the alias table -> the local image "
+        "it was built on (a registry image substituted by a local base is recorded here)"))
 
     @field_validator("workdir")
     @classmethod
@@ -94,5 +124,8 @@ class EnvSpec(Record):
         return check_workdir(v)
 
     def content_hash(self) -> str:
-        payload = self.model_dump(exclude={"image", "env_id", "expected_changes"})
+        payload = self.model_dump(exclude={"image", "env_id", "expected_changes", "base_images"})
+        for name in LATER_FIELDS:  # fields added later count only when set: older ids stay what they were
+            if payload[name] == type(self).model_fields[name].get_default(call_default_factory=True):
+                del payload[name]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

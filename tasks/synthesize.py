@@ -2,12 +2,19 @@
 (MinHash over instruction and files, `synthesize.dedup_threshold`; procedural sources are kept first),
 then each image is built once (content-addressed, `build_concurrency` at a time) and the validator
 runs every check in Docker (see `validator`). Kept rows carry their image tag; each rejected
-candidate is a row of `rejects` with its reason code; `stats.json` has the yield per source.
+candidate is a row of `rejects` with its reason code; `stats.json` has the yield per source
+(`yield`: `source|outcome`), the kept environments by oracle (`kept_by_oracle`: `source|present` /
+`source|absent`) and failed builds by cause (`build_failures`). Environments without a reference
+solution are kept (marked `oracle: absent`) unless `synthesize.require_solution` (then
+`no_reference_solution`). Each build's log is kept per image under `synthesize.build.log_dir`, else
+`<build>/build-logs/<tag>.log` in the run store.
 """
 
 from __future__ import annotations
 
+import posixpath
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from ..schemas.common import Reject
@@ -15,12 +22,18 @@ from ..schemas.config import BuildConfig, fingerprint_view
 from ..schemas.environment import EnvSpec
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext
 from .envs.catalogue import sibling_of, source_kind, source_priority
-from .envs.images import ImageBuildError, ensure_image
+from .envs.images import BuildOptions, ImageBuildError, ensure_image
 from .envs.validator import dedup, validate_env
 from .sandbox import SandboxError, docker_client
 
 ADMISSION = ("image_aliases", "dedup_threshold", "validate_envs", "solution_timeout_s", "test_timeout_s",
-             "envs_per_shard")
+             "envs_per_shard", "require_solution", "build")
+
+
+def build_options(s) -> BuildOptions:
+    """`synthesize.build` as the image builder's options."""
+    return BuildOptions(network=s.build.network, ca_bundle=s.build.ca_bundle, proxies=s.build.proxies(),
+                        timeout_s=s.build.timeout_s)
 
 
 class SynthesizeStage(Stage):
@@ -68,8 +81,19 @@ class SynthesizeStage(Stage):
         wanted = set(shard.payload["env_ids"]) | set(shard.payload["duplicates"])
         cands = {e.env_id: e for e in ctx.store.read_records(upstream["propose"].parts, EnvSpec) if e.env_id in wanted}
         client = docker_client(pool_size=2 * s.build_concurrency + 4)
-        stats: dict[str, Any] = {"images_built": 0, "validation_seconds": 0.0, "yield": {}}
+        stats: dict[str, Any] = {"images_built": 0, "validation_seconds": 0.0, "yield": {}, "kept_by_oracle": {},
+                                 "build_failures": {}}
         rows, rejects = [], []
+        options = build_options(s)
+        logs = s.build.log_dir or posixpath.join(ctx.store.build_dir(ctx.build_id), "build-logs")
+
+        def keep_log(tag: str, text: str) -> None:
+            name = tag.split(":")[-1] + ".log"
+            if s.build.log_dir:
+                Path(logs).mkdir(parents=True, exist_ok=True)
+                (Path(logs) / name).write_text(text)
+            else:
+                ctx.store.write_text(posixpath.join(logs, name), text)
 
         def count(env: EnvSpec, outcome: str) -> None:
             key = f"{source_kind(env.source)}|{outcome}"
@@ -80,17 +104,21 @@ class SynthesizeStage(Stage):
             count(cands[env_id], "near_duplicate")
 
         def one(env: EnvSpec):
+            if env.oracle == "absent" and s.require_solution:
+                return env, Reject(key=env.env_id, reason="no_reference_solution",
+                                   detail="the task ships no reference solution (synthesize.require_solution)"), False, 0.0
             if not s.validate_envs:
                 try:
                     env.image, built = ensure_image(client, cfg.sandbox.base_image, env, s.image_aliases,
-                                                   limits=cfg.sandbox)
+                                                   limits=cfg.sandbox, options=options, log_sink=keep_log)
                     return env, None, built, 0.0
                 except ImageBuildError as err:
-                    return env, Reject(key=env.env_id, reason="image_build_failed", detail=err.log_tail[-1500:]), False, 0.0
+                    return env, Reject(key=env.env_id, reason="image_build_failed",
+                                       detail=f"[{err.cause}] {err.log_tail[-1500:]}"), False, 0.0
             try:
                 v = validate_env(client, env, cfg.sandbox, cfg.sandbox.base_image, s.image_aliases,
                                  s.solution_timeout_s, s.test_timeout_s, sibling=sibling_of,
-                                 labels={"trajforge.build": ctx.build_id})
+                                 labels={"trajforge.build": ctx.build_id}, build=options, log_sink=keep_log)
             except SandboxError as err:  # e.g. the base image is missing: not this environment's fault
                 return env, Reject(key=env.env_id, reason="validation_infra", detail=str(err)[:1500]), False, 0.0
             return env, v.reject, v.built, v.seconds
@@ -102,7 +130,12 @@ class SynthesizeStage(Stage):
                 if reject:
                     rejects.append(reject)
                     count(env, reject.reason)
+                    if reject.reason == "image_build_failed":
+                        cause = reject.detail[1:].partition("]")[0] if reject.detail.startswith("[") else "build_step_failed"
+                        stats["build_failures"][cause] = stats["build_failures"].get(cause, 0) + 1
                 else:
                     rows.append(env)
                     count(env, "kept")
+                    key = f"{source_kind(env.source)}|{env.oracle}"
+                    stats["kept_by_oracle"][key] = stats["kept_by_oracle"].get(key, 0) + 1
         return ShardResult(rows, rejects, stats)

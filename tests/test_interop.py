@@ -44,7 +44,7 @@ def test_terminal_bench_folder_is_parsed():
     ("rm task.toml", "not a task folder"),
     ("rm instruction.md", "instruction.md: missing"),
     ("rm tests/test.sh", "tests/test.sh: missing"),
-    ("rm solution/solve.sh", "solve.sh: missing"),
+    ("printf '\\000\\377' > tests/expected.bin", "expected.bin: binary file"),  # no solve.sh is fine: oracle absent
     ("echo 'agent = [' > task.toml", "task.toml: not valid TOML"),
     ("printf '[agent]\\ntimeout_sec = \"soon\"\\n' > task.toml", "[agent].timeout_sec must be a positive number"),
     (": > instruction.md", "empty instruction"),

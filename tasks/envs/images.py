@@ -1,12 +1,19 @@
 """Content-addressed environment images, built once in their own step before any rollout.
 
-tag = trajforge/env:<sha256(base image id, final Dockerfile, context files)[:16]>. An image whose tag
-exists is never rebuilt, so identical environments share one image across builds. Builds use the
-legacy builder with no network (no registry is reachable): `FROM` images of imported Dockerfiles are
-mapped through the alias table (fnmatch patterns -> local images, `{base}` = the base image), and an
-image that is neither aliased nor present locally fails with the tail of the build log. Each step's
-container is limited (memory without swap, a CPU quota, file size and open files: `sandbox.build_*`;
-the build API has no pids limit) and a build past its timeout is cancelled.
+tag = trajforge/env:<sha256(base image id, final Dockerfile, context files, binary blobs' hashes)[:16]>.
+An image whose tag exists is never rebuilt, so identical environments share one image across builds
+(and an interrupted import resumes where it stopped). Builds use the legacy builder. `FROM` images of
+imported Dockerfiles are mapped through the alias table (fnmatch patterns -> local images, `{base}` =
+the base image; the mapping is recorded on the environment, `base_images`), and an image that is
+neither aliased nor present locally fails (`base_image_missing`). Build-time network
+(`BuildOptions.network`) is for imported Dockerfiles only (their `apt-get`/`pip` steps); agent-time
+network stays none. With a CA bundle, it is copied into every stage and named by `PIP_CERT`,
+`SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, ... as build args (never persisted in the image config, never
+part of the tag); proxies go in as Docker's predefined proxy build args. Each step's container is
+limited (memory without swap, a CPU quota, file size and open files: `sandbox.build_*`; the build API
+has no pids limit) and a build past its timeout (the task's `build_timeout_s`, else the default) is
+cancelled. Every failure carries a cause code (`ImageBuildError.cause`) and the log is handed to
+`log_sink` (kept per image by the caller).
 """
 
 from __future__ import annotations
@@ -18,15 +25,18 @@ import json
 import re
 import tarfile
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import docker
 import docker.errors
 
 from ...schemas.common import FileSpec
 from ...schemas.config import SandboxConfig
-from ...schemas.environment import EnvSpec
+from ...schemas.environment import BaseImage, EnvSpec
 from ..sandbox import AGENT_UID, DockerUnavailable
 from ..sandbox.limits import build_params
+from .blobs import BlobMissing, BlobStore
 
 LABEL = {"trajforge.image": "env"}
 DOCKERFILE_NAME = ".trajforge.Dockerfile"
@@ -52,12 +62,55 @@ WORKDIR {workdir}
 FROM_LINE = re.compile(r"^(\s*FROM\s+)(--platform=\S+\s+)?(\S+)(.*)$", re.I | re.M)
 
 
-class ImageBuildError(RuntimeError):
-    """A Dockerfile that failed to build; `log_tail` holds the last lines of the build log."""
+CA_PATH = "/usr/local/share/trajforge-build-ca.crt"
+CA_NAME = ".trajforge-build-ca.crt"
+CA_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS",
+           "UV_NATIVE_TLS_CERT")
+# cause codes of a failed build, first match in the log wins (else `build_step_failed`)
+CAUSES = (
+    ("base_image_missing", re.compile(r"pull access denied|manifest unknown|repository does not exist|"
+                                      r"No such image|not found: manifest|failed to resolve reference|"
+                                      r"Get \"https?://[^\"]+/v2/", re.I)),  # pulling a FROM image no alias maps
+    ("build_fetch_failed", re.compile(r"Temporary failure resolving|Could not resolve|Failed to fetch|"
+                                      r"Name or service not known|Network is unreachable|CERTIFICATE_VERIFY_FAILED|"
+                                      r"Could not fetch URL|ConnectionError|Connection refused|SSL: ", re.I)),
+    ("package_not_found", re.compile(r"Unable to locate package|has no installation candidate|"
+                                     r"No matching distribution found|Could not find a version", re.I)),
+)
 
-    def __init__(self, message: str, log_tail: str):
+
+class ImageBuildError(RuntimeError):
+    """A Dockerfile that failed to build; `log_tail` holds the last lines of the build log, `cause` a code:
+    base_image_missing | build_fetch_failed | package_not_found | build_timeout | blob_missing |
+    build_step_failed."""
+
+    def __init__(self, message: str, log_tail: str, cause: str | None = None):
         super().__init__(f"{message}\n{log_tail}")
         self.log_tail = log_tail
+        self.cause = cause or classify(f"{message}\n{log_tail}")
+
+
+def classify(log: str) -> str:
+    for cause, pattern in CAUSES:
+        if pattern.search(log):
+            return cause
+    return "build_step_failed"
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How images are built (never what they are: none of this enters an image tag). `network`: imported
+    Dockerfiles build on the host network (`imports`) or with none; `ca_bundle`: a host CA bundle copied
+    into their builds; `proxies`: `http_proxy` / `https_proxy` / `no_proxy` build args; `timeout_s`: a
+    build's limit unless the task sets its own."""
+
+    network: str = "none"
+    ca_bundle: str | None = None
+    proxies: tuple[tuple[str, str], ...] = ()
+    timeout_s: float = 900
+
+    def networked(self, env: EnvSpec) -> bool:
+        return self.network == "imports" and env.dockerfile is not None
 
 
 def base_image_id(client: docker.DockerClient, base: str) -> str:
@@ -68,8 +121,9 @@ def base_image_id(client: docker.DockerClient, base: str) -> str:
                                 "(or deploy/images/build-base.sh) to build it offline") from None
 
 
-def map_from(dockerfile: str, aliases: dict[str, str], base_id: str) -> str:
-    """Rewrite `FROM image` lines through the alias table (first matching pattern wins)."""
+def map_from(dockerfile: str, aliases: dict[str, str], base_id: str, mapped: dict[str, str] | None = None) -> str:
+    """Rewrite `FROM image` lines through the alias table (first matching pattern wins); `mapped`
+    collects image -> what it became (the target pattern with `{base}` kept as the base's name)."""
     stages: set[str] = set()
 
     def sub(m: re.Match) -> str:
@@ -81,7 +135,11 @@ def map_from(dockerfile: str, aliases: dict[str, str], base_id: str) -> str:
             return m.group(0)
         for pattern, target in aliases.items():
             if fnmatch.fnmatch(image, pattern):
+                if mapped is not None:
+                    mapped[image] = target
                 return f"{m.group(1)}{target.format(base=base_id)}{rest}"
+        if mapped is not None:
+            mapped[image] = image
         return m.group(0)
 
     return FROM_LINE.sub(sub, dockerfile)
@@ -102,7 +160,24 @@ def render(env: EnvSpec, base_id: str, aliases: dict[str, str]) -> tuple[str, li
     return text, context
 
 
-def _context_tar(dockerfile: str, files: list[FileSpec]) -> bytes:
+def base_mapping(env: EnvSpec, aliases: dict[str, str], base: str) -> dict[str, str]:
+    """{FROM image of env's Dockerfile: the local image it builds on} (`{base}` named as `base`)."""
+    if env.dockerfile is None:
+        return {}
+    mapped: dict[str, str] = {}
+    map_from(env.dockerfile, aliases, "{base}", mapped)
+    return {k: v.replace("{base}", base) for k, v in mapped.items()}
+
+
+def with_ca(dockerfile: str) -> str:
+    """`dockerfile` with the build CA bundle copied in after every FROM and named by the usual variables
+    as build args (set for RUN steps, not kept in the image config); removed again at the end."""
+    lines = [f"COPY {CA_NAME} {CA_PATH}", "ARG " + " ".join(f"{v}={CA_PATH}" for v in CA_VARS)]
+    text = FROM_LINE.sub(lambda m: m.group(0) + "\n" + "\n".join(lines), dockerfile)
+    return text.rstrip("\n") + f"\nRUN rm -f {CA_PATH}\n"
+
+
+def _context_tar(dockerfile: str, files: list[FileSpec], blobs: list[tuple[str, bytes, int]] = ()) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         def add(name: str, data: bytes, mode: int = 0o644) -> None:
@@ -115,34 +190,48 @@ def _context_tar(dockerfile: str, files: list[FileSpec]) -> bytes:
         tar.addfile(d)
         for f in files:
             add(f.path.strip("/"), f.content.encode(), f.mode)
+        for path, data, mode in blobs:
+            add(path.strip("/"), data, mode)
     return buf.getvalue()
 
 
 def image_tag(base_id: str, env: EnvSpec, aliases: dict[str, str] | None = None) -> str:
     dockerfile, context = render(env, base_id, aliases or {})
-    payload = json.dumps([base_id, dockerfile, [f.model_dump() for f in context]], sort_keys=True)
-    return "trajforge/env:" + hashlib.sha256(payload.encode()).hexdigest()[:16]
+    payload = [base_id, dockerfile, [f.model_dump() for f in context]]
+    if env.blobs:  # binary files count by content (older tags, without any, stay what they were)
+        payload.append([b.model_dump() for b in env.blobs])
+    return "trajforge/env:" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _build(client: docker.DockerClient, context: bytes, tag: str, limits: SandboxConfig, timeout_s: float):
+def _build(client: docker.DockerClient, context: bytes, tag: str, limits: SandboxConfig, timeout_s: float,
+           network: bool = False, buildargs: dict[str, str] | None = None):
     """The decoded log stream of a legacy-builder build whose step containers are limited (`build_params`:
-    docker-py's `build` passes neither a CPU quota nor ulimits) and have no network."""
+    docker-py's `build` passes neither a CPU quota nor ulimits) and have no network unless `network`
+    (then the host's: the engine runs with no bridge)."""
     api = client.api
     params = {"t": tag, "dockerfile": DOCKERFILE_NAME, "rm": True, "forcerm": True, "labels": json.dumps(LABEL),
-              "networkmode": "none", **build_params(limits)}
+              "networkmode": "host" if network else "none", **build_params(limits, client)}
+    if buildargs:
+        params["buildargs"] = json.dumps(buildargs)
     response = api._post(api._url("/build"), data=context, params=params, stream=True, timeout=timeout_s,
                          headers={"Content-Type": "application/tar"})
     return response, api._stream_helper(response, decode=True)
 
 
 def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
-                 aliases: dict[str, str] | None = None, timeout_s: float = 900,
-                 limits: SandboxConfig | None = None) -> tuple[str, bool]:
-    """Return (tag, built_now). Raises ImageBuildError with the tail of the log on failure, also when the
-    build runs past `timeout_s` (the connection is dropped, which cancels the build). `limits`: the
-    build containers' memory, CPU and ulimits (default: SandboxConfig's defaults)."""
+                 aliases: dict[str, str] | None = None, timeout_s: float | None = None,
+                 limits: SandboxConfig | None = None, options: BuildOptions | None = None,
+                 log_sink: Callable[[str, str], None] | None = None) -> tuple[str, bool]:
+    """Return (tag, built_now); sets `env.base_images`. Raises ImageBuildError (with a cause code and the
+    tail of the log) on failure, also when the build runs past its timeout (`timeout_s`, else the task's
+    `build_timeout_s`, else `options.timeout_s`; the connection is dropped, which cancels the build).
+    `limits`: the build containers' memory, CPU and ulimits (default: SandboxConfig's defaults).
+    `log_sink(tag, log)` receives the whole log of every build that ran (success or failure)."""
+    options = options or BuildOptions()
+    timeout_s = timeout_s or env.build_timeout_s or options.timeout_s
     base_id = base_image_id(client, base)
     aliases = aliases or {}
+    env.base_images = [BaseImage(image=k, local=v) for k, v in base_mapping(env, aliases, base).items()]
     tag = image_tag(base_id, env, aliases)
     try:
         client.images.get(tag)
@@ -150,11 +239,27 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
     except docker.errors.ImageNotFound:
         pass
     dockerfile, context = render(env, base_id, aliases)
+    try:
+        store = BlobStore() if env.blobs else None
+        blobs = [(b.path, store.get(b.sha256), b.mode) for b in env.blobs]
+    except BlobMissing as err:
+        raise ImageBuildError(f"image for {env.env_id} failed to build: {err}", "", cause="blob_missing") from None
+    network = options.networked(env)
+    buildargs = {k: v for k, v in options.proxies} if network else {}
+    if network and options.ca_bundle:
+        try:
+            with open(options.ca_bundle, "rb") as f:
+                blobs.append((CA_NAME, f.read(), 0o644))
+        except OSError as err:
+            raise ImageBuildError(f"image for {env.env_id} failed to build: CA bundle {options.ca_bundle}: {err}",
+                                  "", cause="build_fetch_failed") from None
+        dockerfile = with_ca(dockerfile)
     log: list[str] = []
     deadline = time.monotonic() + timeout_s
     response = None
     try:
-        response, chunks = _build(client, _context_tar(dockerfile, context), tag, limits or SandboxConfig(), timeout_s)
+        response, chunks = _build(client, _context_tar(dockerfile, context, blobs), tag, limits or SandboxConfig(),
+                                  timeout_s, network, buildargs)
         for chunk in chunks:
             if "stream" in chunk:
                 log.append(chunk["stream"])
@@ -163,17 +268,26 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
                                       "".join(log)[-2000:])
             if time.monotonic() > deadline:
                 raise ImageBuildError(f"image for {env.env_id} failed to build: still building after "
-                                      f"{timeout_s:g}s", "".join(log)[-2000:])
-    except ImageBuildError:
+                                      f"{timeout_s:g}s", "".join(log)[-2000:], cause="build_timeout")
+    except ImageBuildError as err:
+        log.append(f"\n[trajforge] {err.cause}: {err.args[0].splitlines()[0]}\n")
         raise
     except docker.errors.APIError as err:
+        log.append(f"\n[trajforge] {err}\n")
         raise ImageBuildError(f"image for {env.env_id} failed to build: {err}", "".join(log)[-2000:]) from None
     except Exception as err:  # read timeout of a hung build, dropped connection
+        log.append(f"\n[trajforge] {err.__class__.__name__}: {err}\n")
+        timed_out = time.monotonic() > deadline - 1 or "timed out" in str(err).lower()
         raise ImageBuildError(f"image for {env.env_id} failed to build: {err.__class__.__name__}: {err}",
-                              "".join(log)[-2000:]) from None
+                              "".join(log)[-2000:], cause="build_timeout" if timed_out else None) from None
     finally:
         if response is not None:
             response.close()
+        if log_sink is not None:
+            try:
+                log_sink(tag, "".join(log))
+            except Exception:  # keeping a log never fails a build
+                pass
     return tag, True
 
 

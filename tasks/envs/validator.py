@@ -13,11 +13,17 @@ Checks, in order, each with the reason code a failing environment is rejected wi
 - `verifier_error`: the tests themselves crash or print no result on the solved state;
 - `validation_infra`: Docker failed while checking (infrastructure, not the environment).
 `near_duplicate` is decided before (see `dedup`), over all candidates of a build.
+
+Without a reference solution (`oracle: absent`) every check that needs no oracle runs: the image
+builds, the tests are not in it, the untouched environment fails its tests and they give the same
+per-test results on it twice (`nondeterministic_tests`); tests that crash or print no result on it
+are `verifier_error`. `solution_passes` and `instance_specific` are `skip`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -25,8 +31,9 @@ from ...schemas.common import Reject
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import EnvSpec
 from ..sandbox import Sandbox, SandboxError
+from ..sandbox.changes import sensitive_class
 from ..sandbox.verifier import VERIFIER_CAPS, run_hidden_tests
-from .images import ImageBuildError, ensure_image
+from .images import BuildOptions, ImageBuildError, ensure_image
 
 CHECKS = ["image", "noop_fails", "no_leak", "solution_passes", "deterministic", "instance_specific"]
 # where a leaked test or solution could hide; system folders are skipped (they come from the base image)
@@ -42,6 +49,7 @@ class Validation:
     checks: dict[str, str] = field(default_factory=dict)  # check -> pass | fail | skip
     built: bool = False
     seconds: float = 0.0
+    build_cause: str | None = None  # why the image did not build (ImageBuildError.cause)
 
     @property
     def ok(self) -> bool:
@@ -59,18 +67,24 @@ def _sha(text: str) -> str:
 
 def validate_env(client, env: EnvSpec, sandbox: SandboxConfig, base_image: str, aliases: dict[str, str],
                  command_timeout_s: float, test_timeout_s: float,
-                 sibling: Callable[[EnvSpec], EnvSpec | None] | None = None, labels: dict | None = None) -> Validation:
+                 sibling: Callable[[EnvSpec], EnvSpec | None] | None = None, labels: dict | None = None,
+                 build: BuildOptions | None = None, log_sink: Callable[[str, str], None] | None = None) -> Validation:
     """Build `env`'s image (sets `env.image`) and run every check; never raises for the environment's
-    own faults (they become the reject), only `validation_infra` wraps Docker failures."""
+    own faults (they become the reject), only `validation_infra` wraps Docker failures. A failed build's
+    cause code is `Validation.build_cause` and leads the reject's detail."""
     import time
 
     t0 = time.monotonic()
     v = Validation(env.env_id)
     try:
-        env.image, v.built = ensure_image(client, base_image, env, aliases, limits=sandbox)
+        env.image, v.built = ensure_image(client, base_image, env, aliases, limits=sandbox, options=build,
+                                          log_sink=log_sink)
         v.checks["image"] = "pass"
     except ImageBuildError as err:
-        return v.fail("image", "image_build_failed", f"{err.args[0].splitlines()[0]}\n{err.log_tail[-1200:]}")
+        v.build_cause = err.cause
+        v.seconds = round(time.monotonic() - t0, 3)
+        return v.fail("image", "image_build_failed",
+                      f"[{err.cause}] {err.args[0].splitlines()[0]}\n{err.log_tail[-1200:]}")
     try:
         return _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling, labels or {})
     except SandboxError as err:
@@ -88,6 +102,9 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
         noop = run_hidden_tests(sb, env, test_timeout_s)
         if noop.passed:
             return v.fail("noop_fails", "noop_passes", "the hidden tests pass on the untouched environment")
+        if env.oracle == "absent" and (noop.error or not noop.results):  # nothing else shows the tests work
+            return v.fail("noop_fails", "verifier_error",
+                          f"the tests give no result on the untouched environment: {noop.error}\n{noop.output[-600:]}")
         v.checks["noop_fails"] = "pass"
     with box() as sb:
         secrets = {_sha(t.content): f"test file {t.path}" for t in env.tests if len(t.content) > 40}
@@ -102,6 +119,8 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
                 reason = "solution_leaked" if "solution" in secrets[digest] else "tests_leaked"
                 return v.fail("no_leak", reason, f"{path} in the image holds {secrets[digest]}")
         v.checks["no_leak"] = "pass"
+        if env.oracle == "absent":
+            return _without_oracle(sb, env, v, noop, test_timeout_s)
         for cmd in env.solution:
             res = sb.exec(cmd, command_timeout_s)
             if res.timed_out:
@@ -136,11 +155,30 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
     return v
 
 
+def _without_oracle(sb: Sandbox, env: EnvSpec, v: Validation, noop, test_timeout_s: float) -> Validation:
+    """The checks left when no reference solution exists: the untouched environment's per-test results
+    are the same in a second fresh container."""
+    again = run_hidden_tests(sb, env, test_timeout_s)
+    if again.error or again.passed or again.outcome() != noop.outcome():
+        return v.fail("deterministic", "nondeterministic_tests",
+                      f"untouched environment: first run {noop.outcome()}, second run {again.outcome() or again.error}")
+    v.checks.update(solution_passes="skip", deterministic="pass", instance_specific="skip")
+    # no oracle to say what a solution changes: an agent may change the image's own files in the work dir
+    # that cannot change how the tests run; anything else it changes is unexpected (counterfactual checks)
+    found = sb.exec(f"find {shlex.quote(env.workdir)} -xdev -type f 2>/dev/null | head -n 2000", 60,
+                    user="root", workdir="/", output_limit=1 << 20)
+    env.expected_changes = sorted(p for p in found.output.splitlines()
+                                  if p.startswith("/") and sensitive_class(p, env.workdir) is None)
+    return v
+
+
 def oracle_changes(client, env: EnvSpec, sandbox: SandboxConfig, command_timeout_s: float,
                    labels: dict | None = None) -> list[str] | None:
     """The reference solution's change set in a fresh container of the built image (what an agent's
     changes are compared with), for environments that did not go through the validator; None when
-    the solution does not run cleanly."""
+    the solution does not run cleanly, or there is none (`oracle: absent`)."""
+    if env.oracle == "absent":
+        return None
     with Sandbox(client, env.image, sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
                  labels={"trajforge.role": "oracle", **(labels or {})}, agent=env.agent_user) as sb:
         for cmd in env.solution:

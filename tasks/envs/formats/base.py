@@ -15,11 +15,13 @@ from typing import ClassVar
 
 from ....schemas.common import FileSpec
 from ....schemas.config import safe_name
-from ....schemas.environment import EnvSpec, check_workdir
+from ....schemas.environment import Blob, EnvSpec, check_workdir
+from ..blobs import BlobStore
 
 LEVELS = {"easy": 1, "medium": 2, "hard": 3}
 WORKDIR_LINE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.I | re.M)
-MAX_FILE = 4 << 20
+MAX_FILE = 4 << 20  # a text file inlined in a spec
+MAX_BLOB = 512 << 20  # a binary build-context file (carried by hash, see `blobs`)
 
 
 class TaskFormatError(ValueError):
@@ -68,20 +70,31 @@ def check_links(folder: Path) -> None:
                 raise TaskFormatError(p, f"symlink to {target} leads outside the task folder")
 
 
-def _files(folder: Path, exclude: set[str] = frozenset()) -> list[FileSpec]:
-    """The files below `folder` (the importer has checked the task folder's links: `check_links`)."""
+def _files(folder: Path, exclude: set[str] = frozenset(), blobs: BlobStore | None = None,
+           carried: list[Blob] | None = None) -> list[FileSpec]:
+    """The text files below `folder` (the importer has checked the task folder's links: `check_links`).
+    With `blobs`, a binary file (or one over MAX_FILE, up to MAX_BLOB) is put in that content-addressed
+    store and appended to `carried` as a `Blob`; without, it is an error naming the file."""
     out = []
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder).as_posix()
         if not p.is_file() or rel in exclude or any(rel.startswith(e + "/") for e in exclude):
             continue
-        if p.stat().st_size > MAX_FILE:
-            raise TaskFormatError(p, f"file larger than {MAX_FILE} bytes")
+        size, mode = p.stat().st_size, 0o755 if p.stat().st_mode & 0o111 else 0o644
+        if size > (MAX_BLOB if blobs is not None else MAX_FILE):
+            raise TaskFormatError(p, f"file larger than {MAX_BLOB if blobs is not None else MAX_FILE} bytes")
+        data = p.read_bytes()
         try:
-            content = p.read_text()
+            if size > MAX_FILE or b"\0" in data:
+                raise UnicodeDecodeError("utf-8", data[:1], 0, 1, "binary")
+            content = data.decode()
         except UnicodeDecodeError:
-            raise TaskFormatError(p, "binary files are not supported in imported tasks") from None
-        out.append(FileSpec(path=rel, content=content, mode=0o755 if p.stat().st_mode & 0o111 else 0o644))
+            if blobs is None or carried is None:
+                raise TaskFormatError(p, "binary file: only the build context (environment/) may hold binary "
+                                         "files") from None
+            carried.append(Blob(path=rel, sha256=blobs.put(data), size=size, mode=mode))
+            continue
+        out.append(FileSpec(path=rel, content=content, mode=mode))
     return out
 
 

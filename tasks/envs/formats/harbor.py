@@ -12,10 +12,23 @@ from pathlib import Path
 
 from ....schemas.common import FileSpec
 from ....schemas.config import safe_name
-from ....schemas.environment import EnvSpec
+from ....schemas.environment import Blob, EnvSpec
 from ...sandbox.verifier import RUNNER
+from ..blobs import BlobStore
 from ..images import render
-from .base import LEVELS, TaskFormat, TaskFormatError, _env_id, _files, _number, _parse, _read, _workdir, check_links
+from .base import (
+    LEVELS,
+    TaskFormat,
+    TaskFormatError,
+    _env_id,
+    _files,
+    _number,
+    _parse,
+    _read,
+    _workdir,
+    check_links,
+    folder_digest,
+)
 
 
 def _agent_user(meta: dict, where: Path) -> str:
@@ -38,23 +51,29 @@ def import_harbor(folder: Path) -> EnvSpec:
     if not instruction:
         raise TaskFormatError(folder / "instruction.md", "empty instruction")
     check_links(folder)
+    blobs: list[Blob] = []
     if environment.get("docker_image"):
         dockerfile, context = f"FROM {environment['docker_image']}\n", []
     else:
         dockerfile = _read(folder / "environment" / "Dockerfile", "the environment's Dockerfile")
-        context = _files(folder / "environment")
+        context = _files(folder / "environment", blobs=BlobStore(), carried=blobs)
     tests = _files(folder / "tests")
     if not any(t.path == "test.sh" for t in tests):
         raise TaskFormatError(folder / "tests" / "test.sh", "missing (the verifier entry point)")
-    solve = _read(folder / "solution" / "solve.sh", "the reference solution")
+    # published corpora often ship tasks without a reference solution: kept, marked `oracle: absent`
+    has_solve = (folder / "solution" / "solve.sh").exists()
+    solve = _read(folder / "solution" / "solve.sh", "the reference solution") if has_solve else None
     difficulty = str(meta.get("metadata", {}).get("difficulty", "medium")).lower()
     return EnvSpec(
-        env_id=_env_id("harbor", folder, [instruction, dockerfile, solve, *(t.content for t in tests)]),
+        # every file of the folder counts (build-context data and binary files too): a changed file is another id
+        env_id=_env_id("harbor", folder, [folder_digest(folder)]),
+        oracle="present" if has_solve else "absent", blobs=blobs,
+        build_timeout_s=_number(environment.get("build_timeout_sec"), toml_path, "[environment].build_timeout_sec"),
         family=f"harbor:{safe_name(str(meta.get('metadata', {}).get('category', 'task')))}",
         level=LEVELS.get(difficulty, 2), seed=0, source="harbor", instruction=instruction,
         dockerfile=dockerfile, context=context,
         workdir=_workdir(dockerfile, environment.get("workdir"), toml_path), agent_user=_agent_user(meta, toml_path),
-        tests=tests, verifier="script", test_command="bash /tests/test.sh", solution=[solve],
+        tests=tests, verifier="script", test_command="bash /tests/test.sh", solution=[solve] if solve is not None else [],
         agent_timeout_s=_number(meta.get("agent", {}).get("timeout_sec"), toml_path, "[agent].timeout_sec"),
         test_timeout_s=_number(meta.get("verifier", {}).get("timeout_sec"), toml_path, "[verifier].timeout_sec"),
         knobs_json=f'{{"imported_from": "{folder.name}"}}')
@@ -65,7 +84,7 @@ def export_harbor(env: EnvSpec, dest: Path, base_image: str = "trajforge/base:la
     import tomli_w
 
     out = Path(dest) / env.env_id
-    for sub in ("environment", "tests", "solution"):
+    for sub in ("environment", "tests", *(("solution",) if env.oracle == "present" else ())):
         (out / sub).mkdir(parents=True, exist_ok=True)
     difficulty = {1: "easy", 2: "medium"}.get(env.level, "hard")
     meta = {"version": "1.0",
@@ -74,7 +93,8 @@ def export_harbor(env: EnvSpec, dest: Path, base_image: str = "trajforge/base:la
                          "trajforge_agent_user": env.agent_user},
             "verifier": {"timeout_sec": float(env.test_timeout_s or 120)},
             "agent": {"timeout_sec": float(env.agent_timeout_s or 600)},
-            "environment": {"workdir": env.workdir}}
+            "environment": {"workdir": env.workdir,
+                            **({"build_timeout_sec": env.build_timeout_s} if env.build_timeout_s else {})}}
     (out / "task.toml").write_text(tomli_w.dumps(meta))
     (out / "instruction.md").write_text(env.instruction + "\n")
     dockerfile, context = render(env, base_image, {})
@@ -86,6 +106,11 @@ def export_harbor(env: EnvSpec, dest: Path, base_image: str = "trajforge/base:la
     (out / "environment" / "Dockerfile").write_text(dockerfile)
     for f in context:
         _write(out / "environment" / f.path, f)
+    store = BlobStore() if env.blobs else None
+    for b in env.blobs:
+        (out / "environment" / b.path).parent.mkdir(parents=True, exist_ok=True)
+        (out / "environment" / b.path).write_bytes(store.get(b.sha256))
+        (out / "environment" / b.path).chmod(b.mode)
     if env.verifier == "functions":
         _write(out / "tests" / "runner.py", FileSpec(path="runner.py", content=RUNNER))
         for t in env.tests:
@@ -98,6 +123,8 @@ def export_harbor(env: EnvSpec, dest: Path, base_image: str = "trajforge/base:la
     else:
         for t in env.tests:
             _write(out / "tests" / t.path, t)
+    if env.oracle == "absent":
+        return out
     script = env.solution[0] if len(env.solution) == 1 else "\n".join(env.solution)
     _write(out / "solution" / "solve.sh", FileSpec(path="solve.sh", content=script + "\n", mode=0o755))
     return out

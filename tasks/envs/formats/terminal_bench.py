@@ -13,7 +13,19 @@ import yaml
 from ....schemas.common import FileSpec
 from ....schemas.config import safe_name
 from ....schemas.environment import EnvSpec
-from .base import LEVELS, TaskFormat, TaskFormatError, _env_id, _files, _number, _parse, _read, _workdir, check_links
+from .base import (
+    LEVELS,
+    TaskFormat,
+    TaskFormatError,
+    _env_id,
+    _files,
+    _number,
+    _parse,
+    _read,
+    _workdir,
+    check_links,
+    folder_digest,
+)
 
 
 def import_terminal_bench(folder: Path) -> EnvSpec:
@@ -48,7 +60,7 @@ def import_terminal_bench(folder: Path) -> EnvSpec:
     workdir = _workdir(dockerfile, None, folder / "Dockerfile")
     difficulty = str(meta.get("difficulty", "medium")).lower()
     return EnvSpec(
-        env_id=_env_id("tbench", folder, [instruction, dockerfile, *solution, *(t.content for t in tests)]),
+        env_id=_env_id("tbench", folder, [folder_digest(folder)]),  # every file counts (context data too)
         family=f"terminal-bench:{safe_name(str(meta.get('category', 'task')))}", level=LEVELS.get(difficulty, 2),
         seed=0, source="terminal-bench", instruction=instruction.strip(), dockerfile=dockerfile, context=context,
         workdir=workdir, tests=tests, verifier="script",

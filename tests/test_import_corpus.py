@@ -1,0 +1,188 @@
+"""Importing corpora shaped like published ones (issue 17): no `solution/`, binary data files, Dockerfiles
+`FROM` a registry image that `apt-get install` at build time, pytest-style `test.sh` writing `reward.txt`.
+
+Fixtures: `tests/fixtures/corpus/` (`gz-sum`: installs `bc` from Debian's mirror, data in a gzip file;
+`tally-words`: `FROM python:3.12-slim`, a PNG beside its text input).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import run_cli, small_config
+
+from trajforge.schemas.config import SynthesizeConfig, fingerprint_view, parse_config
+from trajforge.schemas.environment import EnvSpec
+from trajforge.tasks.envs.blobs import BlobStore
+from trajforge.tasks.envs.formats import TaskFormatError, export_harbor, import_task
+from trajforge.tasks.envs.images import (
+    BuildOptions,
+    base_mapping,
+    classify,
+    image_tag,
+    render,
+    with_ca,
+)
+
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
+CA = "/etc/ssl/certs/ca-certificates.crt"
+BASE_ID = "sha256:" + "0" * 64
+
+
+@pytest.fixture(autouse=True)
+def _blob_store(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("TRAJFORGE_BLOB_STORE", str(tmp_path_factory.getbasetemp() / "blobs"))
+
+
+def test_task_without_solution_imports_with_binary_files_by_hash():
+    env = import_task(CORPUS / "gz-sum")
+    assert env.oracle == "absent" and env.solution == [] and env.build_timeout_s == 300
+    assert [b.path for b in env.blobs] == ["numbers.gz"] and not any(f.path == "numbers.gz" for f in env.context)
+    blob = env.blobs[0]
+    assert BlobStore().get(blob.sha256) == (CORPUS / "gz-sum" / "environment" / "numbers.gz").read_bytes()
+    assert len(env.model_dump_json()) < 4000  # the bytes live in the blob store, never in the spec
+    assert EnvSpec.model_validate_json(env.model_dump_json()) == env
+    words = import_task(CORPUS / "tally-words")
+    assert [b.path for b in words.blobs] == ["logo.png"] and [c.path for c in words.context] == ["Dockerfile", "words.txt"]
+
+
+def test_env_id_and_image_address_change_with_any_file(tmp_path):
+    shutil.copytree(CORPUS / "gz-sum", tmp_path / "gz-sum")
+    before = import_task(tmp_path / "gz-sum")
+    assert before.env_id == import_task(CORPUS / "gz-sum").env_id  # content, not location
+    (tmp_path / "gz-sum" / "environment" / "numbers.gz").write_bytes(b"\x1f\x8b not the same data \x00")
+    after = import_task(tmp_path / "gz-sum")
+    assert after.env_id != before.env_id and after.blobs[0].sha256 != before.blobs[0].sha256
+    assert image_tag(BASE_ID, after) != image_tag(BASE_ID, before)
+    shutil.copytree(CORPUS / "tally-words", tmp_path / "tally-words")
+    words = import_task(tmp_path / "tally-words")
+    (tmp_path / "tally-words" / "environment" / "words.txt").write_text("kiwi\n")  # a text data file
+    edited = import_task(tmp_path / "tally-words")
+    assert edited.env_id != words.env_id and image_tag(BASE_ID, edited) != image_tag(BASE_ID, words)
+
+
+def test_binary_test_file_is_named(tmp_path):
+    shutil.copytree(CORPUS / "tally-words", tmp_path / "t")
+    (tmp_path / "t" / "tests" / "expected.bin").write_bytes(b"\x00\xff")
+    with pytest.raises(TaskFormatError, match=r"expected.bin: binary file"):
+        import_task(tmp_path / "t")
+
+
+def test_registry_bases_map_to_local_ones_and_are_recorded():
+    aliases = SynthesizeConfig(imports=["x"]).image_aliases
+    env = import_task(CORPUS / "gz-sum")
+    assert base_mapping(env, aliases, "trajforge/base:latest") == {
+        "ghcr.io/example-org/ubuntu-24-04:20250601": "trajforge/base:latest"}
+    words = import_task(CORPUS / "tally-words")
+    assert base_mapping(words, {"python:3.*": "trajforge/base-py:latest"}, "b") == {
+        "python:3.12-slim": "trajforge/base-py:latest"}
+    assert base_mapping(words, {}, "b") == {"python:3.12-slim": "python:3.12-slim"}  # unmapped: kept, recorded
+
+
+def test_ca_bundle_and_network_stay_out_of_the_image_address():
+    env = import_task(CORPUS / "gz-sum")
+    dockerfile, _ = render(env, BASE_ID, {"*/ubuntu-*:*": "{base}"})
+    text = with_ca(dockerfile)
+    assert text.count("COPY .trajforge-build-ca.crt") == 1 and "PIP_CERT=" in text and "REQUESTS_CA_BUNDLE=" in text
+    assert text.rstrip().endswith("rm -f /usr/local/share/trajforge-build-ca.crt")
+    assert BuildOptions(network="imports").networked(env) and not BuildOptions().networked(env)
+    from trajforge.tasks.envs.families import get_family
+
+    assert not BuildOptions(network="imports").networked(get_family("log_report").generate(1, 0))
+
+
+def test_build_failure_causes():
+    assert classify("E: Unable to locate package nosuchpkg") == "package_not_found"
+    assert classify("Temporary failure resolving 'deb.debian.org'") == "build_fetch_failed"
+    assert classify("pull access denied for registry.example.com/x") == "base_image_missing"
+    assert classify('Get "https://registry.example.com/v2/": dial tcp: lookup registry.example.com') == \
+        "base_image_missing"
+    assert classify("The command '/bin/sh -c exit 3' returned a non-zero code: 3") == "build_step_failed"
+
+
+def test_config_marks_operational_build_settings():
+    s = SynthesizeConfig(imports=["x"], build={"ca_bundle": CA, "https_proxy": "http://p:3128", "timeout_s": 60})
+    assert fingerprint_view(s)["build"] == {"network": "imports"} and s.require_solution is False
+    assert ("HTTPS_PROXY", "http://p:3128") in s.build.proxies()
+
+
+def test_harbor_export_without_oracle_round_trips(tmp_path):
+    env = import_task(CORPUS / "gz-sum")
+    out = export_harbor(env, tmp_path)
+    assert not (out / "solution").exists()
+    assert (out / "environment" / "numbers.gz").read_bytes() == (CORPUS / "gz-sum/environment/numbers.gz").read_bytes()
+    back = import_task(out)
+    assert back.oracle == "absent" and back.blobs == env.blobs and back.build_timeout_s == env.build_timeout_s
+
+
+# ------------------------------------------------------------------------------------------------
+RIGHT = {"gz-sum": "zcat /app/numbers.gz | paste -sd+ | bc > /app/total.txt",  # bc: installed at build time
+         "tally-words": "sort /app/words.txt | uniq -c | sort -rn | head -1 | awk '{print $2}' > /app/top.txt"}
+WRONG = {"gz-sum": "echo 0 > /app/total.txt", "tally-words": "echo pear > /app/top.txt"}
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_corpus_end_to_end_without_oracle(tmp_path):
+    """import -> validate without oracle (networked build with the host CA) -> rollouts replaying recorded
+    commands -> verify -> calibrate -> export: `rl` carries only the environment a teacher proved solvable."""
+    import datasets
+
+    from trajforge.flows.cli import run_build
+    from trajforge.tasks.engine.store import RunStore
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(CORPUS, corpus)
+    (corpus / "gz-sum" / "environment" / "nonce.txt").write_text(str(tmp_path))  # a new image: this build builds it
+    ids = {name: import_task(corpus / name).env_id for name in RIGHT}
+    recorded = tmp_path / "recorded.jsonl"  # gz-sum: solved once of two; tally-words: never
+    recorded.write_text("".join(json.dumps({"env_id": ids[n], "commands": c}) + "\n" for n, c in [
+        ("gz-sum", [RIGHT["gz-sum"]]), ("gz-sum", [WRONG["gz-sum"]]),
+        ("tally-words", [WRONG["tally-words"]]), ("tally-words", ["echo fig > /app/top.txt"])]))
+    cfg = small_config(tmp_path / "runs", dataset="corpus", **{
+        "synthesize": {"imports": [str(corpus)], "build": {"ca_bundle": CA}},
+        "teacher": {"backend": "replay", "replay": {"source": str(recorded)}}})
+    rec = run_build(parse_config(cfg))
+    assert all(st["status"] == "committed" for st in rec["stages"].values()), rec["stages"]
+    store = RunStore(cfg["runs"], "corpus")
+    synth = store.read_json(f"{rec['stages']['synthesize']['manifest']}/manifest.json")
+    assert synth["stats"]["kept_by_oracle"] == {"harbor|absent": 2} and synth["stats"]["yield"] == {"harbor|kept": 2}
+    kept = {e.env_id: e for e in store.read_records(synth["parts"], EnvSpec)}
+    gz = kept[ids["gz-sum"]]
+    assert gz.oracle == "absent" and [(b.image, b.local) for b in gz.base_images] == [
+        ("ghcr.io/example-org/ubuntu-24-04:20250601", "trajforge/base:latest")]
+    logs = store.fs.glob(f"{store.build_dir(rec['build_id'])}/build-logs/*.log")
+    assert any("bc" in store.fs.cat(p).decode() for p in logs)  # the build log is kept per image
+    dataset = Path(cfg["runs"]) / "corpus" / "latest" / "dataset"
+    traj = datasets.load_dataset(str(dataset), "trajectories")["train"]
+    passed = {(r["env_id"], r["passed"]) for r in traj}
+    assert passed == {(ids["gz-sum"], True), (ids["gz-sum"], False), (ids["tally-words"], False)}
+    rl = datasets.load_dataset(str(dataset), "rl")["train"]
+    assert rl["env_id"] == [ids["gz-sum"]]  # proven solvable by a verified pass; tally-words is not
+
+
+@pytest.mark.docker
+def test_envs_import_cli_samples_resumes_and_reports_yield(tmp_path):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(CORPUS, corpus)
+    shutil.copytree(CORPUS / "tally-words", corpus / "broken-build")
+    (corpus / "broken-build" / "environment" / "Dockerfile").write_text(
+        "FROM debian:bookworm\nRUN apt-get update -qq && apt-get install -y -qq nosuchpackage-trajforge\n")
+    shutil.copytree(CORPUS / "tally-words", corpus / "no-instruction")
+    (corpus / "no-instruction" / "instruction.md").unlink()
+    args = ("envs", "import", str(corpus), "--ca-bundle", CA, "--out", str(tmp_path / "kept.jsonl"))
+    out = run_cli(*args, "--sample", "2", "--seed", "1", cwd=tmp_path)
+    assert "parsed 2 task folder(s)" in out.stdout and "(sample of 2, seed 1)" in out.stdout, out.stdout + out.stderr
+    out = run_cli(*args, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "kept (no oracle)" in out.stdout and "package_not_found" in out.stdout
+    assert "import_malformed=1" in out.stdout and "image_build_failed=1" in out.stdout
+    assert len((tmp_path / "kept.jsonl").read_text().splitlines()) == 2
+    assert list((tmp_path / ".trajforge" / "build-logs").glob("*.log"))
+    again = run_cli(*args, cwd=tmp_path)  # resumes: the kept ones come from the journal
+    assert "resuming: 2 environment(s) already checked" in again.stdout, again.stdout
+    assert len((tmp_path / "kept.jsonl").read_text().splitlines()) == 2
