@@ -3,10 +3,13 @@ table ≥ 0.8), side by side in one run on the same rows (trajectories with 14 m
 
   raw:     pq.write_table(table, path, compression="zstd") of the export stage's output table
   write:   what `execute_shard` does with the export stage's output (conform the table to the record's
-           schema, temp file + atomic rename on fsspec, then the `_done` marker)
+           schema, row groups bounded in bytes, page index, content-defined chunking as `export.parquet`
+           configures, temp file + atomic rename on fsspec)
   stage:   the whole export shard, `execute_shard(ExportStage, …)` on prepared upstream parts: read the
            rollout part, the verdicts of its rollouts, calibration and environments, join column-wise,
            filter, write. It also reads its inputs, so it is shown for the record, not for the target.
+  scan:    the secrets gate alone on the same rows (detect-secrets + targeted patterns over messages and
+           verifier output; part of the whole shard, shown for the record)
   records: the same table built the record way (pydantic TrajectoryRow rows → model_dump → Arrow),
            which is what the stage did before it joined column-wise
 
@@ -35,9 +38,10 @@ from trajforge.schemas.environment import EnvSpec, FileSpec  # noqa: E402
 from trajforge.schemas.export import TrajectoryRow  # noqa: E402
 from trajforge.schemas.trajectory import FunctionCall, Message, Rollout, ToolCall  # noqa: E402
 from trajforge.schemas.verdict import Quality, TestResult, Verdict  # noqa: E402
+from trajforge.tasks.dataset.secrets import Scanner, scan_table  # noqa: E402
 from trajforge.tasks.engine import Manifest, Shard, StageContext, execute_shard  # noqa: E402
 from trajforge.tasks.engine.store import PARQUET_OPTS  # noqa: E402
-from trajforge.tasks.export import ExportStage  # noqa: E402
+from trajforge.tasks.export import SCANNED, ExportStage  # noqa: E402
 
 ENVS = 500
 
@@ -95,7 +99,7 @@ def best(fn, repeat: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=20000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="tf-parquet-"))
     ctx = StageContext.create(load_config(ROOT / "configs/replay.yaml", {"runs": str(d), "dataset": "bench"}), "bench")
@@ -112,9 +116,13 @@ def main() -> int:
     table = stage.run_shard(ctx, shard, up).rows
     assert table.num_rows == args.rows
     records = [TrajectoryRow.model_validate(r) for r in table.to_pylist()]
-    raw = best(lambda: pq.write_table(table, d / "raw.parquet", **PARQUET_OPTS), args.repeat)
-    write = best(lambda: store.write_records(f"{store.root}/write.parquet", TrajectoryRow, table), args.repeat)
+    # raw and write alternate (a shared machine's load then weighs on both alike); the best of each counts
+    raw, write = (min(ts) for ts in zip(*[
+        (best(lambda: pq.write_table(table, d / "raw.parquet", **PARQUET_OPTS), 1),
+         best(lambda: store.write_records(f"{store.root}/write.parquet", TrajectoryRow, table), 1))
+        for _ in range(args.repeat)]))
     whole = best(whole_stage, args.repeat)
+    scan = best(lambda: scan_table(table, SCANNED["trajectories"], Scanner(), "redact"), args.repeat)
     via_records = best(lambda: store.write_records(f"{store.root}/records.parquet", TrajectoryRow, records),
                        args.repeat)
     mb = (d / "raw.parquet").stat().st_size / 1e6
@@ -123,7 +131,8 @@ def main() -> int:
                 ["path", "seconds", "rows/s", "÷ raw"],
                 [row("raw pyarrow.parquet.write_table", raw),
                  row("export write (conform + fsspec + rename) — target ≥ 0.8", write),
-                 row("whole export shard (read inputs, join, write)", whole),
+                 row("whole export shard (read inputs, join, scan, write)", whole),
+                 row("secret scan alone (part of the shard)", scan),
                  row("record path (pydantic rows → Arrow → write)", via_records)])
     return 0
 

@@ -9,11 +9,22 @@ same environment. Messages are stored exactly as produced, with the tool schemas
 
 from __future__ import annotations
 
+import datetime as dt
+
 from pydantic import Field
 
 from .calibration import Label
-from .common import Record, Status
-from .trajectory import Message
+from .common import ChangeSet, Record, Status
+from .trajectory import Message, TurnUsage
+
+
+class Sampling(Record):
+    """The sampling parameters the teacher was asked for (`teacher.*`)."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int | None = None
 
 
 class TrajectoryRow(Record):
@@ -52,11 +63,39 @@ class TrajectoryRow(Record):
     solve_rate: float
     content_hash: str = Field("", description=(
         "64-bit hash (hex) of the messages' roles, contents and tool calls: equal for equal trajectories"))
+    model: str = Field("", description="the model id the teacher served (`@<revision>` appended when known)")
+    sampling: Sampling | None = Field(None, description="sampling parameters of the teacher (None: not in the config)")
+    created_at: dt.datetime | None = Field(None, description="when the rollout's shard was written (UTC)")
+    source: str = Field("", description="where the environment comes from (procedural:<family>, llm:<theme>, harbor, ...)")
+    license: str = Field("", description="the environment's license, when its source declares one")
+    verifier_output_tail: str = Field("", description="the last characters of the hidden tests' output")
+    changes: ChangeSet | None = Field(None, description="the episode's final change set in its container")
+
+
+class SFTRow(TrajectoryRow):
+    """A verified success; `train[i]` says whether a trainer learns from `messages[i]` (the model's turns)."""
+
+    train: list[bool] = Field(default_factory=list)
+
+
+class RLTokensRow(Record):
+    """Per model turn, the completion token ids and logprobs as sampled (`teacher.return_token_ids` /
+    `teacher.logprobs`): what on-policy RL needs without re-tokenising."""
+
+    rollout_id: str
+    env_id: str
+    teacher: str
+    model: str
+    status: Status
+    passed: bool
+    reward: float
+    turns: list[TurnUsage]
 
 
 class RLRow(Record):
     """An environment worth RL: the teacher solves it sometimes. `image` is the local content-addressed
-    tag; `env_spec_json` holds the full spec (files, tests, reference solution) to rebuild it."""
+    tag; `env_spec_json` holds the spec (files, hidden tests) to rebuild it, the reference solution only
+    with `export.rl.include_solutions`."""
 
     env_id: str
     family: str
@@ -72,6 +111,7 @@ class RLRow(Record):
     ci_high: float
     difficulty: Label
     env_spec_json: str
+    license: str = Field("", description="the environment's license, when its source declares one")
 
 
 class PreferenceRow(Record):

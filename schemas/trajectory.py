@@ -29,10 +29,11 @@ class Message(Record):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    reasoning_content: str | None = None  # the model's reasoning, when the server returns it separately
 
     def api_dict(self) -> dict:
-        """The message as the chat API expects it (no null keys)."""
-        return self.model_dump(exclude_none=True)
+        """The message as the chat API expects it (no null keys; reasoning is never sent back)."""
+        return self.model_dump(exclude_none=True, exclude={"reasoning_content"})
 
 
 class Step(Record):

@@ -22,24 +22,28 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import yaml
 
 from ..schemas.arrow import arrow_schema, to_table
 from ..schemas.calibration import Calibration
 from ..schemas.common import INFRA_STATUSES, Reject
 from ..schemas.config import ExportFilters
 from ..schemas.environment import EnvSpec
-from ..schemas.export import PreferenceRow, RLRow, TrajectoryRow
+from ..schemas.export import PreferenceRow, RLRow, RLTokensRow, SFTRow, TrajectoryRow
 from ..schemas.trajectory import Message, Rollout
 from ..schemas.verdict import Verdict
+from .dataset.card import dataset_card
+from .dataset.columns import created_at, rl_spec_json, rl_tokens_chunks, tail, teacher_columns, train_mask
+from .dataset.parquet import FileWriter, ParquetOptions
+from .dataset.secrets import Scanner, scan_table
 from .engine import GateFailed, Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .envs.catalogue import load_envs
 
 ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "harness", "sample", "messages", "tools_json", "status",
                    "turns", "prompt_tokens", "completion_tokens", "wall_s"]
 VERDICT_COLUMNS = ["rollout_id", "verified", "passed", "reward", "tests", "hack_flags", "quality", "mode", "changes",
-                   "unexpected", "counterfactual"]
+                   "unexpected", "counterfactual", "verifier_output"]
 TRAJECTORY_ADDED = [n for n in TrajectoryRow.model_fields if n not in ROLLOUT_COLUMNS]
+SCANNED = {"trajectories": ["messages", "verifier_output_tail"], "rl": ["instruction", "env_spec_json"]}
 PREFERENCE_COLUMNS = ["rollout_id", "env_id", "family", "level", "messages", "tools_json", "status", "passed",
                       "reward", "hack_flags"]
 
@@ -112,24 +116,80 @@ def _list_sum(lists: pa.ChunkedArray, field: str) -> pa.Array:
     return pa.array(cum[offsets[1:]] - cum[offsets[:-1]])
 
 
+ENV_COLUMNS = ["env_id", "family", "level", "source", *(["license"] if "license" in EnvSpec.model_fields else [])]
+
+
+def _scan(ctx: StageContext, table: pa.Table, rejects: list[Reject]) -> tuple[pa.Table, dict[str, Any]]:
+    """The secrets gate of a trajectories part: SCANNED columns redacted (or their rows rejected, reason
+    `secret`); the hashes are taken again of redacted messages. Returns the table and the shard's counters."""
+    cfg = ctx.config.export.secrets
+    scanner = Scanner(cfg.detectors)
+    out, dropped, redacted = scan_table(table, SCANNED["trajectories"], scanner, cfg.action)
+    rejects += [Reject(key=k, reason="secret", detail=", ".join(d)) for k, d in dropped]
+    if redacted:
+        i = out.schema.get_field_index("content_hash")
+        out = out.set_column(i, out.schema.field(i), content_hashes(out.column("messages")))
+    return out, {"secret_hits": dict(scanner.hits), "secret_rows": {"redacted": redacted, "rejected": len(dropped)}}
+
+
+def _footer_size(store, part: str, columns: list[str]) -> tuple[int, int]:
+    """(rows, uncompressed bytes of `columns`) of a Parquet part, from its footer."""
+    import pyarrow.parquet as pq
+
+    with store.fs.open(part, "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+    size = sum(rg.column(j).total_uncompressed_size for rg in (meta.row_group(i) for i in range(meta.num_row_groups))
+               for j in range(rg.num_columns) if rg.column(j).path_in_schema.split(".")[0] in columns)
+    return meta.num_rows, size
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def scanner_version() -> str:
+    """The secret scanner as named in stats and in the fingerprint (the targeted patterns are code: `dataset`)."""
+    return f"detect-secrets {_version('detect-secrets')} + targeted patterns"
+
+
 class ExportStage(Stage):
     name = "export"
     requires = ("calibrate", "verify", "rollout", "synthesize")
     config_sections = ("export",)
     output = TrajectoryRow
+    code_modules = ("dataset",)
+
+    def config_section(self, config: Any) -> dict[str, Any]:
+        """`export` plus the scanner's version: a new detect-secrets release (its patterns) re-runs export."""
+        return {**super().config_section(config), "scanner": scanner_version()}
 
     def part_path(self, shard: Shard, fingerprint: str) -> str:
         return f"trajectories/train-{fingerprint}-{shard.index:05d}.parquet"
 
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
-        return [Shard(index=i, payload={"part": p}) for i, p in enumerate(upstream_parts(upstream, "rollout"))]
+        """One shard per rollout part; a part whose exported columns exceed `export.parquet.file_bytes`
+        (uncompressed, from its footer) is split into row ranges, so every trajectories file stays bounded."""
+        pieces = []
+        for p in upstream_parts(upstream, "rollout"):
+            rows, size = _footer_size(ctx.store, p, ROLLOUT_COLUMNS)
+            n = max(1, -(-size // ctx.config.export.parquet.file_bytes)) if rows else 1
+            step = -(-rows // n) if rows else 0
+            pieces += ([{"part": p}] if n == 1 else
+                       [{"part": p, "rows": [a, min(a + step, rows)]} for a in range(0, rows, step)])
+        return [Shard(index=i, payload=payload) for i, payload in enumerate(pieces)]
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
         """Column-wise join on Arrow: rollout columns (messages, tools) are taken, never turned into
         records; verdict, quality, environment and calibration columns are gathered beside them by
         index. Per-row Python only decides the reject reason, from a handful of scalars."""
         store, filters = ctx.store, ctx.config.export.filters
+        store.parquet_options = ParquetOptions.of(ctx.config.export.parquet)  # how the runner writes this part
         table = store.read_table([shard.payload["part"]], Rollout, columns=ROLLOUT_COLUMNS)
+        if "rows" in shard.payload:
+            start, stop = shard.payload["rows"]
+            table = table.slice(start, stop - start)
         ids, status = table.column("rollout_id").to_pylist(), table.column("status").to_pylist()
         vt = store.read_table(upstream_parts(upstream, "verify"), Verdict, columns=VERDICT_COLUMNS,
                               filters=[("rollout_id", "in", ids)])
@@ -151,14 +211,14 @@ class ExportStage(Stage):
                 keep.append(i)
                 keep_v.append(j)
         if not keep:  # e.g. a part of teacher_error episodes only: nothing to join (an empty filter fails)
-            return ShardResult(arrow_schema(TrajectoryRow).empty_table(), rejects, {"passed": 0})
+            return ShardResult(arrow_schema(TrajectoryRow).empty_table(), rejects,
+                               {"passed": 0, "secret_rows": {"redacted": 0, "rejected": 0}})
         out = table.take(pa.array(keep, pa.int64()))
         v = vt.take(pa.array(keep_v, pa.int64()))
         q = v.column("quality").combine_chunks()
         env_ids, teachers = out.column("env_id").to_pylist(), out.column("teacher").to_pylist()
         mine = [("env_id", "in", sorted(set(env_ids)))]  # this part's environments only
-        envs = store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id", "family", "level"],
-                                filters=mine)
+        envs = store.read_table(upstream["synthesize"].parts, EnvSpec, columns=ENV_COLUMNS, filters=mine)
         calib = store.read_table(upstream["calibrate"].parts, Calibration,
                                  columns=["env_id", "teacher", "label", "solve_rate"], filters=mine)
         env_idx, cal_idx = _index(envs, "env_id"), _index(calib, "env_id", "teacher")
@@ -173,11 +233,26 @@ class ExportStage(Stage):
                  "counterfactual": v.column("counterfactual"),
                  **{n: q.field(n) for n in ("inspect_before_act", "act_verify_share", "ends_with_verify",
                                             "repeated_commands", "failed_commands", "recoveries")},
-                 "content_hash": content_hashes(out.column("messages"))}
+                 "content_hash": content_hashes(out.column("messages")), **teacher_columns(ctx, teachers),
+                 "created_at": created_at(store, shard.payload["part"], out.num_rows), "source": e.column("source"),
+                 "license": (pc.fill_null(e.column("license"), "") if "license" in ENV_COLUMNS
+                             else pa.array([""] * out.num_rows, pa.string())),
+                 "verifier_output_tail": tail(v.column("verifier_output"), ctx.config.export.verifier_tail_chars),
+                 "changes": v.column("changes")}
         schema = arrow_schema(TrajectoryRow)
         for name in TRAJECTORY_ADDED:
             out = out.append_column(schema.field(name), pc.cast(added[name], schema.field(name).type))
-        return ShardResult(out, rejects, {"passed": pc.sum(out.column("passed")).as_py() or 0})
+        out, stats = _scan(ctx, out, rejects)
+        return ShardResult(out, rejects, {"passed": pc.sum(out.column("passed")).as_py() or 0, **stats})
+
+    def summarize(self, ctx: StageContext, shard_stats: list[dict[str, Any]]) -> dict[str, Any]:
+        """Per-shard counters summed; the secret scan's become the `secrets` section (publish requires it)."""
+        stats = super().summarize(ctx, shard_stats)
+        rows = stats.pop("secret_rows", {})
+        stats["secrets"] = {"action": ctx.config.export.secrets.action, "detectors": stats.pop("secret_hits", {}),
+                            "rows_redacted": rows.get("redacted", 0), "rows_rejected": rows.get("rejected", 0),
+                            "scanner": scanner_version()}
+        return stats
 
     def finalize(self, ctx: StageContext, out_dir: str, stats: dict[str, Any], upstream: dict[str, Manifest]) -> None:
         """Write the derived configs, gate each, then the card (all before the manifest).
@@ -190,16 +265,22 @@ class ExportStage(Stage):
         from ..expectations.gate import accept_failures, brief, gate_columns, run_gate
         from .engine.runner import gate_failure_message, gate_suites
 
-        store = ctx.store
+        store, cfg = ctx.store, ctx.config.export
         fp = posixpath.basename(out_dir)
         parts = sorted(store.fs.glob(posixpath.join(out_dir, "trajectories", "*.parquet")))
         counts = {"trajectories": store.num_rows(parts)}
         suites = gate_suites(self, ctx.config)
-        for name in ctx.config.export.configs:
+        secrets, scanner = stats.setdefault("secrets", {}), Scanner(cfg.secrets.detectors)
+        options = ParquetOptions.of(cfg.parquet)
+        for name in cfg.configs:
             folder, suite = posixpath.join(out_dir, name), suites[f"export.{name}"]
             store.remove(folder)  # a re-run after a failed gate or a crash starts clean (the card globs it)
-            writer, gated = _FileWriter(store, folder, fp, ctx.config.export.rows_per_shard), []
-            for chunk in DERIVED[name](ctx, parts, upstream):
+            writer, gated = FileWriter(store, folder, fp, cfg.rows_per_shard, CONFIG_MODELS[name], options), []
+            for chunk in DERIVED[name](ctx, parts, upstream, **({"counts": secrets} if name == "rl_tokens" else {})):
+                if name in SCANNED:  # environment text (instruction, files, tests) is scanned here
+                    chunk, dropped, redacted = scan_table(chunk, SCANNED[name], scanner, cfg.secrets.action, "env_id")
+                    secrets[f"{name}_rows_redacted"] = secrets.get(f"{name}_rows_redacted", 0) + redacted
+                    secrets[f"{name}_rows_rejected"] = secrets.get(f"{name}_rows_rejected", 0) + len(dropped)
                 writer.add(chunk)
                 gated.append(chunk.select(gate_columns(f"export.{name}", chunk.schema, suite=suite)))
             n = writer.close()
@@ -214,52 +295,34 @@ class ExportStage(Stage):
             stats.setdefault("gate_accepted", []).extend(report["accepted"])
             counts[name] = n
         stats["configs"] = counts
+        detectors = secrets.setdefault("detectors", {})
+        for k, n in scanner.hits.items():
+            detectors[k] = detectors.get(k, 0) + n
         accepted = [(n, a) for n, m in sorted(upstream.items()) for a in m.gate.get("accepted", [])]
         accepted += [("export", brief(f)) for f in stats.get("gate_accepted", [])]
-        store.write_text(posixpath.join(out_dir, "README.md"), dataset_card(ctx, stats, fp, accepted))
-
-
-class _FileWriter:
-    """Rows appended in order land in `<folder>/train-<fp>-NNNNN.parquet` files of `size` rows each
-    (the last one shorter), as a whole-table slice would; at most one file's rows are held."""
-
-    def __init__(self, store, folder: str, fp: str, size: int):
-        self.store, self.folder, self.fp, self.size = store, folder, fp, size
-        self.pending: list[pa.Table] = []
-        self.held = self.files = self.rows = 0
-
-    def add(self, table: pa.Table) -> None:
-        if table.num_rows:
-            self.pending.append(table)
-            self.held += table.num_rows
-        while self.held >= self.size:
-            self._flush(self.size)
-
-    def close(self) -> int:
-        if self.held:
-            self._flush(self.held)
-        return self.rows
-
-    def _flush(self, n: int) -> None:
-        table = pa.concat_tables(self.pending)
-        self.store.write_table(posixpath.join(self.folder, f"train-{self.fp}-{self.files:05d}.parquet"), table.slice(0, n))
-        rest = table.slice(n)
-        self.pending, self.held = ([rest] if rest.num_rows else []), rest.num_rows
-        self.files, self.rows = self.files + 1, self.rows + n
+        store.write_text(posixpath.join(out_dir, "README.md"), dataset_card(ctx, stats, fp, accepted,
+                                                                           upstream=upstream, out_dir=out_dir))
 
 
 def sft(ctx: StageContext, t: pa.Table, upstream: dict[str, Manifest]) -> pa.Table:
-    return t.filter(pc.and_(t["passed"], pc.equal(t["status"], "ok")))
+    """Verified successes, with `train`: the per-message mask of the model's turns."""
+    t = t.filter(pc.and_(t["passed"], pc.equal(t["status"], "ok")))
+    return t.append_column(arrow_schema(SFTRow).field("train"), train_mask(t.column("messages")))
 
 
 def rl(ctx: StageContext, t: pa.Table | None, upstream: dict[str, Manifest]) -> pa.Table:
-    calib = [c for c in ctx.store.read_records(upstream["calibrate"].parts, Calibration) if 0 < c.passes < c.attempts]
+    every = ctx.store.read_records(upstream["calibrate"].parts, Calibration)
+    proven = {c.env_id for c in every if c.passes > 0}  # a verified pass (never a hack-flagged one) in this build
+    calib = [c for c in every if 0 < c.passes < c.attempts]
     envs = load_envs(ctx, upstream["synthesize"], {c.env_id for c in calib})
+    # only environments proven solvable: a reference solution, or some teacher's verified pass
+    calib = [c for c in calib if envs[c.env_id].oracle == "present" or c.env_id in proven]
     rows = [RLRow(env_id=c.env_id, family=c.family, level=c.level, source=envs[c.env_id].source,
                   instruction=envs[c.env_id].instruction, workdir=envs[c.env_id].workdir,
                   image=envs[c.env_id].image or "", teacher=c.teacher, attempts=c.attempts, solve_rate=c.solve_rate,
                   ci_low=c.ci_low, ci_high=c.ci_high, difficulty=c.label,
-                  env_spec_json=envs[c.env_id].model_dump_json(exclude={"image"}))
+                  env_spec_json=rl_spec_json(envs[c.env_id], ctx.config.export.rl.include_solutions),
+                  license=getattr(envs[c.env_id], "license", None) or "")
             for c in calib]
     return to_table(RLRow, rows)
 
@@ -337,45 +400,5 @@ def _preference_chunks(ctx: StageContext, parts: list[str], upstream: dict[str, 
 
 # config -> its rows, chunk by chunk, in output order, from the trajectories parts (memory: one chunk)
 DERIVED: dict[str, Callable[[StageContext, list[str], dict[str, Manifest]], Iterator[pa.Table]]] = {
-    "sft": _sft_chunks, "rl": _rl_chunks, "preference": _preference_chunks}
-
-
-def _gates_section(ctx: StageContext, accepted: list[tuple[str, dict[str, Any]]]) -> str:
-    """The card's record of gates passed on purpose (`--accept-gate`) and thresholds the config set."""
-    lines = [f"- **accepted** `{a['name']}` (stage {stage}): {a['line']}" for stage, a in accepted]
-    for suite, overrides in sorted(ctx.config.gates.items()):
-        for name, o in sorted(overrides.items()):
-            lines.append(f"- config `gates.{suite}.{name}`: "
-                         + ", ".join(f"{k}={v}" for k, v in o.model_dump().items() if v is not None))
-    if not lines:
-        return ""
-    return ("\n## Gates\n\nThis dataset was committed with these departures from the default data-quality "
-            "gates (see gate.json beside each stage's output):\n\n" + "\n".join(lines) + "\n")
-
-
-def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
-                 accepted: list[tuple[str, dict[str, Any]]] = ()) -> str:
-    """A Hub dataset card whose YAML header declares the non-empty configs (what `load_dataset` reads);
-    `accepted`: (stage, failure) of the gates committed on purpose, listed in a Gates section."""
-    counts = stats.get("configs", {})
-    configs = [{"config_name": name, "data_files": [{"split": "train", "path": f"{name}/train-{fingerprint}-*.parquet"}]}
-               for name in ["trajectories", *ctx.config.export.configs] if counts.get(name)]
-    header = {"configs": configs, "tags": ["agent-trajectories", "trajforge"], "license": "other"}
-    cfg = ctx.config
-    families = ", ".join(sorted({f.name for f in cfg.synthesize.families})) or "imported / synthesized"
-    rows = "\n".join(f"| `{name}` | {n} |" for name, n in counts.items())
-    return (f"---\n{yaml.safe_dump(header, sort_keys=False)}---\n\n# {cfg.dataset}\n\n"
-            f"Agent trajectories built by trajforge (build `{ctx.build_id}`).\n\n"
-            f"- teachers: {', '.join(f'`{t.label}`' for t in cfg.teachers)}\n- environment families: {families}\n"
-            f"- samples per environment: {cfg.rollout.samples_per_env}"
-            f"{' (+ adaptive rounds)' if cfg.calibrate.adaptive else ''}\n"
-            f"- rejected rollouts: {stats.get('reject_reasons', {}) or 'none'}\n\n"
-            f"| config | rows |\n|---|---|\n{rows}\n\n"
-            "`trajectories` holds every verified rollout, success or failure, with OpenAI-format `messages` "
-            "exactly as produced (tool calls and tool outputs), `tools_json` (the tool schemas offered), the "
-            "verdict (`passed`, `reward` = fraction of hidden tests passed, `status` from the failure taxonomy), "
-            "`hack_flags`, quality signals (`step_labels` inspect/act/verify, `act_verify_share`, "
-            "`inspect_before_act`, ...) and the environment's calibrated `difficulty` and `solve_rate`. "
-            "`sft` keeps the verified successes; `rl` lists environments solved sometimes (0 < p < 1) with "
-            "their full spec; `preference` pairs a success with a failure of the same environment. "
-            "Configs without rows are not declared.\n" + _gates_section(ctx, list(accepted)))
+    "sft": _sft_chunks, "rl": _rl_chunks, "preference": _preference_chunks, "rl_tokens": rl_tokens_chunks}
+CONFIG_MODELS = {"sft": SFTRow, "rl": RLRow, "preference": PreferenceRow, "rl_tokens": RLTokensRow}

@@ -90,3 +90,14 @@ def s3_url():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def hub_server(tmp_path_factory):
+    """A loopback Hugging Face Hub (tests/hub_server.py) for the session: `.endpoint` is what
+    `HfApi(endpoint=...)` and `HF_ENDPOINT` take; repositories live under a session temp folder."""
+    from hub_server import HubServer
+
+    server = HubServer(tmp_path_factory.mktemp("hub")).start()
+    yield server
+    server.stop()

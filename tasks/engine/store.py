@@ -23,7 +23,7 @@ import posixpath
 import re
 import shutil
 import uuid
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import fsspec
 import pyarrow as pa
@@ -34,6 +34,7 @@ from pydantic import BaseModel
 from ...schemas.arrow import arrow_schema, from_table, to_table
 from ...schemas.build import BuildRecord
 from ...schemas.common import Reject
+from ..dataset.parquet import ParquetOptions, write_parquet
 
 PARQUET_OPTS = {"compression": "zstd"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a build id or a dataset: one path segment
@@ -77,6 +78,8 @@ def _fsync(path: str) -> None:
 class RunStore:
     """Paths and atomic-enough writes under `<runs>/<dataset>`."""
 
+    parquet_options = ParquetOptions()  # how tables are laid out (a stage may set its own: export does)
+
     def __init__(self, runs_url: str, dataset: str, storage_options: dict | None = None, create: bool = True):
         """`create=False`: a store to read from; a dataset that does not exist raises FileNotFoundError
         (nothing is created)."""
@@ -110,13 +113,18 @@ class RunStore:
     def exists(self, path: str) -> bool:
         return self.fs.exists(path)
 
-    def write_text(self, path: str, text: str) -> None:
-        """Write via a temporary name + move, so a reader sees the old or the new file, never half."""
+    def write_text(self, path: str, text: str, fence: Callable[[], None] | None = None) -> None:
+        """Write via a temporary name + move, so a reader sees the old or the new file, never half.
+        `fence()`, if given, runs right before the file takes its name (it raises to refuse the write)."""
         with self._writing(path) as tmp:
             if tmp:
                 _write_synced(tmp, text)
+                if fence:
+                    fence()
                 os.replace(tmp, path)
             else:  # object stores: a PUT is atomic
+                if fence:
+                    fence()
                 with self.fs.open(path, "w") as f:
                     f.write(text)
 
@@ -201,8 +209,8 @@ class RunStore:
         with self.fs.open(path, "r") as f:
             return f.read()
 
-    def write_json(self, path: str, obj: Any) -> None:
-        self.write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    def write_json(self, path: str, obj: Any, fence: Callable[[], None] | None = None) -> None:
+        self.write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", fence)
 
     def read_json(self, path: str) -> Any:
         return json.loads(self.read_text(path))
@@ -212,24 +220,33 @@ class RunStore:
             self.fs.rm(path, recursive=True)
 
     # -- tables --------------------------------------------------------------------------------
-    def write_table(self, path: str, table: pa.Table) -> None:
+    def write_table(self, path: str, table: pa.Table, fence: Callable[[], None] | None = None,
+                    options: ParquetOptions | None = None) -> None:
         """Locally: to a temporary, fsynced, moved into place and the move fsynced, so the file is
-        complete on the disk before the caller writes anything that trusts it (a `_done` marker)."""
+        complete on the disk before the caller writes anything that trusts it (a `_done` marker).
+        `fence()`, if given, runs right before the file takes its name (it raises to refuse the write).
+        Row groups bounded in bytes, with a page index (`options`, else `self.parquet_options`)."""
+        options = options or self.parquet_options
         with self._writing(path) as tmp:
             if tmp:
-                pq.write_table(table, tmp, **PARQUET_OPTS)
+                write_parquet(table, tmp, options)
                 _fsync(tmp)
+                if fence:
+                    fence()
                 os.replace(tmp, path)
                 _fsync(posixpath.dirname(path))
             else:
                 buf = io.BytesIO()
-                pq.write_table(table, buf, **PARQUET_OPTS)
+                write_parquet(table, buf, options)
+                if fence:
+                    fence()
                 with self.fs.open(path, "wb") as f:
                     f.write(buf.getvalue())
 
-    def write_records(self, path: str, model: type[BaseModel], rows: Iterable[BaseModel]) -> int:
+    def write_records(self, path: str, model: type[BaseModel], rows: Iterable[BaseModel],
+                      fence: Callable[[], None] | None = None) -> int:
         table = to_table(model, rows)
-        self.write_table(path, table)
+        self.write_table(path, table, fence)
         return table.num_rows
 
     def read_table(self, paths: list[str], model: type[BaseModel] | None = None,
@@ -264,8 +281,8 @@ class RunStore:
     def read_records(self, paths: list[str], model: type[BaseModel], filters: list | None = None) -> list:
         return from_table(model, self.read_table(paths, model, filters=filters))
 
-    def write_rejects(self, path: str, rejects: list[Reject]) -> None:
-        self.write_records(path, Reject, rejects)
+    def write_rejects(self, path: str, rejects: list[Reject], fence: Callable[[], None] | None = None) -> None:
+        self.write_records(path, Reject, rejects, fence)
 
     # -- discovery -----------------------------------------------------------------------------
     def builds(self) -> list[str]:

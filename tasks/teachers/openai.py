@@ -13,6 +13,8 @@ Retries, per turn (teacher time, reported in `Turn.wait_s`, never the agent's):
 - 5xx, stalls (`request_timeout_s`) and dropped connections: at most `retries` + 1 such attempts.
 Everything is bounded by the turn's teacher budget, `max_wait_s` + the generation the agent may be
 charged (`max_tokens / agent_tokens_per_s`); past it the turn raises TeacherError (`teacher_error`).
+A server known dead for good (the build says so: `endpoints.DEAD_KEY`) ends the turn at its next
+failed request, without waiting for that budget (or moves it to another endpoint, if one is left).
 """
 
 from __future__ import annotations
@@ -189,6 +191,8 @@ class _Session:
                 last = f"{err.__class__.__name__}: {str(err)[:300]}"
                 if not _transient(err):
                     raise TeacherError(f"teacher {endpoint.url} failed: {last}") from None
+                if await pool.is_gone(endpoint):
+                    continue  # dead for good: another endpoint, or `pick` ends the turn (TeacherError)
                 if time.monotonic() >= deadline:
                     raise out_of_time(last) from None
                 kind = failure_kind(err)
@@ -214,7 +218,8 @@ class _Session:
         logprobs = None
         if choice.logprobs is not None and choice.logprobs.content:
             logprobs = [round(float(t.logprob), 5) for t in choice.logprobs.content]
-        return Turn(Message(role="assistant", content=msg.content, tool_calls=calls),
+        reasoning = getattr(msg, "reasoning_content", None) or (msg.model_extra or {}).get("reasoning_content")
+        return Turn(Message(role="assistant", content=msg.content, tool_calls=calls, reasoning_content=reasoning),
                     prompt_tokens=usage.prompt_tokens if usage else 0,
                     completion_tokens=usage.completion_tokens if usage else 0,
                     latency_s=latency, wait_s=done - t0 - latency, finish_reason=choice.finish_reason,
@@ -225,11 +230,13 @@ class _Session:
 class OpenAITeacher:
     """Any OpenAI-compatible chat endpoint(s); one client pool per shard driver (event loop)."""
 
-    def __init__(self, cfg: OpenAIClientConfig, endpoints: list[str], limiter: LimiterFactory | None = None):
+    def __init__(self, cfg: OpenAIClientConfig, endpoints: list[str], limiter: LimiterFactory | None = None,
+                 dead_files: dict[str, str] | None = None):
+        """`dead_files`: {endpoint: URL of the file that appears once its server is dead for good}."""
         if not cfg.served_model:
             raise ValueError("teacher.model is required for an OpenAI-compatible teacher")
         self.cfg, self.label = cfg, cfg.label
-        self.pool = EndpointPool(cfg, endpoints, limiter)
+        self.pool = EndpointPool(cfg, endpoints, limiter, dead_files)
         self.wait_s = 0.0  # teacher time of every answered turn (queue, retries, backoff)
 
     def session(self, env: EnvSpec, sample: int, rollout_id: str) -> _Session:

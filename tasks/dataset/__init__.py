@@ -1,0 +1,1 @@
+"""What the export stage shares: the dataset card, the secrets gate."""

@@ -1,0 +1,225 @@
+"""Publishing with the real huggingface_hub client against the loopback Hub (tests/hub_server.py),
+read back with `datasets.load_dataset("<org>/<name>", config, revision=<build id>)` through
+`HF_ENDPOINT`; the dataset card's metadata checked with huggingface_hub's card tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import small_config, venv_bin
+
+from trajforge.flows.publish import PublishError, publish, require_secrets_scan
+from trajforge.schemas.config import ExportConfig, parse_config
+from trajforge.tasks.dataset.card import CardError, hub_usage, validate_card
+from trajforge.tasks.engine.store import RunStore
+
+CARD = """---
+license: {license}
+size_categories:
+- n<1K
+configs:
+- config_name: sft
+  data_files:
+  - split: train
+    path: sft/train-abc-*.parquet
+---
+
+# t
+
+## How to load
+
+OLD-USAGE
+
+## Provenance
+
+p
+"""
+
+
+# -- pure logic (no Docker) ------------------------------------------------------------------------------
+
+def test_card_config_takes_only_hub_vocabulary_and_other_needs_name_and_link():
+    assert ExportConfig().card.license == "unknown"
+    with pytest.raises(ValueError, match="license_name and export.card.license_link"):
+        ExportConfig(card={"license": "other"})
+    with pytest.raises(ValueError, match="not a Hub license id"):
+        ExportConfig(card={"license": "Apache 2"})
+    with pytest.raises(ValueError, match="not Hub task categories"):
+        ExportConfig(card={"task_categories": ["agents"]})
+    ok = ExportConfig(card={"license": "other", "license_name": "acme-data", "license_link": "LICENSE.md"})
+    assert ok.card.license_name == "acme-data"
+
+
+def test_validate_card_refuses_what_the_hub_refuses_and_hub_usage_names_repo_and_revisions():
+    with pytest.raises(CardError, match="license"):
+        validate_card(CARD.format(license="apache"))
+    with pytest.raises(CardError, match="license_name"):
+        validate_card(CARD.format(license="other"))
+    card = hub_usage(CARD.format(license="mit"), "org/trajs", ["b1", "b2"])
+    assert 'load_dataset("org/trajs", "sft", split="train")' in card
+    assert 'revision="b1"' in card and 'revision="b2"' in card and "OLD-USAGE" not in card
+    assert card.index("## How to load") < card.index("## Provenance")  # replaced in place
+
+
+def test_publish_refuses_an_export_that_was_not_scanned_for_secrets(tmp_path):
+    store = RunStore(str(tmp_path / "runs"), "d")
+    store.write_json(str(tmp_path / "runs/d/x/export/fp/stats.json"), {"configs": {"sft": 1}})
+    with pytest.raises(PublishError, match="not scanned for secrets"):
+        require_secrets_scan(store, str(tmp_path / "runs/d/x/export/fp"))
+    store.write_json(str(tmp_path / "runs/d/x/export/fp/stats.json"), {"secrets": {"action": "redact"}})
+    assert require_secrets_scan(store, str(tmp_path / "runs/d/x/export/fp"))["action"] == "redact"
+
+
+def test_hub_server_commits_are_atomic_and_guarded_by_the_parent(hub_server, tmp_path):
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(endpoint=hub_server.endpoint, token="hf_test")
+    api.create_repo("org/atomic", repo_type="dataset")
+    head = hub_server.head("org/atomic")
+    first = api.create_commit("org/atomic", [CommitOperationAdd("a/x.parquet", b"1")], commit_message="one",
+                              repo_type="dataset", parent_commit=head)
+    with pytest.raises(HfHubHTTPError):  # deleting a missing file fails the whole commit: `b` is not added
+        api.create_commit("org/atomic", [CommitOperationAdd("b.txt", b"2"), CommitOperationDelete("nope.txt")],
+                          commit_message="two", repo_type="dataset")
+    with pytest.raises(HfHubHTTPError, match="412"):  # a stale parent is refused
+        api.create_commit("org/atomic", [CommitOperationAdd("c.txt", b"3")], commit_message="three",
+                          repo_type="dataset", parent_commit=head)
+    assert hub_server.head("org/atomic") == first.oid and set(hub_server.files("org/atomic")) == {
+        ".gitattributes", "a/x.parquet"}
+    api.create_tag("org/atomic", tag="v1", repo_type="dataset", revision=first.oid)
+    with pytest.raises(HfHubHTTPError, match="409"):
+        api.create_tag("org/atomic", tag="v1", repo_type="dataset")
+    assert [f.path for f in api.list_repo_tree("org/atomic", repo_type="dataset", revision="v1", recursive=True)
+            if hasattr(f, "blob_id")] == [".gitattributes", "a/x.parquet"]
+
+
+# -- two real replay builds, published and read back ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory, prefect_api):
+    """Build 1 (2 environments x 2 samples) and build 2 (x 1 sample: other files and rows, propose and synthesize reused)."""
+    from trajforge.flows.cli import run_build
+
+    runs = tmp_path_factory.mktemp("runs")
+    cfg1 = parse_config(small_config(runs, dataset="pub"))
+    b1 = run_build(cfg1)["build_id"]
+    b2 = run_build(parse_config(small_config(runs, dataset="pub", **{"rollout.samples_per_env": 1})))["build_id"]
+    return RunStore(cfg1.runs, cfg1.dataset), b1, b2
+
+
+def _local_ids(store: RunStore, build_id: str, config: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    folder = store.read_build(build_id).committed("export")
+    files = sorted(store.fs.glob(posixpath.join(folder, config, "*.parquet")))
+    return sorted(r for f in files for r in pq.read_table(f, columns=["rollout_id"]).column(0).to_pylist())
+
+
+def _records(store: RunStore, build_id: str) -> list[dict]:
+    path = posixpath.join(store.build_dir(build_id), "published.json")
+    return store.read_json(path) if store.exists(path) else []
+
+
+def _load_through_endpoint(endpoint: str, home: Path, repo: str, loads: list[tuple[str, str | None]]) -> list:
+    """`datasets.load_dataset(repo, config, revision=...)` in a fresh interpreter whose HF_ENDPOINT
+    is the loopback Hub (the way a user points datasets at a Hub mirror)."""
+    code = ("import datasets, json, sys\nout = []\n"
+            "for config, rev in json.loads(sys.argv[1]):\n"
+            "    ds = datasets.load_dataset(sys.argv[2], config, revision=rev, split='train')\n"
+            "    out.append(sorted(ds['rollout_id']))\n"
+            "print(json.dumps(out))\n")
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(home), "HF_TOKEN": "hf_test",
+           "HF_HUB_DISABLE_TELEMETRY": "1"}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(loads), repo], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_publish_two_builds_atomically_and_each_tag_loads_its_own_rows(two_builds, hub_server, tmp_path):
+    from huggingface_hub import DatasetCard, HfApi
+
+    store, b1, b2 = two_builds
+    repo = "org/trajs"
+    api = HfApi(endpoint=hub_server.endpoint, token="hf_test")
+    lines: list[str] = []
+
+    rec1 = publish(store, b1, repo, api=api, say=lines.append)
+    assert rec1["status"] == "published" and rec1["tag"] == b1 and hub_server.head(repo) == rec1["revision"]
+    assert hub_server.head(repo, b1) == rec1["revision"]
+    again = publish(store, b1, repo, api=api, say=lines.append)  # re-publishing the same build: a no-op
+    assert again["status"] == "unchanged" and "already published" in lines[-1]
+    assert hub_server.head(repo) == rec1["revision"]
+
+    # build 2, interrupted after its first pre-upload batch: main stays at build 1, no tag, no record
+    hub_server.fail("preupload", after=1)
+    with pytest.raises(Exception, match="injected failure"):
+        publish(store, b2, repo, api=api, batch_files=1)
+    assert hub_server.head(repo) == rec1["revision"]
+    assert b2 not in {t.name for t in api.list_repo_refs(repo, repo_type="dataset").tags}
+    assert not store.exists(posixpath.join(store.build_dir(b2), "published.json"))
+
+    rec2 = publish(store, b2, repo, api=api, batch_files=1)  # the re-run completes it, in one commit
+    history = hub_server.history(repo)
+    assert history[0]["id"] == rec2["revision"] and history[1]["id"] == rec1["revision"]
+    assert history[0]["title"] == f"trajforge build {b2}"
+    files = hub_server.files(repo)
+    data1 = {p for p in hub_server.files(repo, b1) if p.endswith(".parquet")}
+    assert not data1 & set(files), "build 1's data files are deleted in build 2's commit"
+    assert {f["path"] for f in rec2["files"]} == set(files) - {".gitattributes"}
+    assert all(len(files[f["path"]]) == f["size"] for f in rec2["files"] if f["path"] != "README.md")
+    saved = store.read_json(posixpath.join(store.build_dir(b2), "published.json"))[-1]
+    assert saved["revision"] == rec2["revision"] and saved["tag"] == b2
+
+    card = DatasetCard(files["README.md"].decode())
+    assert card.data.license == "unknown" and card.data.size_categories == ["n<1K"]
+    assert "text-generation" in card.data.task_categories and card.data.pretty_name == "pub"
+    assert f'revision="{b1}"' in card.text and f'revision="{b2}"' in card.text
+    assert f'load_dataset("{repo}", "sft", split="train")' in card.text and "## Provenance" in card.text
+
+    sft1, sft2 = _local_ids(store, b1, "sft"), _local_ids(store, b2, "sft")
+    assert len(sft1) == 4 and len(sft2) == 2
+    got = _load_through_endpoint(hub_server.endpoint, tmp_path / "hf", repo,
+                                 [("sft", b1), ("sft", b2), ("trajectories", b1), ("sft", None)])
+    assert got == [sft1, sft2, _local_ids(store, b1, "trajectories"), sft2]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_publish_killed_half_way_leaves_main_at_the_previous_build_and_a_rerun_completes(two_builds, hub_server,
+                                                                                          tmp_path):
+    """`trajforge publish` killed (SIGKILL) while it uploads build 2: main still serves build 1."""
+    from huggingface_hub import HfApi
+
+    store, b1, b2 = two_builds
+    repo = "org/killed"
+    rec1 = publish(store, b1, repo, api=HfApi(endpoint=hub_server.endpoint, token="hf_test"))
+    cmd = [venv_bin("trajforge"), "publish", repo, "--build", b2, "--runs", store.runs_url,
+           "--dataset", "pub", "--endpoint", hub_server.endpoint, "--token", "hf_test"]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    hub_server.stall("preupload")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert hub_server.stalled.wait(120), "the publisher never reached the upload"
+        proc.kill()
+        proc.wait(30)
+    finally:
+        hub_server.release()
+    assert hub_server.head(repo) == rec1["revision"] and len(hub_server.history(repo)) == 2  # initial + build 1
+    assert not [r for r in _records(store, b2) if r["repo_id"] == repo]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert hub_server.head(repo) == hub_server.head(repo, b2) != rec1["revision"]
+    assert hub_server.history(repo)[1]["id"] == rec1["revision"], "one commit for build 2"
+    assert [r["status"] for r in _records(store, b2) if r["repo_id"] == repo] == ["published"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "already published" in out.stdout, out.stdout + out.stderr
