@@ -48,3 +48,11 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf runs .pytest_cache
+
+# The persistent stack (PostgreSQL, Prefect server + UI, a process worker, Dask): see README "Scheduled builds".
+.PHONY: stack-up stack-down
+stack-up: $(VENV)/.installed system-packages
+	$(VENV)/bin/trajforge stack up
+
+stack-down: $(VENV)/.installed
+	$(VENV)/bin/trajforge stack down

@@ -26,8 +26,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import __version__
 from ..schemas.build import BuildRecord, StageEntry
 from ..schemas.config import BuildConfig
+from ..tasks.dataset.secrets import real_config, redact_settings
 from ..tasks.engine import Manifest, Shard, StageContext, StagePlan, commit, execute_shard, prepare
-from ..tasks.engine.lease import Lease, LeaseHeld, hold, live_leases
+from ..tasks.engine.lease import RUNTIME_KEY as LEASE_KEY
+from ..tasks.engine.lease import Lease, LeaseHeld, abandon, hold, live_leases
 from ..tasks.engine.progress import read_progress
 from ..tasks.engine.store import RunStore
 from ..tasks.pipeline import Pipeline, instance_name, resolve_inputs
@@ -48,6 +50,29 @@ def load_pipeline(ref: str) -> Pipeline:
 
 def config_hash(config: BuildConfig) -> str:
     return hashlib.sha256(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def stored_build_config(stored: dict[str, Any], source: str, real: BuildConfig | None = None,
+                        how: str = "--config FILE") -> BuildConfig:
+    """The config to re-run a build with: its stored `build.json` config (`source`), unless redaction hid
+    values in it (then `real`, whose redacted form must equal the stored one; `runs` aside); else `real` is
+    only checked. Raises ConfigError naming `how` (how to pass the real config) when it is needed or differs."""
+    from ..schemas.config import ConfigError, parse_config
+    from ..tasks.dataset.secrets import REDACTED
+
+    kept = parse_config(stored, source, stored=True)
+    if real is None:
+        if REDACTED in json.dumps(stored):
+            raise ConfigError(f"{source}: its config has redacted values (secrets); pass the build's real "
+                              f"config with {how}")
+        return kept
+
+    def shown(c: BuildConfig) -> dict[str, Any]:
+        return {k: v for k, v in redact_settings(c.model_dump(mode="json")).items() if k != "runs"}
+
+    if shown(real) != shown(kept):
+        raise ConfigError(f"{how}: not the config of {source} (its redacted form differs from the stored one)")
+    return real
 
 
 def new_build_id() -> str:
@@ -84,7 +109,7 @@ def run_shard(pipeline: str, stage_name: str, ctx_payload: dict, plan_dir: str, 
 
 # The Prefect task wraps a module-level function under another name, so Dask pickles the function
 # by reference (a decorated function is not "the same object" as its module attribute).
-shard_task = task(name="stage-shard", retries=0)(run_shard)
+shard_task = task(name="stage-shard", retries=0, task_run_name="{ctx_payload[build_id]} {stage_name} {shard[index]}")(run_shard)
 
 
 class _Watchdog:
@@ -93,10 +118,18 @@ class _Watchdog:
     resume). Decided here, in the driver: Prefect's task timeout would raise asynchronously inside
     the Dask worker's thread, which can land inside a held lock (it deadlocked a worker in logging's
     handler lock). Only futures submitted longer ago than the limit are asked for their state (the
-    time they started running), at most every `min(limit, 15)` seconds."""
+    time they started running), at most every `min(limit, 15)` seconds.
 
-    def __init__(self, limit: float | None, stage: str, names: dict[Any, str]):
+    An abandoned shard cannot be stopped inside its worker (a thread), so it is fenced instead: the
+    driver records it as abandoned under the build's lease token before letting go (`lease.abandon`),
+    and the shard's part, rejects and marker are refused if it ever finishes (`lease.fence`; likewise
+    once the lease is released or taken over). Its Dask future is cancelled too (nothing waits for it,
+    and a queued one never starts)."""
+
+    def __init__(self, limit: float | None, stage: str, names: dict[Any, str], store: RunStore | None = None,
+                 plan_dir: str = "", token: str | None = None):
         self.limit, self.stage, self.names = limit, stage, names
+        self.store, self.plan_dir, self.token = store, plan_dir, token
         self.next = time.monotonic() + (limit or 0)  # no shard can be late before then
 
     def overdue(self, pending: set) -> list:
@@ -113,6 +146,17 @@ class _Watchdog:
             if state.is_running() and time.time() - state.timestamp.timestamp() > self.limit:
                 late.append(fut)
         return late
+
+    def abandon(self, fut) -> TimeoutError:
+        """Fence the shard of `fut` (before anything else: it may finish any moment), cancel its future,
+        and return the error that names it."""
+        err = self.error(fut)
+        if self.store is not None and self.token:
+            with contextlib.suppress(Exception):  # (unwritable: the lease's release at the build's end fences it)
+                abandon(self.store, self.plan_dir, self.names[fut], self.token, str(err))
+        with contextlib.suppress(Exception):  # (a finished or lost future: nothing to cancel)
+            fut.wrapped_future.cancel()
+        return err
 
     def error(self, fut) -> TimeoutError:
         return TimeoutError(f"shard {self.names[fut]} of stage {self.stage} still running after "
@@ -136,7 +180,7 @@ class _Build:
         self.record = self.ctx.store.read_build(build_id) or BuildRecord(
             build_id=build_id, dataset=cfg.dataset, created_at=dt.datetime.now(dt.timezone.utc).isoformat())
         self.record = self.record.model_copy(update=dict(
-            config=cfg.model_dump(mode="json"), config_hash=config_hash(cfg), trajforge_version=__version__,
+            config=redact_settings(cfg.model_dump(mode="json")), config_hash=config_hash(cfg), trajforge_version=__version__,
             status="running", selected=selected, forced=sorted(force), accept_gates=list(accept)))
         self.save()
 
@@ -213,9 +257,12 @@ class _Build:
         stage, ctx = self.pipeline.stage(stage_name), self.ctx
         ups = {k: v.model_dump(mode="json") for k, v in upstream.items()}
         payload = ctx.payload()
+        token = self.lease.info.token if self.lease is not None and self.lease.info is not None else None
+        if token:  # each shard commits only under this run's lease (engine.lease.fence)
+            payload = {**payload, "runtime": {**payload["runtime"], LEASE_KEY: token}}
         futures = {shard_task.submit(self.pipeline_ref, stage_name, payload, plan.dir, s.model_dump(mode="json"),
                                      ups): s.name for s in plan.pending}
-        watchdog = _Watchdog(self.cfg.dask.shard_timeout_s, stage_name, futures)
+        watchdog = _Watchdog(self.cfg.dask.shard_timeout_s, stage_name, futures, ctx.store, plan.dir, token)
         errors: list[BaseException] = []
         t0 = time.monotonic()
         with Progress(TextColumn(f"  {stage_name}"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"),
@@ -233,8 +280,8 @@ class _Build:
                         errors.append(err)
                     bar.update(t, advance=1)
                 pending = set(not_done)
-                for fut in watchdog.overdue(pending):  # abandoned: the stage fails, naming it
-                    errors.append(watchdog.error(fut))
+                for fut in watchdog.overdue(pending):  # abandoned (fenced, cancelled): the stage fails, naming it
+                    errors.append(watchdog.abandon(fut))
                     pending.discard(fut)
                     bar.update(t, advance=1)
                 bar.update(t, live=stage.progress_text(read_progress(ctx.store, plan.dir), time.monotonic() - t0))
@@ -268,7 +315,9 @@ def run_build_flow(config: dict, build_id: str, from_stage: str | None = None, o
     committed outputs have their infrastructure outcomes re-run (`trajforge rerun`). `accept`: gate
     expectations whose failure is committed on purpose (`--accept-gate`), recorded in build.json.
     Holds the build's lease throughout (re-entrant: the CLI took it already); raises LeaseHeld when
-    another live process holds it, before anything is written."""
+    another live process holds it, before anything is written. `config` may be the redacted one the CLI
+    shows Prefect (`shown_config`): the real one is taken back (`real_config`)."""
+    config = real_config(config)
     cfg = BuildConfig.model_validate(config)
     with hold(RunStore(cfg.runs, cfg.dataset), build_id, config_hash(cfg), say=console.print) as lease:
         return _run_build(config, build_id, from_stage, only, force, pipeline, retry, lease, accept)
@@ -307,6 +356,11 @@ def _run_build(config: dict, build_id: str, from_stage: str | None, only: list[s
             b.record.dataset_dir = b.ctx.store.url(b.manifests[final].dir)
             b.ctx.store.link_dataset(build_id, b.manifests[final].dir)
             b.ctx.store.set_latest(build_id)
+        if complete:  # <build>/report/index.html, before _finish's Prefect summary links it; never fails the build
+            from .report import write_report_safely
+
+            b.save()  # (the report reads build.json)
+            write_report_safely(b.ctx.store, build_id, lambda s: console.print(f"[yellow]![/] {s}", soft_wrap=True))
     except BaseException as err:
         error = err
         b.record.status = "failed"
@@ -325,8 +379,21 @@ def _finish(b: _Build, error: BaseException | None) -> None:
         b.record.finished_at = dt.datetime.now(dt.timezone.utc).isoformat()
         b.save()
 
+    def announce() -> None:  # stage artifacts, the summary, the committed event (flows/deployments.py)
+        from prefect.context import FlowRunContext
+
+        from .deployments import announce as to_prefect
+
+        if FlowRunContext.get() is None:  # not inside a flow run: nothing to attach artifacts to
+            return
+        try:  # never fails the build: the record on disk is what counts
+            to_prefect(b.record, b.ctx.store)
+        except Exception as err:
+            console.print(f"[yellow]![/] could not report the build to Prefect ({err.__class__.__name__}: {err})")
+
     late = []
-    for what, step in (("stop the build's services", b.services.close), ("save build.json", save)):
+    for what, step in (("stop the build's services", b.services.close), ("save build.json", save),
+                       ("report the build to Prefect", announce)):
         try:
             step()
         except Exception as err:
@@ -340,7 +407,7 @@ def _finish(b: _Build, error: BaseException | None) -> None:
 
 # Like the shard task: the flow wraps a module-level function kept under its own name, so Prefect's
 # context (which carries the flow) pickles it by reference instead of by value with its globals.
-build_dataset = flow(name="build_dataset")(run_build_flow)
+build_dataset = flow(name="build_dataset", flow_run_name="{config[dataset]} {build_id}")(run_build_flow)
 
 
 def _reap_build(ctx: StageContext) -> None:

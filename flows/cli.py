@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ..schemas.config import BuildConfig, ConfigError, load_config, parse_config
+from ..schemas.config import BuildConfig, ConfigError, load_config
 from ..tasks.engine.store import RunStore
 from ..tasks.pipeline import STAGE_NAMES
 from . import runtime  # noqa: F401  (sets Prefect/GX environment defaults before they are imported)
@@ -118,8 +118,10 @@ def _run_claimed(store: RunStore, cfg: BuildConfig, build_id: str, from_stage: s
     runner = runtime.task_runner(address, cfg.dask.n_workers, cfg.dask.threads_per_worker)
     err_console.print(f"build {build_id} of dataset {cfg.dataset!r} in {store.url(store.build_dir(build_id))}"
                       + (f" on Dask scheduler {address}" if address else " on a local Dask cluster"))
+    from ..tasks.dataset.secrets import shown_config  # Prefect stores flow-run parameters: env values redacted
+
     return build_dataset.with_options(task_runner=runner)(
-        cfg.model_dump(mode="json"), build_id, from_stage, only, force, retry=retry, accept=accept)
+        shown_config(cfg.model_dump(mode="json")), build_id, from_stage, only, force, retry=retry, accept=accept)
 
 
 @app.command()
@@ -149,6 +151,11 @@ def build(config: Path = typer.Argument(DEFAULT_CONFIG, help="build config (YAML
             first = next((k for k in ("sft", "trajectories", *counts) if counts.get(k)), "trajectories")
             console.print(f"latest:  {posixpath.join(store.root, 'latest', 'dataset')}  "
                           f"(datasets.load_dataset(<that path>, {first!r}))")
+        _print_report_path(store, record["build_id"])
+
+
+REAL_CONFIG = typer.Option(None, "--config", help=(
+    "the build's config file (YAML): needed when its stored config has redacted secrets"))
 
 
 @app.command()
@@ -157,32 +164,43 @@ def stage(name: str = typer.Argument(..., help=f"one of: {', '.join(STAGE_NAMES)
           runs: str = typer.Option("./runs", help="runs root"),
           dataset: Optional[str] = typer.Option(None, help="dataset (default: the only one under runs)"),
           dask_address: Optional[str] = typer.Option(None, "--dask-address"),
-          accept_gate: list[str] = ACCEPT_GATE):
+          accept_gate: list[str] = ACCEPT_GATE, config: Optional[Path] = REAL_CONFIG):
     """Re-run one stage of an existing build against its committed upstream outputs."""
     _check_stage_names([name])
     _check_gate_names(accept_gate)
-    cfg = _build_config(runs, dataset, build_id)
+    cfg = _build_config(runs, dataset, build_id, config)
     record = _guarded(lambda: run_build(cfg, build_id, None, [name], [name], dask_address, accept=accept_gate or None))
     _print_status(cfg, record["build_id"])
 
 
 @app.command()
 def rerun(name: str = typer.Argument(..., help=f"one of: {', '.join(STAGE_NAMES)}"),
-          build_id: Optional[str] = typer.Option(None, "--build", help="the build (default: latest)"),
+          build_id: Optional[str] = typer.Option(None, "--build", help=(
+              "the build whose config is used (default: latest); the rerun goes into a new build")),
           runs: str = typer.Option("./runs", help="runs root"),
           dataset: Optional[str] = typer.Option(None, help="dataset (default: the only one under runs)"),
           dask_address: Optional[str] = typer.Option(None, "--dask-address"),
-          accept_gate: list[str] = ACCEPT_GATE):
+          accept_gate: list[str] = ACCEPT_GATE, config: Optional[Path] = REAL_CONFIG):
     """Re-run only the infrastructure outcomes (teacher_error / infra_error episodes) of a committed
-    stage (and of its adaptive rounds); every other row is kept. The stages after it run again."""
+    stage (and of its adaptive rounds) in a NEW build (`--build` names the build whose config is
+    used); every other row is kept, the stages after it run again. No committed build is modified."""
     _check_stage_names([name])
     _check_gate_names(accept_gate)
-    cfg = _build_config(runs, dataset, build_id)
-    store = RunStore(cfg.runs, cfg.dataset)
-    build_id = build_id or store.latest() or store.builds()[-1]
-    record = _guarded(lambda: run_build(cfg, build_id, name, None, None, dask_address, retry=[name],
-                                        accept=accept_gate or None))
+    cfg = _build_config(runs, dataset, build_id, config)
+    record = _guarded(lambda: rerun_build(cfg, name, dask_address, accept_gate or None))
     _print_status(cfg, record["build_id"])
+
+
+def rerun_build(cfg: BuildConfig, stage: str, dask_address: str | None = None,
+                accept: list[str] | None = None) -> dict:
+    """`trajforge rerun`: always into a new build id. Reopening a committed output in the build that
+    committed it would change that build in place (its manifest removed, its rows rewritten, what
+    `latest` and its dataset link point at); in a new build the output is copied first."""
+    from .build import new_build_id
+
+    new = new_build_id()
+    err_console.print(f"rerun of {stage}: into new build {new} (committed builds are left as they are)")
+    return run_build(cfg, new, stage, None, None, dask_address, retry=[stage], accept=accept)
 
 
 def _check_gate_names(names: list[str]) -> None:
@@ -224,7 +242,10 @@ def _find_dataset(runs: str, dataset: str | None) -> str:
     return names[0]
 
 
-def _build_config(runs: str, dataset: str | None, build_id: str | None) -> BuildConfig:
+def _build_config(runs: str, dataset: str | None, build_id: str | None, real: Path | None = None) -> BuildConfig:
+    """The build's stored config; the real one (`--config FILE`) when redaction hid values in it."""
+    from .build import stored_build_config
+
     _name(build_id)
     store = _open_store(runs, _find_dataset(runs, dataset))
     build_id = build_id or store.latest() or (store.builds() or [None])[-1]
@@ -234,7 +255,8 @@ def _build_config(runs: str, dataset: str | None, build_id: str | None) -> Build
     if rec is None:
         _fail(f"build {build_id!r} not found under {store.url(store.root)} (builds: {', '.join(store.builds())})")
     try:
-        cfg = parse_config(rec.config, store.build_record_path(build_id), stored=True)
+        cfg = stored_build_config(rec.config, store.build_record_path(build_id),
+                                  load_config(real) if real else None)
     except ConfigError as err:
         _fail(str(err))
     return cfg.model_copy(update={"runs": runs})
@@ -265,6 +287,11 @@ def _print_status(cfg: BuildConfig, build_id: str) -> None:
     yields = manifests.get("synthesize", {}).get("stats", {}).get("yield", {})
     if yields:
         _print_yield(yields)
+    by_oracle = manifests.get("synthesize", {}).get("stats", {}).get("kept_by_oracle", {})
+    if by_oracle:  # `source|present` / `source|absent`: kept with and without a reference solution
+        console.print("kept by reference solution: " + ", ".join(
+            f"{k.split('|')[0]} {'with' if k.endswith('|present') else 'without'} oracle={v}"
+            for k, v in sorted(by_oracle.items())))
 
 
 def _print_yield(yields: dict[str, int]) -> None:
@@ -298,8 +325,10 @@ def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-o
             runs: str = typer.Option("./runs"), dataset: Optional[str] = typer.Option(None),
             private: bool = typer.Option(False, help="create the repo private"),
             tag: bool = typer.Option(True, help="tag the commit with the build id"),
-            token: Optional[str] = typer.Option(None, help="Hub token (default: $HF_TOKEN or the login)")):
-    """Upload a committed build's dataset (card + declared configs) to the Hugging Face Hub, tagged."""
+            token: Optional[str] = typer.Option(None, help="Hub token (default: $HF_TOKEN or the login)"),
+            endpoint: Optional[str] = typer.Option(None, help="Hub URL (default: $HF_ENDPOINT or huggingface.co)")):
+    """Upload a committed build's dataset (card + declared configs) to the Hugging Face Hub in one
+    commit on main, tagged with the build id; re-publishing a published build does nothing."""
     from .publish import PublishError
     from .publish import publish as do_publish
 
@@ -309,11 +338,14 @@ def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-o
     if not build_id:
         _fail(f"no committed build under {store.url(store.root)}")
     try:
-        rec = do_publish(store, build_id, repo_id, private=private, token=token, tag=tag)
+        rec = do_publish(store, build_id, repo_id, private=private, token=token, tag=tag, endpoint=endpoint,
+                         say=lambda line: console.print(f"  {line}"))
     except PublishError as err:
         _fail(str(err), 1)
     except Exception as err:  # the Hub: auth, network, quota
         _fail(f"publishing {build_id} to {repo_id} failed: {err.__class__.__name__}: {err}", 1)
+    if rec["status"] == "unchanged":
+        return
     console.print(f"[green]✓[/] published build {build_id} to {repo_id} ({', '.join(rec['configs'])})"
                   + (f", tag {rec['tag']}" if rec["tag"] else "") + (f": {rec['url']}" if rec["url"] else ""))
 
@@ -381,6 +413,136 @@ def doctor(config: Path = typer.Argument(DEFAULT_CONFIG, help="the build config 
     failed = [c.name for c in checks if c.status == "fail"]
     if failed:
         _fail(f"{len(failed)} check(s) failed: {', '.join(failed)}", 1)
+
+
+def _print_report_path(store: RunStore, build_id: str) -> None:
+    from .report import report_path
+
+    path = report_path(store, build_id)
+    if store.exists(path):
+        console.print(f"report:  {store.url(path)}", soft_wrap=True, markup=False, highlight=False)
+
+
+@app.command()
+def report(build_id: Optional[str] = typer.Argument(None, help="build id (default: latest)"),
+           open_page: bool = typer.Option(False, "--open", help="open the page in a web browser"),
+           compare: Optional[tuple[str, str]] = typer.Option(
+               None, "--compare", help="two builds A B of the dataset: B's report compared with A "
+                                       "(written to <B>/report/compare-<A>.html)"),
+           runs: str = typer.Option("./runs"), dataset: Optional[str] = typer.Option(None)):
+    """Write a build's HTML report (<build>/report/index.html: plots, stage table, yield, difficulty,
+    episodes, trust, quality, comparison with the previous committed build, a trajectory browser)."""
+    from .report import write_report
+
+    old, new = compare if compare and all(compare) else (None, None)
+    if old is not None and build_id is not None and build_id != new:
+        _fail(f"--compare {old} {new} writes the report of {new}; drop the BUILD_ID argument ({build_id})")
+    for b in (build_id, old, new):
+        _name(b)
+    store = _open_store(runs, _find_dataset(runs, dataset))
+    build_id = new or build_id or store.latest() or (store.builds() or [None])[-1]
+    if not build_id:
+        _fail(f"no builds under {store.url(store.root)}")
+    for b in (build_id, old):
+        if b is not None and store.read_build(b) is None:
+            _fail(f"build {b!r} not found under {store.url(store.root)} (builds: {', '.join(store.builds())})")
+    try:
+        path = write_report(store, build_id, old)
+    except (OSError, ValueError) as err:
+        _fail(f"cannot write the report of build {build_id}: {err}", 1)
+    console.print(f"report:  {path}", soft_wrap=True, markup=False, highlight=False)
+    if open_page:
+        import webbrowser
+
+        webbrowser.open(Path(path).resolve().as_uri() if store.local else path)
+
+
+# ---- the persistent stack and deployments (flows/stack.py, flows/deployments.py) ----
+stack_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="The persistent stack: PostgreSQL, Prefect server + UI, worker, Dask.")
+app.add_typer(stack_app, name="stack")
+STACK_HOME = typer.Option(None, "--home", help="state folder (default: $TRAJFORGE_STACK_DIR or "
+                                                "~/.local/share/trajforge/stack)")
+
+
+@stack_app.command("up")
+def stack_up(home: Optional[Path] = STACK_HOME,
+             bind: Optional[str] = typer.Option(None, help="listen address of the API and the Dask scheduler "
+                                                          "(0.0.0.0: reachable from other hosts)"),
+             advertise: Optional[str] = typer.Option(None, help="address workers are given (default: this host's)"),
+             prefect_port: Optional[int] = typer.Option(None), dask_port: Optional[int] = typer.Option(None),
+             pg_port: Optional[int] = typer.Option(None),
+             workers: Optional[int] = typer.Option(None, help="Prefect process workers"),
+             dask_workers: Optional[int] = typer.Option(None, help="Dask worker processes")):
+    """Start whatever part of the stack is not running (a no-op when all are healthy)."""
+    from .stack import Stack, StackError, load_settings
+
+    s = load_settings(home, bind=bind, advertise=advertise, prefect_port=prefect_port, dask_port=dask_port,
+                      pg_port=pg_port, prefect_workers=workers, dask_workers=dask_workers)
+    try:
+        started = Stack(s, say=err_console.print).up()
+    except StackError as err:
+        _fail(str(err), 1)
+    console.print(("started: " + ", ".join(started)) if started else "stack already up: nothing started")
+    console.print(f"Prefect UI  {s.ui_url}\nexport PREFECT_API_URL={s.api_url}\n"
+                  f"builds on the stack's Dask workers: trajforge build CONFIG --dask-address {s.dask_address} "
+                  "(or dask.address in the config; deployments use it by themselves)",
+                  soft_wrap=True, markup=False, highlight=False)
+
+
+@stack_app.command("down")
+def stack_down(home: Optional[Path] = STACK_HOME,
+               purge: bool = typer.Option(False, help="also delete the state folder (database, logs)")):
+    """Stop every part of the stack and everything they started."""
+    from .stack import Stack, load_settings
+
+    n = Stack(load_settings(home), say=err_console.print).down(purge=purge)
+    console.print(f"stack down: {n} process(es) stopped" + (", state removed" if purge else ""))
+
+
+@stack_app.command("status")
+def stack_status(home: Optional[Path] = STACK_HOME):
+    """Each part: running, healthy, pids, URL."""
+    from .stack import Stack, load_settings
+
+    st = Stack(load_settings(home)).status()
+    t = Table(title="trajforge stack")
+    for col in ("part", "running", "healthy", "pids", "url", "detail"):
+        t.add_column(col, overflow="fold")
+    for p in st:
+        t.add_row(p.name, "yes" if p.running else "no", "[green]ok[/]" if p.healthy else "[red]no[/]",
+                  " ".join(map(str, p.pids)), p.url, p.detail)
+    console.print(t)
+    if not all(p.healthy for p in st):
+        raise typer.Exit(1)
+
+
+@app.command()
+def deploy(config: Path = typer.Argument(..., help="build config (YAML)"),
+           cron: list[str] = typer.Option(..., "--cron", help='e.g. "0 2 * * *" (repeatable)'),
+           timezone: str = typer.Option("UTC", help="the crons' timezone"),
+           name: Optional[str] = typer.Option(None, help="deployment name (default: the dataset)"),
+           publish_to: Optional[str] = typer.Option(None, "--publish-to", help="Hub repo a committed build is published to"),
+           pool: str = typer.Option("trajforge", help="work pool"),
+           failure_webhook: Optional[str] = typer.Option(None, "--failure-webhook",
+                                                         help="URL POSTed when a build fails (deploy/automations/)")):
+    """Schedule builds of CONFIG on the Prefect server at $PREFECT_API_URL (no YAML to edit): the
+    deployment trajforge-build/<dataset>, one run at a time; run from the folder workers should use."""
+    import os
+
+    from .deployments import deploy_build, install_failure_webhook
+
+    if not os.environ.get("PREFECT_API_URL"):
+        _fail("PREFECT_API_URL is not set: start the stack (`trajforge stack up`) and export the URL it prints")
+    _load(config)
+    try:
+        dep = deploy_build(config, cron, timezone=timezone, name=name, publish_to=publish_to, pool=pool)
+        hook = install_failure_webhook(failure_webhook) if failure_webhook else None
+    except Exception as err:  # the server: unreachable, a bad cron
+        _fail(f"deploy failed: {err.__class__.__name__}: {err}", 1)
+    console.print(f"[green]✓[/] deployment {dep} of {config}: {', '.join(cron)} ({timezone})"
+                  + (f", published to {publish_to}" if publish_to else "")
+                  + (f", failure webhook automation {hook}" if hook else ""))
 
 
 def main() -> None:  # pragma: no cover

@@ -75,6 +75,10 @@ class SandboxConfig(Section):
     file_size_mb: int = Field(1024, ge=16, description="largest file a sandbox process may write (RLIMIT_FSIZE: "
                                                        "the writer gets SIGXFSZ)")
     open_files: int = Field(4096, ge=64, description="open files per sandbox process (RLIMIT_NOFILE)")
+    work_tmpfs_mb: int | None = Field(None, ge=1, description=(
+        "opt-in total cap where `disk_mb` cannot be enforced (overlay2 on ext4): the work dir becomes a tmpfs "
+        "of this size, seeded with the image's work dir; it is memory, counted against `memory_mb`. Writes "
+        "outside the work dir stay uncapped (only `file_size_mb` bounds them)"))
     build_memory_mb: int = Field(2048, ge=64, description="memory (no swap) of each image build step's container")
     build_cpus: float = Field(2.0, gt=0, description="CPUs of each image build step's container")
     exec_grace_s: float = operational(30, gt=0, description=(
@@ -99,7 +103,33 @@ class LLMSynthesisConfig(Section):
 
 
 DEFAULT_ALIASES = {"ubuntu:*": "{base}", "debian:*": "{base}", "python:*": "{base}", "bitnami/*": "{base}",
-                   "ghcr.io/laude-institute/*": "{base}", "alpine:*": "{base}", "buildpack-deps:*": "{base}"}
+                   "ghcr.io/laude-institute/*": "{base}", "alpine:*": "{base}", "buildpack-deps:*": "{base}",
+                   # registry bases of published corpora (e.g. `ghcr.io/<org>/ubuntu-24-04:<date>`): a local base
+                   # stands in; the substitution is recorded on each environment (`base_images`)
+                   "*/ubuntu-*:*": "{base}", "*/debian-*:*": "{base}", "*/python-3*:*": "{base}"}
+
+
+class BuildImagesConfig(Section):
+    """`synthesize.build`: how environment images are built. `network` decides what can build (an imported
+    Dockerfile's `apt-get` / `pip` steps), so it is fingerprinted; the rest is operational."""
+
+    network: Literal["imports", "none"] = Field("imports", description=(
+        "build-time network: `imports` = imported Dockerfiles build on the host network (procedural and "
+        "LLM-written environments never have one); `none` = no build has network. Agent-time network is "
+        "always none"))
+    ca_bundle: str | None = operational(None, description=(
+        "host CA bundle copied into networked builds and named by PIP_CERT / SSL_CERT_FILE / REQUESTS_CA_BUNDLE "
+        "(behind a TLS-intercepting proxy: /etc/ssl/certs/ca-certificates.crt)"))
+    http_proxy: str | None = operational(None)
+    https_proxy: str | None = operational(None)
+    no_proxy: str | None = operational(None)
+    timeout_s: float = operational(900, gt=0, description="a build's limit unless the task sets build_timeout_sec")
+    log_dir: str | None = operational(None, description=(
+        "where each image's build log is kept (`<tag>.log`); default: `build-logs/` in the build's run folder"))
+
+    def proxies(self) -> tuple[tuple[str, str], ...]:
+        pairs = [(k, getattr(self, k)) for k in ("http_proxy", "https_proxy", "no_proxy") if getattr(self, k)]
+        return tuple(pairs + [(k.upper(), v) for k, v in pairs])
 
 
 MAX_DEDUP_THRESHOLD = 0.98  # datasketch's MinHashLSH(num_perm=128) finds no bands above it
@@ -123,6 +153,10 @@ class SynthesizeConfig(Section):
     test_timeout_s: float = Field(120, gt=0)
     build_concurrency: int = operational(2, ge=1)
     envs_per_shard: int = Field(8, ge=1)
+    require_solution: bool = Field(False, description=(
+        "reject environments without a reference solution (`no_reference_solution`); default: keep them, "
+        "marked `oracle: absent`, validated by every check that needs no oracle"))
+    build: BuildImagesConfig = Field(default_factory=lambda: BuildImagesConfig())
 
     @field_validator("dedup_threshold")
     @classmethod
@@ -262,7 +296,9 @@ class AdaptiveConfig(Section):
     probability that the label is right by at least `min_gain` per rollout (knowledge gradient under the
     empirical-Bayes prior: sure labels and hopeless boundary cases both stop); `posterior` = that
     probability, under a prior over solve rates fitted to all environments of the build, is below
-    `target`; `wilson` = the Wilson interval (at `target` confidence) contains a boundary."""
+    `target`; `wilson` = the Wilson interval (at `target` confidence) contains a boundary. Whatever the
+    rule, a pair whose label is certain (`calibrate.confidence`) stops: 0 of n stops once the posterior
+    says p < `calibrate.unsolved_below`."""
 
     batch: int = Field(2, ge=1)
     max_samples: int = Field(16, ge=1)
@@ -271,23 +307,37 @@ class AdaptiveConfig(Section):
     target: float = Field(0.9, gt=0.5, lt=1)
     min_gain: float = Field(0.005, gt=0, lt=1, description="rule `gain`: the least expected rise in P(label "
                                                             "right) per extra rollout worth paying for")
+    budget: int | None = Field(None, ge=1, description=(
+        "the most rollouts the adaptive rounds may add over the whole build (all rounds, environments and "
+        "teachers): each round gives its batches to the unsure (environment, teacher) pairs with the highest "
+        "expected gain first, until the budget is spent. None: no build-wide limit"))
 
 
 class CalibrateConfig(Section):
-    """Labels from the point estimate p = passes/attempts: no attempt -> unlabelled; p == 0 -> unsolved; p >= trivial -> trivial;
-    >= easy -> easy; >= medium -> medium; else hard. A label is *certain* when the Wilson interval
-    contains none of the boundaries medium / easy / trivial."""
+    """Difficulty bands of a solve rate p: p < unsolved_below (or p == 0) -> unsolved; < medium -> hard;
+    < easy -> medium; < trivial -> easy; else trivial (a boundary belongs to the upper band). `trivial`
+    defaults to 1 - unsolved_below (symmetric: fails less often than an unsolved environment is solved);
+    `unsolved_below: 0, trivial: 0.9` are the definitions before issue 14. A row's label is the band of
+    passes/attempts; it is *certain* when the posterior mass on that band is at least `confidence`
+    (definitions: `trajforge.schemas.calibration.LABEL_DEFINITIONS`)."""
 
-    trivial: float = Field(0.9, gt=0, le=1)
+    unsolved_below: float = Field(0.02, ge=0, lt=0.5, description="solve rates below this are `unsolved`")
+    trivial: float | None = Field(None, gt=0, le=1, description="solve rates from this on are `trivial` "
+                                                                "(default 1 - unsolved_below)")
     easy: float = Field(0.6, gt=0, le=1)
     medium: float = Field(0.3, gt=0, le=1)
     confidence: float = Field(0.95, gt=0, lt=1)
+    pooled_reference: str | None = Field(None, description=(
+        "the teacher (label) on whose solve-rate scale the pooled per-environment difficulty is given; "
+        "None: the strongest teacher by fitted ability"))
     adaptive: AdaptiveConfig | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> "CalibrateConfig":
-        if not self.medium < self.easy < self.trivial:
-            raise ValueError("thresholds must satisfy medium < easy < trivial")
+        if self.trivial is None:
+            self.trivial = round(1 - self.unsolved_below, 12)
+        if not self.unsolved_below < self.medium < self.easy < self.trivial:
+            raise ValueError("calibrate thresholds must satisfy unsolved_below < medium < easy < trivial")
         return self
 
 
@@ -300,12 +350,79 @@ class ExportFilters(Section):
     drop_hacks: bool = Field(False, description="also drop hack-flagged trajectories from `trajectories`")
 
 
-class ExportConfig(Section):
-    """`trajectories` (every verified rollout) is always written; `configs` are derived from it."""
+class ExportParquet(Section):
+    """How export files are laid out (never what they hold): what the Hub's dataset viewer accepts. Operational
+    except `file_bytes`, which decides export's shard plan (which rows each `_done` marker covers)."""
 
-    configs: list[Literal["sft", "rl", "preference"]] = Field(default_factory=lambda: ["sft", "rl", "preference"])
+    row_group_bytes: int = operational(100 * 2**20, ge=1, description="row groups hold at most this many "
+                                       "uncompressed bytes (one row larger than it makes a row group of its own)")
+    file_bytes: int = Field(500 * 2**20, ge=1, description="derived-config files and export shards hold at most "
+                            "about this many uncompressed bytes; fingerprinted: it decides the export shard plan "
+                            "(a changed value re-runs export rather than resume old shards as other row ranges)")
+    page_index: bool = operational(True)
+    content_defined_chunking: bool = operational(True, description="pyarrow's content-defined data pages "
+                                                 "(deduplicates across builds on the Hub's storage)")
+
+
+class ExportSecrets(Section):
+    """The secret scan of every exported string that a model, a tool or an environment wrote."""
+
+    action: Literal["redact", "reject"] = Field("redact", description=(
+        "`redact`: each secret becomes `[REDACTED:<detector>]`; `reject`: the row is dropped (reason `secret`)"))
+    detectors: list[str] | None = Field(None, description="detect-secrets plugin class names (default: the "
+                                        "pattern plugins, no entropy ones)")
+
+
+class ExportRL(Section):
+    include_solutions: bool = Field(False, description="keep reference solutions in `rl`'s env_spec_json")
+
+
+class ExportCard(Section):
+    """The dataset card's metadata (YAML header); validated against the Hub's vocabularies."""
+
+    license: str = Field("unknown", description="a Hub license id (https://huggingface.co/docs/hub/"
+                         "repositories-licenses); `other` needs license_name and license_link")
+    license_name: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]*$", description="id of an `other` license")
+    license_link: str | None = Field(None, description="URL (or repo path, e.g. LICENSE.md) of an `other` license")
+    pretty_name: str | None = Field(None, description="default: the dataset name")
+    language: list[str] = Field(default_factory=lambda: ["en"], description="ISO 639 codes of the text")
+    task_categories: list[str] = Field(default_factory=lambda: ["text-generation", "reinforcement-learning"])
+    tags: list[str] = Field(default_factory=list, description="added to agent-trajectories, trajforge, tool-use")
+    source_datasets: list[str] = Field(default_factory=list, description=(
+        "Hub ids of imported task sets (default: `original`, plus `extended|<folder>` per synthesize.imports)"))
+
+    @model_validator(mode="after")
+    def _hub_vocabulary(self) -> "ExportCard":
+        from .hub import LICENSES, TASK_CATEGORIES
+
+        if self.license not in LICENSES:
+            raise ValueError(f"export.card.license: {self.license!r} is not a Hub license id (e.g. apache-2.0, "
+                             "cc-by-4.0, mit; or `other` with license_name and license_link)")
+        if self.license == "other" and not (self.license_name and self.license_link):
+            raise ValueError("export.card.license is `other`: set export.card.license_name and "
+                             "export.card.license_link")
+        bad = [t for t in self.task_categories if t not in TASK_CATEGORIES]
+        if bad:
+            raise ValueError(f"export.card.task_categories: {bad} are not Hub task categories")
+        bad = [lang for lang in self.language if not re.fullmatch(r"[a-z]{2,3}(-[A-Za-z0-9]+)?|code", lang)]
+        if bad:
+            raise ValueError(f"export.card.language: {bad} are not ISO 639 codes")
+        return self
+
+
+class ExportConfig(Section):
+    """`trajectories` (every verified rollout) is always written; `configs` are derived from it
+    (`rl_tokens`, per-turn token ids and logprobs, is opt-in)."""
+
+    configs: list[Literal["sft", "rl", "preference", "rl_tokens"]] = Field(
+        default_factory=lambda: ["sft", "rl", "preference"])
     filters: "ExportFilters" = Field(default_factory=lambda: ExportFilters())
     rows_per_shard: int = Field(5000, ge=1)
+    parquet: ExportParquet = Field(default_factory=ExportParquet)
+    secrets: ExportSecrets = Field(default_factory=ExportSecrets)
+    rl: ExportRL = Field(default_factory=ExportRL)
+    card: ExportCard = Field(default_factory=ExportCard)
+    verifier_tail_chars: int = Field(2000, ge=0, description="the verifier output's last characters kept per row")
 
 
 class GateConfig(Section):

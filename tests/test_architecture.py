@@ -203,6 +203,7 @@ def test_readme_layout_matches_the_tree():
 
     text = (ROOT / "README.md").read_text()
     layout = text[text.index("## Layout"):]
+    layout = layout[:layout.find("\n## ", 3)] if "\n## " in layout[3:] else layout
     named = re.findall(r"^\| `([^`]+)`", layout, re.M) + re.findall(r"^\| `[^`]+`, `([^`]+)`", layout, re.M)
     assert named, "no layout table"
     for path in named:

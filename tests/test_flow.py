@@ -254,48 +254,32 @@ def test_teacher_server_that_cannot_start_fails_the_build_clearly(tmp_path):
     assert out.returncode == 1 and "not committed" in out.stderr, out.stderr  # a failed build is never published
 
 
-class FakeHub:
-    """The Hub boundary (nothing here reaches huggingface.co): records what HfApi would be asked
-    and copies the files upload_folder would send, applying its allow patterns."""
-
-    def __init__(self, dest: Path):
-        self.dest, self.calls = dest, []
-
-    def create_repo(self, repo_id, **kw):
-        self.calls.append(("create_repo", repo_id, kw))
-
-    def upload_folder(self, *, repo_id, folder_path, allow_patterns, delete_patterns, **kw):
-        import fnmatch
-        import shutil
-
-        self.calls.append(("upload_folder", repo_id, {"delete_patterns": delete_patterns, **kw}))
-        for f in Path(folder_path).rglob("*"):
-            rel = f.relative_to(folder_path).as_posix()
-            if f.is_file() and any(fnmatch.fnmatch(rel, p) for p in allow_patterns):
-                (self.dest / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy(f, self.dest / rel)
-        return type("CommitInfo", (), {"oid": "c0ffee", "commit_url": f"https://hub/{repo_id}/commit/c0ffee"})()
-
-    def create_tag(self, repo_id, *, tag, revision, **kw):
-        self.calls.append(("create_tag", repo_id, {"tag": tag, "revision": revision, **kw}))
-
-
-def test_publish_uploads_the_declared_configs_and_tags_the_build(built, tmp_path):
-    import datasets
+def test_publish_uploads_the_declared_configs_and_tags_the_build(built, hub_server, tmp_path):
+    """The real huggingface_hub client against the loopback Hub (tests/hub_server.py); more in test_publish.py."""
+    from huggingface_hub import HfApi, hf_hub_download
 
     from trajforge.flows.publish import PublishError, publish
 
     cfg, record = built
     store = RunStore(cfg.runs, cfg.dataset)
-    hub = FakeHub(tmp_path / "repo")
-    rec = publish(store, record["build_id"], "org/trajs", api=hub)
-    assert [c[0] for c in hub.calls] == ["create_repo", "upload_folder", "create_tag"]
-    assert hub.calls[0][2]["repo_type"] == "dataset" and hub.calls[2][2] == {
-        "tag": record["build_id"], "revision": "c0ffee", "repo_type": "dataset", "exist_ok": True}
-    uploaded = sorted(p.relative_to(hub.dest).as_posix() for p in hub.dest.rglob("*") if p.is_file())
+    api = HfApi(endpoint=hub_server.endpoint, token="hf_test")
+    rec = publish(store, record["build_id"], "org/flow-trajs", api=api)
+    files = hub_server.files("org/flow-trajs", record["build_id"])  # what the tag serves
+    uploaded = sorted(p for p in files if p != ".gitattributes")
     assert uploaded[0] == "README.md" and {u.split("/")[0] for u in uploaded[1:]} == set(rec["configs"])
     assert "sft" in rec["configs"] and not any(u.endswith(("manifest.json", "gate.json")) for u in uploaded)
-    assert datasets.load_dataset(str(hub.dest), "sft")["train"].num_rows == 4  # what the Hub would serve
-    assert store.read_json(posixpath.join(store.build_dir(record["build_id"]), "published.json"))[-1]["commit"] == "c0ffee"
+    local = tmp_path / "repo"
+    for p in uploaded:
+        hf_hub_download("org/flow-trajs", p, repo_type="dataset", revision=record["build_id"], local_dir=local,
+                        endpoint=hub_server.endpoint, token="hf_test")
+    assert datasets_rows(local, "sft") == 4  # what the Hub serves
+    published = store.read_json(posixpath.join(store.build_dir(record["build_id"]), "published.json"))[-1]
+    assert published["commit"] == rec["revision"] == hub_server.head("org/flow-trajs")
     with pytest.raises(PublishError, match="not found"):
-        publish(store, "19990101T000000Z-dead", "org/trajs", api=hub)
+        publish(store, "19990101T000000Z-dead", "org/flow-trajs", api=api)
+
+
+def datasets_rows(folder: Path, config: str) -> int:
+    import datasets
+
+    return datasets.load_dataset(str(folder), config)["train"].num_rows
