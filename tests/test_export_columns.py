@@ -160,3 +160,17 @@ def test_large_export_is_bounded_with_page_index_and_one_schema(tmp_path):
                 assert all(rg.column(c).has_offset_index for c in range(rg.num_columns)), (f, g)
                 assert rg.column(0).has_column_index, (f, g)
             assert sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups)) <= file_bytes * 1.5
+
+
+def test_card_defines_every_difficulty_label_with_this_builds_thresholds(export):
+    """The card says what `difficulty` means: one row per label (unverified included), thresholds from config."""
+    from typing import get_args
+
+    from trajforge.schemas.calibration import Label
+
+    ctx, out, _, _ = export
+    card = Path(out, "README.md").read_text()
+    section = card[card.index("## Difficulty labels"):]
+    for label in get_args(Label):
+        assert f"| `{label}` |" in section, label
+    assert f"{ctx.config.calibrate.unsolved_below:g}" in section

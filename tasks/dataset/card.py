@@ -179,6 +179,8 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
     committed on purpose; `upstream` / `out_dir` give the provenance (fingerprints, rows' facts)."""
     from huggingface_hub import DatasetCard
 
+    from ..calibrate import label_definitions  # the labels' one definition, with this config's thresholds
+
     cfg = ctx.config
     counts = stats.get("configs", {})
     meta = card_metadata(ctx, counts, fingerprint)
@@ -238,6 +240,9 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
         "sometimes (0 < p < 1) with their spec; `preference` pairs a success with a failure of the same "
         "environment.",
     ]
+    lines += ["", "## Difficulty labels", "",
+              "What each `difficulty` value means in this build (solve rate p of an environment for a teacher):", "",
+              _table(["label", "definition"], [[k, v] for k, v in label_definitions(cfg.calibrate).items()])]
     text = "---\n" + _yaml(meta) + "---\n\n" + "\n".join(lines) + "\n" + _gates_section(ctx, list(accepted))
     validate_card(text)
     return str(DatasetCard(text))
