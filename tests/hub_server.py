@@ -31,18 +31,9 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import yaml
 
-# The Hub's license identifiers (https://huggingface.co/docs/hub/repositories-licenses) and size
-# categories: what `/api/validate-yaml` accepts for a dataset card here.
-LICENSES = frozenset("""apache-2.0 mit openrail bigscience-openrail-m creativeml-openrail-m bigscience-bloom-rail-1.0
-bigcode-openrail-m afl-3.0 artistic-2.0 bsl-1.0 bsd bsd-2-clause bsd-3-clause bsd-3-clause-clear c-uda cc cc0-1.0
-cc-by-2.0 cc-by-2.5 cc-by-3.0 cc-by-4.0 cc-by-sa-3.0 cc-by-sa-4.0 cc-by-nc-2.0 cc-by-nc-3.0 cc-by-nc-4.0 cc-by-nd-4.0
-cc-by-nc-nd-3.0 cc-by-nc-nd-4.0 cc-by-nc-sa-2.0 cc-by-nc-sa-3.0 cc-by-nc-sa-4.0 cdla-sharing-1.0 cdla-permissive-1.0
-cdla-permissive-2.0 wtfpl ecl-2.0 epl-1.0 epl-2.0 etalab-2.0 eupl-1.1 eupl-1.2 agpl-3.0 gfdl gpl gpl-2.0 gpl-3.0 lgpl
-lgpl-2.1 lgpl-3.0 isc h-research intel-research lppl-1.3c ms-pl apple-ascl apple-amlr mpl-2.0 odc-by odbl
-openrail++ osl-3.0 postgresql ofl-1.1 ncsa unlicense zlib pddl lgpl-lr deepfloyd-if-license llama2 llama3 llama3.1
-llama3.2 llama3.3 llama4 gemma unknown other""".split())
-SIZE_CATEGORIES = frozenset(["n<1K", "1K<n<10K", "10K<n<100K", "100K<n<1M", "1M<n<10M", "10M<n<100M", "100M<n<1B",
-                             "1B<n<10B", "10B<n<100B", "100B<n<1T", "n>1T", "unknown", "other"])
+# What `/api/validate-yaml` accepts for a dataset card here: the Hub's vocabularies, kept in one place.
+from trajforge.schemas.hub import LICENSES, SIZE_CATEGORIES  # noqa: E402
+
 _ROUTE = re.compile(r"^/api/(?P<type>models|datasets|spaces)/(?P<repo>[^/]+/[^/]+)(?:/(?P<action>[a-z-]+)"
                     r"(?:/(?P<rest>.*))?)?$")
 _RESOLVE = re.compile(r"^/(?:(?P<type>datasets|spaces)/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rest>.+)$")
