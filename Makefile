@@ -33,6 +33,15 @@ teacher:
 demo: setup teacher
 	$(VENV)/bin/trajforge build configs/demo.yaml
 
+# Terminal + tool environments (README "Tool environments"): the replay teacher, no model; then the tool
+# environments with the embedded model (fenced ```json tool calls).
+.PHONY: demo-tools demo-tools-model
+demo-tools: setup
+	$(VENV)/bin/trajforge build configs/tools.yaml
+
+demo-tools-model: setup teacher
+	$(VENV)/bin/trajforge build configs/tools-smollm2.yaml
+
 test: setup teacher
 	$(PY) -m pytest $(PYTEST_ARGS)
 

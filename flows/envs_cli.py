@@ -28,27 +28,48 @@ images_app = typer.Typer(no_args_is_help=True, help="Content-addressed environme
 
 @envs_app.command("families")
 def envs_families():
-    """List the procedural environment families and their levels."""
+    """List the procedural environment families: kind (`terminal` / `tools`), levels, what the agent does."""
     from ..tasks.envs.families import FAMILIES
 
     t = Table(title="environment families")
-    for col in ("family", "levels", "what the agent does"):
+    for col in ("family", "kind", "levels", "what the agent does"):
         t.add_column(col)
     for f in FAMILIES.values():
-        t.add_row(f.name, ", ".join(map(str, f.levels)), f.description)
+        t.add_row(f.name, f.kind, ", ".join(map(str, f.levels)), f.description)
     console.print(t)
+
+
+def tool_view(env: EnvSpec, tests: bool = False) -> dict:
+    """What a tool environment is about, without its files: instruction, the tools its server offers
+    (`.tools/tools.json`), the oracle as tool calls, knobs (and the hidden checks with `tests`)."""
+    from ..tasks.envs.tools.spec import TOOLS_DIR, parse_call_command
+
+    files = {f.path: f.content for f in env.files}
+    oracle = [parse_call_command(c) for c in env.solution]
+    view = {"env_id": env.env_id, "kind": env.kind, "family": env.family, "level": env.level, "seed": env.seed,
+            "instruction": env.instruction, "tools": json.loads(files.get(f"{TOOLS_DIR}/tools.json", "[]")),
+            "oracle": [{"name": o[0], "arguments": o[1]} if o else {"command": c} for o, c in zip(oracle, env.solution)],
+            "knobs": json.loads(env.knobs_json)}
+    if tests:
+        view["tests"] = [f.content for f in env.tests]
+    return view
 
 
 @envs_app.command("sample")
 def envs_sample(family: str, level: int = typer.Option(1, "--level"), seed: int = typer.Option(0, "--seed"),
-                tests: bool = typer.Option(False, "--tests", help="include the hidden tests")):
-    """Print one generated environment (instruction, files, solution) as JSON."""
+                tests: bool = typer.Option(False, "--tests", help="include the hidden tests"),
+                full: bool = typer.Option(False, "--full", help="a tool environment's whole spec (server, tools.py)")):
+    """Print one generated environment as JSON: instruction, files, solution; for a `tools` family the
+    instruction, the tools offered and the oracle calls (`--full`: the whole spec)."""
     from ..tasks.envs.families import get_family
 
     try:
         env = get_family(family).generate(level, seed)
     except (KeyError, ValueError) as err:
         fail(str(err).strip("'\""))
+    if env.kind == "tools" and not full:
+        console.print_json(json.dumps(tool_view(env, tests)))
+        return
     console.print_json(env.model_dump_json(exclude=None if tests else {"tests"}))
 
 

@@ -41,7 +41,7 @@ def _resolve(rec: Recorded, envs: dict[str, EnvSpec]) -> EnvSpec | None:
 def _limits_for(config: BuildConfig, records: list[Recorded]) -> BuildConfig:
     """Limits follow the recording: every recorded command is replayed (plus the `submit` turn),
     whatever `rollout.max_turns` says; the episode budget grows in proportion."""
-    need = max((len(r.commands) for r in records), default=0) + 1
+    need = max((max(len(r.commands), len(r.tool_commands or [])) for r in records), default=0) + 1
     rollout = config.rollout
     if need <= rollout.max_turns:
         return config
@@ -79,7 +79,9 @@ def reverify(trajectories: str, env_paths: list[str], config: BuildConfig | None
         groups[env.env_id].append(rec)
     config = _limits_for(config, [r for rs in groups.values() for r in rs])
     ctx = StageContext.create(config, "reverify")
-    teacher = ReplayTeacher(config.teacher, {e: [r.commands for r in rs] for e, rs in groups.items()})
+    teacher = ReplayTeacher(config.teacher, {e: [r.commands for r in rs] for e, rs in groups.items()},
+                            {e: [r.commands if r.tool_commands is None else r.tool_commands for r in rs]
+                             for e, rs in groups.items()})
     ids = {(e, k): r.trajectory_id for e, rs in groups.items() for k, r in enumerate(rs)}
     episodes = list(ids)
     verdicts: list[Verdict] = []

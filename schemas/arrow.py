@@ -96,5 +96,14 @@ def to_table(model: type[M], rows: Iterable[M] | pa.Table) -> pa.Table:
 
 
 def from_table(model: type[M], table: pa.Table) -> list[M]:
-    """Arrow table -> records; pydantic re-validates each row."""
-    return [model.model_validate(row) for row in table.to_pylist()]
+    """Arrow table -> records; pydantic re-validates each row. A null in a column whose field has a
+    non-null default takes that default: Parquet written before the field existed reads back (the
+    reader fills a missing column with nulls)."""
+    defaulted = [n for n, f in model.model_fields.items()
+                 if not f.is_required() and f.get_default(call_default_factory=True) is not None]
+    rows = table.to_pylist()
+    for row in rows:
+        for n in defaulted:
+            if n in row and row[n] is None:
+                del row[n]
+    return [model.model_validate(row) for row in rows]

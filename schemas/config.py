@@ -94,12 +94,25 @@ class SandboxConfig(Section):
 
 
 class LLMSynthesisConfig(Section):
-    """Environments written by the configured teacher, `candidates_per_theme` per theme."""
+    """Environments written by the configured teacher, `candidates_per_theme` per theme: terminal tasks
+    for each of `themes`, tool environments (kind `tools`) for each of `tool_themes`; at least one of
+    the two lists is non-empty. An empty `tool_themes` is left out of the propose fingerprint, so
+    configs written before it keep their fingerprints."""
 
-    themes: list[str] = Field(min_length=1)
+    themes: list[str] = Field(default_factory=list, description="themes of terminal tasks")
+    tool_themes: list[str] = Field(default_factory=list, description=(
+        "themes of tool environments: a SQLite store, tools over it, a goal and end-state checks "
+        "(tasks/envs/tools/synthesis.py)"))
     candidates_per_theme: int = Field(2, ge=1)
     max_tokens: int = Field(2048, ge=64)
     temperature: float = Field(0.8, ge=0)
+
+    @model_validator(mode="after")
+    def _some_theme(self) -> "LLMSynthesisConfig":
+        if not (self.themes or self.tool_themes):
+            raise ValueError("give at least one theme in `themes` (terminal tasks) or `tool_themes` (tool "
+                             "environments)")
+        return self
 
 
 DEFAULT_ALIASES = {"ubuntu:*": "{base}", "debian:*": "{base}", "python:*": "{base}", "bitnami/*": "{base}",

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 from .common import FileSpec, Record
 
 DEFAULT_WORKDIR = "/home/agent/work"
-LATER_FIELDS = ("oracle", "blobs", "build_timeout_s")
+LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
@@ -77,6 +77,9 @@ class EnvSpec(Record):
     """
 
     env_id: str
+    kind: Literal["terminal", "tools"] = Field("terminal", description=(
+        "`terminal`: the agent has a bash tool in the sandbox; `tools`: the agent has only the tools of the "
+        "environment's MCP server (`.tools/` in the work dir, state in `store.db`; tasks/envs/tools)"))
     family: str
     level: int
     seed: int

@@ -9,6 +9,8 @@ from pydantic import Field
 from .common import ChangeSet, Record, Status
 from .verdict import TestResult
 
+TOOLS_HARNESS = "trajforge-mcp-v1"  # Rollout.harness of `tools` environments: its steps are tool calls, not shell
+
 
 class FunctionCall(Record):
     name: str
@@ -95,6 +97,10 @@ class Rollout(Record):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     turns: int = 0
+    tool_call_errors: int = Field(0, description=(
+        "tools environments: the model's call errors (unknown tool, arguments not a JSON object or breaking "
+        "the tool's schema); a tool's own error answer and a failing tool server (steps with exit code >= 3) "
+        "are not counted"))
     status: Status
     error: str | None = None
     wall_s: float = 0.0

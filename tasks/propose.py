@@ -1,7 +1,8 @@
 """Stage `propose`: candidate environments from every source, before any image is built.
 
 Sources (config `synthesize`): procedural `families` (family x level x seed), task folders in
-`imports` (Harbor or Terminal-Bench 1.x), and `llm` themes written by the teacher. A candidate
+`imports` (Harbor or Terminal-Bench 1.x), and `llm` themes written by the teacher (terminal tasks for
+`themes`, tool environments for `tool_themes`). A candidate
 that cannot be read is a reject with its reason (`import_malformed`, `llm_*`, `teacher_error`); the
 others go on to `synthesize`, which removes near-duplicates and validates each in Docker.
 Invariant: a candidate's env_id is a content hash, so the same source gives the same id.
@@ -48,7 +49,7 @@ def import_items(config: BuildConfig) -> list[dict[str, Any]]:
 class ProposeStage(Stage):
     name = "propose"
     config_sections = ("synthesize",)
-    code_modules = ("envs.families", "envs.formats", "envs.llm_synthesis")
+    code_modules = ("envs.families", "envs.formats", "envs.llm_synthesis", "envs.tools", "envs.tools.families")
     output = EnvSpec
 
     def services_for(self, config: BuildConfig) -> tuple[str, ...]:
@@ -58,7 +59,9 @@ class ProposeStage(Stage):
         s = config.synthesize
         out: dict[str, Any] = {"families": [f.model_dump(mode="json") for f in s.families],
                                "imports": {p: folder_digest(Path(p)) for p in s.imports if Path(p).exists()},
-                               "llm": s.llm.model_dump(mode="json") if s.llm else None,
+                               # an empty `tool_themes` is left out: configs written before it keep their fingerprint
+                               "llm": s.llm.model_dump(mode="json", exclude=None if s.llm.tool_themes else {"tool_themes"})
+                               if s.llm else None,
                                "envs_per_shard": s.envs_per_shard}
         if s.llm:
             out["teacher"] = config.teacher.fingerprint()
@@ -70,6 +73,8 @@ class ProposeStage(Stage):
         if cfg.llm:
             items += [{"kind": "llm", "theme": t, "index": i}
                       for t in cfg.llm.themes for i in range(cfg.llm.candidates_per_theme)]
+            items += [{"kind": "llm_tools", "theme": t, "index": i}
+                      for t in cfg.llm.tool_themes for i in range(cfg.llm.candidates_per_theme)]
         n = cfg.envs_per_shard
         return [Shard(index=i, payload={"items": items[j:j + n]}) for i, j in enumerate(range(0, len(items), n))]
 
@@ -104,6 +109,7 @@ class ProposeStage(Stage):
 
     async def _llm(self, ctx: StageContext, items: list[dict]) -> list:
         from .envs.llm_synthesis import propose
+        from .envs.tools.synthesis import propose_tools
         from .teachers import make_teacher
 
         llm = ctx.config.synthesize.llm
@@ -112,6 +118,7 @@ class ProposeStage(Stage):
                                                      "logprobs": False})
         teacher = make_teacher(tcfg, ctx.runtime, ctx.limiter)
         try:
-            return await asyncio.gather(*(propose(teacher, it["theme"], it["index"]) for it in items))
+            return await asyncio.gather(*((propose_tools if it["kind"] == "llm_tools" else propose)(
+                teacher, it["theme"], it["index"]) for it in items))
         finally:
             await teacher.aclose()

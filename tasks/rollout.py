@@ -33,7 +33,7 @@ class RolloutStage(Stage):
     # not endpoint routing or the vLLM process lifecycle (operational)
     code_modules = ("agent", "teachers.registry", "teachers.base", "teachers.replay", "teachers.recorded",
                     "teachers.openai", "teachers.vllm", "sandbox.container", "sandbox.streams", "sandbox.limits",
-                    "sandbox.verifier", "sandbox.changes")
+                    "sandbox.verifier", "sandbox.changes", "envs.tools.spec", "envs.tools.client")
     config_sections = ("rollout", "teacher", "sandbox")
     output = Rollout
 

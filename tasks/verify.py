@@ -182,6 +182,9 @@ def replay_on_sibling(r: Rollout, env: EnvSpec, client, box, base_image: str, te
     passes there too (the validator made sure the reference solution does); a written one does not."""
     from .envs.images import ensure_image
 
+    # never a tool episode: tool families are not `replay_invariant` (ToolFamily; LLM tool envs are not
+    # procedural), so `sibling_of` gives None and no tool step is run here; were one run, its command is
+    # `call_command(...)` (tasks/envs/tools/spec.py), the same call through the sibling's server, not bash
     sib = sibling_of(env, replay=True)
     if sib is None or not r.steps:
         return []

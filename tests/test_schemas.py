@@ -63,3 +63,18 @@ def test_free_form_dict_is_refused():
 def test_bad_status_is_refused():
     with pytest.raises(ValueError):
         Rollout(rollout_id="r", env_id="e", teacher="t", harness="h", sample=0, messages=[], status="crashed")
+
+
+def test_parquet_written_before_a_field_existed_reads_back_with_its_default(tmp_path):
+    """Committed outputs of older versions stay readable: a column added later (here
+    `tool_call_errors`) is missing from their Parquet; the reader's nulls become the field's default."""
+    import pyarrow.parquet as pq
+
+    from trajforge.schemas.arrow import arrow_schema, from_table, to_table
+    from trajforge.schemas.trajectory import Rollout
+
+    r = Rollout(rollout_id="x", env_id="e", teacher="t", harness="h", sample=0, messages=[], status="ok",
+                tool_call_errors=2)
+    pq.write_table(to_table(Rollout, [r]).drop_columns(["tool_call_errors"]), tmp_path / "old.parquet")
+    back = from_table(Rollout, pq.read_table(tmp_path / "old.parquet", schema=arrow_schema(Rollout)))
+    assert back[0].tool_call_errors == 0 and back[0].rollout_id == "x" and back[0].error is None

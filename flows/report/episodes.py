@@ -17,6 +17,8 @@ import posixpath
 from typing import Any, Callable
 
 from ...schemas.build import BuildRecord
+from ...schemas.environment import EnvSpec
+from ...schemas.trajectory import Rollout
 from ...tasks.engine.store import RunStore
 from .gather import ROLLOUT_COLUMNS, VERDICT_COLUMNS, BuildFacts, instances, parts
 
@@ -96,6 +98,7 @@ def index_row(r: dict, v: dict | None, env: dict, label: str, chunk: int) -> dic
             "latency_s": sum(u["latency_s"] for u in r.get("usage") or []),
             "steps": {lab: labels.count(lab) for lab in ("inspect", "act", "verify")},
             "repeated": q.get("repeated_commands", 0), "recoveries": q.get("recoveries", 0),
+            "tool_call_errors": r.get("tool_call_errors") or 0,
             "kinds": {h["kind"]: h["severity"] for h in sorted(hacks, key=lambda h: h["severity"] == "hack")}}
 
 
@@ -111,7 +114,8 @@ class EpisodeData:
         self.scanner = Scanner(((rec.config.get("export") or {}).get("secrets") or {}).get("detectors"))
         self.envs: dict[str, dict] = {}
         for inst in instances(rec, "synthesize")[-1:]:
-            for t in store.iter_tables(parts(facts, inst), columns=["env_id", "family", "level", "source", "instruction"]):
+            for t in store.iter_tables(parts(facts, inst), EnvSpec, columns=["env_id", "kind", "family", "level", "source",
+                                                                            "instruction"]):  # kind: null before kinds
                 for e in self.scanner.redact_tree(t.to_pylist()):
                     self.envs[e["env_id"]] = e
         self.verdicts: dict[str, dict] = {}
@@ -138,7 +142,7 @@ class EpisodeData:
                 chunk.clear()
 
         for inst in instances(self.rec, "rollout"):
-            for t in self.store.iter_tables(parts(self.facts, inst), columns=ROLLOUT_COLUMNS):
+            for t in self.store.iter_tables(parts(self.facts, inst), Rollout, columns=ROLLOUT_COLUMNS):  # nulls: older
                 for r in self.scanner.redact_tree(t.to_pylist()):
                     v = self.verdicts.get(r["rollout_id"])
                     env = self.envs.get(r["env_id"], {})
@@ -149,6 +153,21 @@ class EpisodeData:
                         flush()
         flush()
         return rows
+
+
+def kinds(envs: dict[str, dict], rows: list[dict]) -> dict[str, dict[str, int]]:
+    """Environments, rollouts and the model's tool-call errors (Rollout.tool_call_errors) per environment
+    kind (`EnvSpec.kind`; `terminal` when unset)."""
+    out: dict[str, dict[str, int]] = {}
+    zero = {"environments": 0, "rollouts": 0, "tool_call_errors": 0}
+    for e in envs.values():
+        out.setdefault(e.get("kind") or "terminal", dict(zero))["environments"] += 1
+    for r in rows:
+        kind = (envs.get(r["env"]) or {}).get("kind") or "terminal"
+        n = out.setdefault(kind, dict(zero))
+        n["rollouts"] += 1
+        n["tool_call_errors"] += r.get("tool_call_errors") or 0
+    return dict(sorted(out.items()))
 
 
 def page_index(rows: list[dict]) -> dict:

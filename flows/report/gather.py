@@ -25,7 +25,7 @@ from ...tasks.engine.store import RunStore
 
 FigureKey = tuple[str, ...]
 ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "sample", "messages", "steps", "usage", "prompt_tokens",
-                   "completion_tokens", "turns", "status", "error", "wall_s"]
+                   "completion_tokens", "turns", "status", "error", "wall_s", "tool_call_errors"]
 VERDICT_COLUMNS = ["rollout_id", "env_id", "teacher", "sample", "status", "verified", "reward", "tests_passed",
                    "passed", "tests", "hack_flags", "hacks", "quality", "verifier_output", "mode", "changes",
                    "unexpected", "counterfactual", "reverted"]

@@ -23,7 +23,7 @@ from ..engine.contract import ShardResult, StageContext
 from ..sandbox import Sandbox, SandboxError, docker_client
 from ..sandbox.verifier import VERIFIER_CAPS
 from ..teachers import make_teacher
-from .harness import HARNESS, EpisodeSettings, rollout_id, run_episode
+from .harness import EpisodeSettings, harness_label, rollout_id, run_episode
 
 
 def episode_settings(ctx: StageContext, teacher: TeacherConfig | None = None) -> EpisodeSettings:
@@ -71,7 +71,7 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
 
     def failed_row(env: EnvSpec, sample: int, status: str, error: str, attempts: int, teacher) -> Rollout:
         return Rollout(rollout_id=rollout_id(env.env_id, teacher.label, sample), env_id=env.env_id,
-                       teacher=teacher.label, harness=HARNESS, sample=sample,
+                       teacher=teacher.label, harness=harness_label(env), sample=sample,
                        messages=[Message(role="user", content=env.instruction)], status=status,
                        error=error[:2000], attempts=attempts)
 

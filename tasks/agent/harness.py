@@ -12,6 +12,10 @@ the protected paths are checksummed; only then, with `verify_in_place`, are the 
 into this container and run as root (tasks/sandbox/verifier.py). The captured state allows an isolated
 re-test later. The container starts while the teacher writes its first turn; the "before" checksums
 of an image are computed once per process (containers of one image start identical).
+
+The mode follows `env.kind`: `terminal` offers `bash` + `submit` (this module); `tools` offers the
+environment's MCP tools + `submit` and relays each call to its server in the sandbox (`ToolMode`,
+tasks/agent/mcp_relay.py). Everything after the turns (settle, capture, in-place tests) is shared.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 from ...schemas.common import ChangeSet
 from ...schemas.environment import EnvSpec
@@ -32,6 +36,7 @@ from ..sandbox import ExecResult, Sandbox, StateTooLarge
 from ..sandbox.changes import capture_outside
 from ..sandbox.verifier import run_hidden_tests
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
+from .mcp_relay import SURROGATE, TOOLS_HARNESS, ToolMode, parse_arguments
 
 HARNESS = "trajforge-bash-v1"
 SYSTEM_PROMPT = (
@@ -52,7 +57,10 @@ TOOLS = [
 ]
 FENCE = re.compile(r"```(?:bash|sh|shell)?\s*\n(.*?)```", re.S)
 MAX_CONSECUTIVE_FORMAT_ERRORS = 3
-SURROGATE = re.compile("[\ud800-\udfff]")  # never valid in UTF-8 text (Parquet strings, JSON requests)
+
+
+def harness_label(env: EnvSpec) -> str:
+    return TOOLS_HARNESS if env.kind == "tools" else HARNESS
 
 
 def rollout_id(env_id: str, teacher: str, sample: int) -> str:
@@ -81,7 +89,8 @@ class _State:
     steps: list[Step] = field(default_factory=list)
     usage: list[TurnUsage] = field(default_factory=list)
     submitted: bool = False
-    format_errors: int = 0
+    format_errors: int = 0  # consecutive
+    call_errors: int = 0  # tools mode: the model's call errors in the whole episode (Rollout.tool_call_errors)
 
 
 def _observation(res: ExecResult) -> str:
@@ -93,7 +102,10 @@ _BEFORE: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}  # (image, prote
 
 
 class _Episode:
-    """The sandbox side of one episode: started in the background, awaited before the first command."""
+    """The sandbox side of one episode: started in the background, awaited before the first command.
+    Also the bash mode's turns (`offered`, `system_prompt`, `handle_*`; `ToolMode` is the tools mode's)."""
+
+    what = "command"  # what a valid reply carries (the format-error message)
 
     def __init__(self, sb: Sandbox, st: _State, s: EpisodeSettings, protected: list[str]):
         self.sb, self.st, self.s, self.protected = sb, st, s, protected
@@ -106,6 +118,12 @@ class _Episode:
         if key not in _BEFORE:  # before the agent's first command; same for every container of the image
             _BEFORE[key] = self.sb.digests(self.protected)
         self.before = _BEFORE[key]
+
+    async def offered(self) -> list[dict]:
+        return TOOLS if self.s.tool_calling else []
+
+    def system_prompt(self, env: EnvSpec) -> str:
+        return SYSTEM_PROMPT.format(workdir=env.workdir) + ("" if self.s.tool_calling else FENCED_HINT)
 
     async def run(self, turn: int, command: str) -> str:
         await self.started
@@ -132,33 +150,33 @@ class _Episode:
                               for c in msg.tool_calls] if msg.tool_calls else [Message(role="user", content=why)])
         return True
 
-    async def handle_tool_calls(self, turn: int, msg: Message) -> None:
+    async def answer(self, turn: int, name: str, args: dict | str) -> str:
+        """Bash mode's answer to one call (`args`: the parsed arguments, or why they are not an object)."""
+        if isinstance(args, str):
+            self.st.format_errors += 1
+            return f"format error: arguments are not valid JSON ({args})"
+        if name != "bash" or not isinstance(args.get("command"), str) or not args["command"].strip():
+            self.st.format_errors += 1
+            return "format error: use bash with a non-empty `command`, or submit"
+        self.st.format_errors = 0
+        return await self.run(turn, args["command"])
+
+    async def handle_tool_calls(self, turn: int, msg: Message,
+                                answer: Callable[[int, str, dict | str], Awaitable[str]] | None = None) -> None:
+        """Both modes' tool-call turns: arguments parsed once (`parse_arguments`), `submit` ends the turn,
+        every other call is answered by the mode (`answer`: bash here, `ToolMode.answer` in tools mode)."""
         st = self.st
         if self.garbled(msg):
             return
         for call in msg.tool_calls:
             name = call.function.name
-            try:
-                args = json.loads(call.function.arguments or "{}")
-                if not isinstance(args, dict):
-                    raise ValueError("arguments must be a JSON object")
-            except (ValueError, RecursionError) as err:
-                st.format_errors += 1
-                st.messages.append(Message(role="tool", tool_call_id=call.id, name=name,
-                                           content=f"format error: arguments are not valid JSON ({err})"))
-                continue
-            if name == "submit":
+            args = parse_arguments(call.function.arguments)
+            if name == "submit" and isinstance(args, dict):
                 st.submitted = True
                 st.messages.append(Message(role="tool", tool_call_id=call.id, name=name, content="submitted"))
                 return
-            if name != "bash" or not isinstance(args.get("command"), str) or not args["command"].strip():
-                st.format_errors += 1
-                st.messages.append(Message(role="tool", tool_call_id=call.id, name=name,
-                                           content="format error: use bash with a non-empty `command`, or submit"))
-                continue
-            st.format_errors = 0
-            obs = await self.run(turn, args["command"])
-            st.messages.append(Message(role="tool", tool_call_id=call.id, name=name, content=obs))
+            text = await (answer or self.answer)(turn, name, args)
+            st.messages.append(Message(role="tool", tool_call_id=call.id, name=name, content=text))
 
     async def handle_text(self, turn: int, msg: Message, cut: bool = False) -> None:
         st = self.st
@@ -205,16 +223,19 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
     deadline ends the episode as `agent_timeout` without its message (the overshoot is at most one
     turn's generation allowance, `max_tokens / agent_tokens_per_s`)."""
     t0 = time.monotonic()
-    system = SYSTEM_PROMPT.format(workdir=env.workdir) + ("" if s.tool_calling else FENCED_HINT)
-    st = _State([Message(role="system", content=system), Message(role="user", content=env.instruction)],
-                deadline=t0 + (env.agent_timeout_s or s.episode_timeout_s))
-    tools = TOOLS if s.tool_calling else []
+    st = _State([], deadline=t0 + (env.agent_timeout_s or s.episode_timeout_s))
+    tools: list[dict] = []
     teacher_turn_s = s.teacher_max_wait_s + s.max_tokens / s.agent_tokens_per_s + 30  # the longest a turn may take
     status, error = "max_turns", None
     sb = make_sandbox()
     ep = None
     try:
         ep = _Episode(sb, st, s, env.protected)
+        mode = ToolMode(ep) if env.kind == "tools" else ep
+        tools = await mode.offered()  # tools mode: the server's tools (waits for the first container of an image)
+        st.deadline += time.monotonic() - t0
+        st.messages += [Message(role="system", content=mode.system_prompt(env)),
+                        Message(role="user", content=env.instruction)]
         for turn in range(1, s.max_turns + 1):
             remaining = st.deadline - time.monotonic()
             if remaining <= 0:
@@ -248,14 +269,14 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                                       finish_reason=out.finish_reason, endpoint=out.endpoint,
                                       completion_token_ids=out.completion_token_ids, logprobs=out.logprobs))
             if out.message.tool_calls:
-                await ep.handle_tool_calls(turn, out.message)
+                await mode.handle_tool_calls(turn, out.message)
             else:
-                await ep.handle_text(turn, out.message, cut=out.finish_reason == "length")
+                await mode.handle_text(turn, out.message, cut=out.finish_reason == "length")
             if st.submitted:
                 status = "ok"
                 break
             if st.format_errors >= MAX_CONSECUTIVE_FORMAT_ERRORS:
-                status, error = "format_error", f"{st.format_errors} consecutive turns without a valid command"
+                status, error = "format_error", f"{st.format_errors} consecutive turns without a valid {mode.what}"
                 break
             if time.monotonic() >= st.deadline:
                 status = "agent_timeout"
@@ -284,10 +305,10 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         # shield: a cancelled episode (shard shutting down) must still remove its container
         await asyncio.shield(asyncio.to_thread(sb.close))
     return Rollout(
-        rollout_id=rollout_id(env.env_id, teacher, sample), env_id=env.env_id, teacher=teacher, harness=HARNESS,
+        rollout_id=rollout_id(env.env_id, teacher, sample), env_id=env.env_id, teacher=teacher, harness=harness_label(env),
         sample=sample, messages=st.messages, tools_json=json.dumps(tools), steps=st.steps, usage=st.usage,
         prompt_tokens=sum(u.prompt_tokens for u in st.usage),
         completion_tokens=sum(u.completion_tokens for u in st.usage),
-        turns=len(st.usage), status=status, error=error, wall_s=round(time.monotonic() - t0, 3),
+        turns=len(st.usage), tool_call_errors=st.call_errors, status=status, error=error, wall_s=round(time.monotonic() - t0, 3),
         protected_changed=changed, leftover_processes=leftover, final_state=final_state, in_place_tests=in_place,
         changes=changes, outside_state=outside)

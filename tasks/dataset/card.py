@@ -55,6 +55,7 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
     difficulty: dict[tuple[str, str], str] = {}
     prompts: dict[str, set[str]] = {}
     tools: Counter = Counter()
+    envs: set[str] = set()
     for path in parts:
         with store.fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
@@ -71,6 +72,7 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                 for env, teacher, label in zip(*(batch.column(c).to_pylist() for c in ("env_id", "teacher",
                                                                                          "difficulty"))):
                     difficulty[(env, teacher)] = label
+                    envs.add(env)
                 tools.update(_short(t) for t in batch.column("tools_json").to_pylist())
                 first = pc.list_element(batch.column("messages"), 0)
                 roles, contents = pc.struct_field(first, "role"), pc.struct_field(first, "content")
@@ -80,7 +82,19 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                         prompts.setdefault(teacher, set()).add(_short(content or ""))
     return {"counts": dict(counts), "verification_modes": dict(modes), "tools": dict(tools),
             "prompts": {t: sorted(h) for t, h in sorted(prompts.items())},
-            "difficulty": dict(Counter(difficulty.values()))}
+            "difficulty": dict(Counter(difficulty.values())), "envs": envs}
+
+
+def _kinds(ctx: StageContext, upstream: dict[str, Manifest] | None, env_ids: set[str]) -> dict[str, int]:
+    """Environments of the exported rows per `EnvSpec.kind` (`terminal` / `tools`), from synthesize's
+    rows (a part written before kinds existed counts as `terminal`)."""
+    from ...schemas.environment import EnvSpec
+
+    if not upstream or "synthesize" not in upstream or not env_ids:
+        return {}
+    t = ctx.store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id", "kind"],
+                             filters=[("env_id", "in", sorted(env_ids))])
+    return dict(Counter(k or "terminal" for k in t.column("kind").to_pylist()))
 
 
 def _teachers(ctx: StageContext) -> list[dict[str, Any]]:
@@ -197,6 +211,7 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
     if cfg.export.card.license == "unknown":
         license_line += " (not set: `export.card.license` in the build config)"
     families = ", ".join(sorted({f.name for f in cfg.synthesize.families})) or "none"
+    kinds = _kinds(ctx, upstream, facts.get("envs", set()))
     verify = cfg.verify
     lines = [
         f"# {meta.get('pretty_name') or cfg.dataset}", "",
@@ -210,7 +225,9 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
         f"- build: `{ctx.build_id}`; license: {license_line}",
         f"- environments: families {families}; imported task sets: "
         f"{', '.join(map(str, cfg.synthesize.imports)) or 'none'}; LLM-synthesized: "
-        f"{'yes' if cfg.synthesize.llm else 'no'}",
+        f"{'yes' if cfg.synthesize.llm else 'no'}; kinds (environments with exported rows): "
+        f"{', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or 'n/a'} (`terminal`: a bash tool in the "
+        "sandbox; `tools`: the environment's own tools over a stateful store, verified by its end state)",
         f"- episodes: {cfg.rollout.samples_per_env} per environment and teacher"
         f"{' (+ adaptive rounds)' if cfg.calibrate.adaptive else ''}, at most {cfg.rollout.max_turns} turns, "
         f"{cfg.rollout.command_timeout_s:g} s per command, {cfg.rollout.episode_timeout_s:g} s per episode",

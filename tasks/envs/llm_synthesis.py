@@ -9,7 +9,8 @@ crash. Accepted candidates are ordinary environments (source `llm:<theme>`) and 
 validator as every other source.
 
 Reject reasons: `teacher_error`, `llm_no_json`, `llm_bad_json`, `llm_schema` (names the fields),
-`llm_unsafe_path`.
+`llm_unsafe_path`, `llm_unsafe_tests`. Tool environments from `synthesize.llm.tool_themes` are written
+the same way (tasks/envs/tools/synthesis.py: same reply parsing, `ask`, `unsafe_tests`).
 """
 
 from __future__ import annotations
@@ -104,14 +105,16 @@ class Candidate(BaseModel):
 
 
 def extract_json(text: str) -> tuple[Any, str | None]:
-    """(object, None) or (None, reason) from a model reply."""
+    """(object, None) or (None, reason) from a model reply. An object that opens but never closes is
+    `llm_bad_json` (a reply cut off at `synthesize.llm.max_tokens`), not `llm_no_json`."""
     blocks = FENCED_JSON.findall(text or "")
     candidates = blocks + [text or ""]
+    opened = False
     for c in candidates:
         start = c.find("{")
         if start < 0:
             continue
-        depth, in_str, esc = 0, False, False
+        depth, in_str, esc, opened = 0, False, False, True
         for i, ch in enumerate(c[start:], start):
             if in_str:
                 esc = (ch == "\\") and not esc
@@ -129,22 +132,34 @@ def extract_json(text: str) -> tuple[Any, str | None]:
                         return json.loads(c[start:i + 1]), None
                     except ValueError as err:
                         return None, f"llm_bad_json: {err}"
+    if opened:
+        return None, "llm_bad_json: the JSON object never closes (reply cut off? raise synthesize.llm.max_tokens)"
     return None, "llm_no_json: no JSON object in the reply"
 
 
-def parse_candidate(text: str, theme: str, index: int) -> tuple[EnvSpec | None, Reject | None]:
-    key = f"llm:{safe_name(theme)}:{index}"
+def schema_detail(err: ValidationError) -> str:
+    """`field.path: message; ...` of a failed validation (the `llm_schema` reject's detail)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'object'}: {e['msg']}" for e in err.errors())
+
+
+def reply_reject(text: str, key: str) -> tuple[Any, Reject | None]:
+    """(the reply's JSON object, None) or (None, an `llm_no_json` / `llm_bad_json` reject)."""
     obj, problem = extract_json(text)
     if problem:
         reason, _, detail = problem.partition(": ")
         return None, Reject(key=key, reason=reason, detail=f"{detail} | reply: {(text or '')[:300]!r}")
+    return obj, None
+
+
+def parse_candidate(text: str, theme: str, index: int) -> tuple[EnvSpec | None, Reject | None]:
+    key = f"llm:{safe_name(theme)}:{index}"
+    obj, reject = reply_reject(text, key)
+    if reject:
+        return None, reject
     try:
         cand = Candidate.model_validate(obj)
     except (ValidationError, SyntaxError) as err:
-        if isinstance(err, ValidationError):
-            detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'object'}: {e['msg']}" for e in err.errors())
-        else:
-            detail = f"tests: {err}"
+        detail = schema_detail(err) if isinstance(err, ValidationError) else f"tests: {err}"
         return None, Reject(key=key, reason="llm_schema", detail=detail[:1000])
     for f in cand.files:
         if f.path.startswith("/") or ".." in f.path.split("/") or not f.path.strip():
@@ -160,15 +175,22 @@ def parse_candidate(text: str, theme: str, index: int) -> tuple[EnvSpec | None, 
     return env, None
 
 
-async def propose(teacher, theme: str, index: int) -> tuple[EnvSpec | None, Reject | None]:
-    """Ask the teacher for one candidate; every failure is a reject."""
+async def ask(teacher, system: str, prompt: str, index: int, session_id: str) -> tuple[str | None, str | None]:
+    """(the teacher's reply text, None) or (None, the teacher error) for one system + user prompt."""
     from ..teachers import TeacherError
 
-    messages = [Message(role="system", content=SYSTEM),
-                Message(role="user", content=PROMPT.format(theme=theme, index=index, example=json.dumps(EXAMPLE)))]
-    session = teacher.session(None, index, f"llm-synthesis|{theme}|{index}")
+    session = teacher.session(None, index, session_id)
     try:
-        turn = await session.next_turn(messages, [])
+        turn = await session.next_turn([Message(role="system", content=system), Message(role="user", content=prompt)], [])
     except TeacherError as err:
-        return None, Reject(key=f"llm:{safe_name(theme)}:{index}", reason="teacher_error", detail=str(err)[:500])
-    return parse_candidate(turn.message.content or "", theme, index)
+        return None, str(err)[:500]
+    return turn.message.content or "", None
+
+
+async def propose(teacher, theme: str, index: int) -> tuple[EnvSpec | None, Reject | None]:
+    """Ask the teacher for one candidate; every failure is a reject."""
+    text, error = await ask(teacher, SYSTEM, PROMPT.format(theme=theme, index=index, example=json.dumps(EXAMPLE)),
+                            index, f"llm-synthesis|{theme}|{index}")
+    if error is not None:
+        return None, Reject(key=f"llm:{safe_name(theme)}:{index}", reason="teacher_error", detail=error)
+    return parse_candidate(text, theme, index)

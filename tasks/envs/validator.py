@@ -5,6 +5,9 @@ Checks, in order, each with the reason code a failing environment is rejected wi
 - `noop_passes`: the hidden tests pass on the untouched environment (a fresh container);
 - `tests_leaked` / `solution_leaked`: a file inside the image has the content of a hidden test or of
   the reference solution (the agent could read it during the episode);
+- `tools_broken` (`tools` environments): the tool server does not start in the built image, or does
+  not list exactly the tools of `.tools/tools.json`, each with a valid object schema (the reject
+  carries the server's output tail);
 - `solution_fails`: the reference solution errors, hangs past its timeout, or does not pass;
 - `nondeterministic_tests`: the tests give different per-test results when run twice;
 - `not_instance_specific`: where the answer is a file, the solved work dir of this instance also
@@ -23,9 +26,13 @@ are `verifier_error`. `solution_passes` and `instance_specific` are `skip`.
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Callable
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from ...schemas.common import Reject
 from ...schemas.config import SandboxConfig
@@ -34,8 +41,9 @@ from ..sandbox import Sandbox, SandboxError
 from ..sandbox.changes import sensitive_class
 from ..sandbox.verifier import VERIFIER_CAPS, run_hidden_tests
 from .images import BuildOptions, ImageBuildError, ensure_image
+from .tools.client import fetch_tools
 
-CHECKS = ["image", "noop_fails", "no_leak", "solution_passes", "deterministic", "instance_specific"]
+CHECKS = ["image", "noop_fails", "no_leak", "tools_serve", "solution_passes", "deterministic", "instance_specific"]
 # where a leaked test or solution could hide; system folders are skipped (they come from the base image)
 LEAK_SCAN = (r"find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /usr -o -path /lib -o "
              r"-path /lib64 -o -path /bin -o -path /sbin -o -path /var/lib -o -path /var/cache -o -path /etc "
@@ -119,6 +127,11 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
                 reason = "solution_leaked" if "solution" in secrets[digest] else "tests_leaked"
                 return v.fail("no_leak", reason, f"{path} in the image holds {secrets[digest]}")
         v.checks["no_leak"] = "pass"
+        if env.kind == "tools":
+            broken = tools_serve_error(sb, env, command_timeout_s)
+            if broken:
+                return v.fail("tools_serve", "tools_broken", broken)
+            v.checks["tools_serve"] = "pass"
         if env.oracle == "absent":
             return _without_oracle(sb, env, v, noop, test_timeout_s)
         for cmd in env.solution:
@@ -155,6 +168,34 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
     return v
 
 
+def tools_serve_error(sb: Sandbox, env: EnvSpec, timeout_s: float) -> str | None:
+    """Why the tool server of a `tools` environment is unusable (None: it lists exactly the tools of its
+    `.tools/tools.json`, each with a valid JSON Schema of an object)."""
+    declared = next((f.content for f in env.files if f.path.strip("/") == ".tools/tools.json"), None)
+    try:
+        want = json.loads(declared) if declared is not None else None
+    except ValueError as err:
+        return f".tools/tools.json is not JSON: {err}"
+    if not isinstance(want, list):
+        return "the environment has no .tools/tools.json listing its tools"
+    listed, output = fetch_tools(sb, timeout_s)
+    tail = f"\nserver output: {output[-800:]}"
+    if listed is None:
+        return "the tool server did not answer tools/list" + tail
+    if listed != want:
+        names = sorted(t.get("name", "?") for t in listed)
+        return f"the server lists {names}, not the tools of .tools/tools.json {sorted(t.get('name', '?') for t in want)}" + tail
+    for t in listed:
+        schema = t.get("inputSchema")
+        try:
+            Draft202012Validator.check_schema(schema if isinstance(schema, dict) else {"type": 0})
+        except SchemaError as err:
+            return f"tool {t['name']!r}: inputSchema is not a valid JSON Schema: {err.message}" + tail
+        if schema.get("type") != "object" or t["name"] == "submit":
+            return f"tool {t['name']!r}: inputSchema must have type 'object' (and `submit` is the harness's)" + tail
+    return None
+
+
 def _without_oracle(sb: Sandbox, env: EnvSpec, v: Validation, noop, test_timeout_s: float) -> Validation:
     """The checks left when no reference solution exists: the untouched environment's per-test results
     are the same in a second fresh container."""
@@ -189,9 +230,14 @@ def oracle_changes(client, env: EnvSpec, sandbox: SandboxConfig, command_timeout
 
 
 # ------------------------------------------------------------------------------------------------
+# trajforge's own files, the same in every environment of a kind: they say nothing about the environment
+SHARED_FILES = frozenset({".tools/server.py"})
+
+
 def shingles(env: EnvSpec, k: int = 5) -> set[str]:
-    """Word 5-grams of the instruction and the work files (what a near-duplicate shares)."""
-    words = " ".join([env.instruction, *(f"{f.path} {f.content}" for f in env.files),
+    """Word 5-grams of the instruction and the work files (what a near-duplicate shares), without
+    `SHARED_FILES`."""
+    words = " ".join([env.instruction, *(f"{f.path} {f.content}" for f in env.files if f.path not in SHARED_FILES),
                       *env.setup]).split()
     return {" ".join(words[i:i + k]) for i in range(max(1, len(words) - k + 1))}
 

@@ -11,6 +11,8 @@ Signals (all computed from the stored steps, no container needed): inspect befor
 share of acts followed by a verify before the next act, ending with a verification, repeated
 commands, failed commands and recoveries (a failed command followed later by a succeeding one of the
 same program).
+Labels and every other shell-pattern reading look only at `shell_steps`: the steps of a tool episode
+are tool calls whose arguments are domain data, not shell text (no labels; the counts stay).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from ...schemas.trajectory import Rollout, Step
+from ...schemas.trajectory import TOOLS_HARNESS, Rollout, Step
 from ...schemas.verdict import Quality
 
 WRITE = re.compile(
@@ -50,6 +52,13 @@ def _written_files(command: str) -> set[str]:
     return {o.rstrip(";").lstrip("./") for o in out if o and o != "/dev/null"}
 
 
+def shell_steps(r: Rollout) -> list[Step]:
+    """The steps that are shell commands: all of a terminal episode's, none of a tool episode's
+    (harness `trajforge-mcp-v1`: each step is a tool call, `call_command(name, arguments)`). The one
+    place shell-pattern detectors (here and in hacks.py) decide what they may read."""
+    return [] if r.harness == TOOLS_HARNESS else list(r.steps)
+
+
 def label_steps(steps: list[Step]) -> list[str]:
     labels, produced = [], set()
     for s in steps:
@@ -73,13 +82,14 @@ def _program(command: str) -> str:
 
 def last_act(r: Rollout) -> Step | None:
     """The last command that changed something (else the last command): a flag's evidence."""
-    acts = [s for s, lab in zip(r.steps, label_steps(r.steps)) if lab == "act"] or r.steps
+    shell = shell_steps(r)
+    acts = [s for s, lab in zip(shell, label_steps(shell)) if lab == "act"] or r.steps
     return acts[-1] if acts else None
 
 
 def assess(r: Rollout) -> Quality:
     steps = r.steps
-    labels = label_steps(steps)
+    labels = label_steps(shell_steps(r))
     acts = [i for i, lab in enumerate(labels) if lab == "act"]
     inspects = [i for i, lab in enumerate(labels) if lab == "inspect"]
     verified = 0

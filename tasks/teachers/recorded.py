@@ -4,7 +4,9 @@ Accepted row shapes (an environment is named by `env_id`, or by `env`/`task` as 
 - `{"env_id": ..., "commands": ["ls", "cat x"]}`
 - `{"env_id": ..., "messages": [OpenAI chat messages]}`: the commands are the `bash` tool calls of
   the assistant turns (arguments `{"command": ...}`), or the first fenced ```bash block of an
-  assistant turn without tool calls.
+  assistant turn without tool calls. For a `tools` environment (`tool_commands`) every other tool call
+  but `submit` is kept too, as the server's one-shot command (`call_command`, tasks/envs/tools/spec.py):
+  the replay teacher turns it back into the same tool call.
 Optional: `trajectory_id` (default: file name + row number), `teacher`, `sample`.
 
 A bad row is a reject with a reason code (`bad_json`, `no_env`, `bad_commands`, `bad_messages`,
@@ -22,6 +24,7 @@ from typing import Any
 import fsspec
 
 from ...schemas.common import Reject
+from ..envs.tools.spec import NAME, call_command
 
 FENCE = re.compile(r"```(?:bash|sh|shell)?\s*\n(.*?)```", re.S)
 
@@ -34,10 +37,12 @@ class Recorded:
     teacher: str = "recorded"
     sample: int = 0
     messages: list[dict[str, Any]] | None = field(default=None, repr=False)
+    tool_commands: list[str] | None = None  # for a `tools` environment (None: same as `commands`)
 
 
-def commands_from_messages(messages: Any) -> list[str]:
-    """The shell commands an OpenAI-format conversation executed, in order. Raises ValueError."""
+def commands_from_messages(messages: Any, tools: bool = False) -> list[str]:
+    """The shell commands an OpenAI-format conversation executed, in order; with `tools`, its other
+    tool calls (but `submit`) too, as `call_command` lines. Raises ValueError."""
     if not isinstance(messages, list):
         raise ValueError("`messages` is not a list")
     out: list[str] = []
@@ -50,14 +55,18 @@ def commands_from_messages(messages: Any) -> list[str]:
         if calls:
             for c in calls:
                 fn = (c or {}).get("function") or {}
-                if fn.get("name") != "bash":
+                name = fn.get("name")
+                # a name no tool can have (not an identifier) was a call error: nothing to replay
+                if name != "bash" and not (tools and isinstance(name, str) and name != "submit" and NAME.match(name)):
                     continue
                 try:
                     args = json.loads(fn.get("arguments") or "{}")
                 except ValueError:
                     raise ValueError(f"messages[{i}]: tool call arguments are not JSON") from None
-                if isinstance(args, dict) and isinstance(args.get("command"), str):
+                if name == "bash" and isinstance(args, dict) and isinstance(args.get("command"), str):
                     out.append(args["command"])
+                elif name != "bash" and isinstance(args, dict):
+                    out.append(call_command(name, args))
         elif isinstance(m.get("content"), str):
             blocks = FENCE.findall(m["content"])
             if blocks:
@@ -117,9 +126,10 @@ def parse_row(row: Any, default_id: str) -> tuple[Recorded | None, Reject | None
     else:
         return None, Reject(key=tid, reason="no_commands", detail="neither `commands` nor `messages`")
     sample = row.get("sample")
+    tool_cmds = commands_from_messages(messages, tools=True) if row.get("commands") is None else None
     return Recorded(tid, env_id, cmds, str(row.get("teacher") or "recorded"),
                     int(sample) if isinstance(sample, int) else 0,
-                    messages if isinstance(messages, list) else None), None
+                    messages if isinstance(messages, list) else None, tool_cmds), None
 
 
 def load_recorded(path: str) -> tuple[list[Recorded], list[Reject]]:

@@ -3,7 +3,12 @@
 `replay.source: solution` replays each environment's reference solution; a JSONL or Parquet file of
 recorded trajectories (env_id + `commands` or OpenAI `messages`, see `recorded`) replays the k-th
 recorded trajectory of that environment for sample k (cycling when fewer were recorded). A file
-source counts in the fingerprint by its content.
+source counts in the fingerprint by its content. From `messages`, a `tools` environment replays every
+tool call (`Recorded.tool_commands`), a terminal one its `bash` calls only.
+
+In a `tools` environment each command that is a tool call (`server.py call NAME 'ARGS'`, the oracle's
+form, see tasks/envs/tools/spec.py) is replayed as that tool call (a ```json block in fenced mode);
+any other command is replayed as a `bash` call, which such an environment refuses as an unknown tool.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pydantic import Field
 from ...schemas.config import Section, TeacherConfig
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import FunctionCall, Message, ToolCall
+from ..envs.tools.spec import parse_call_command
 from .base import TeacherBackend, Turn
 
 
@@ -54,14 +60,23 @@ class ReplayTeacherConfig(TeacherConfig):
 class _ReplaySession:
     commands: list[str]
     i: int = field(default=0)
+    tools_env: bool = False  # replay tool-call commands as tool calls (EnvSpec.kind `tools`)
+
+    def _call(self, command: str) -> tuple[str, dict[str, Any]]:
+        parsed = parse_call_command(command) if self.tools_env else None
+        return parsed or ("bash", {"command": command})
 
     async def next_turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Turn:
-        if not tools:  # fenced-bash mode: answer in the format a model without tool calling must use
-            text = f"```bash\n{self.commands[self.i]}\n```" if self.i < len(self.commands) else "SUBMIT"
+        if not tools:  # fenced mode: answer in the format a model without tool calling must use
+            text = "SUBMIT"
+            if self.i < len(self.commands):
+                name, args = self._call(self.commands[self.i])
+                text = (f"```json\n{json.dumps({'tool': name, 'arguments': args})}\n```" if self.tools_env
+                        else f"```bash\n{self.commands[self.i]}\n```")
             self.i += 1
             return Turn(Message(role="assistant", content=text), finish_reason="stop")
         if self.i < len(self.commands):
-            name, args = "bash", {"command": self.commands[self.i]}
+            name, args = self._call(self.commands[self.i])
         else:
             name, args = "submit", {}
         call = ToolCall(id=f"call_{self.i}", function=FunctionCall(name=name, arguments=json.dumps(args)))
@@ -73,9 +88,11 @@ class ReplayTeacher:
     """Replays recorded commands: each environment's reference solution, or the k-th recorded
     trajectory of that environment for sample k (cycling when fewer were recorded)."""
 
-    def __init__(self, cfg: ReplayTeacherConfig, recorded: dict[str, list[list[str]]] | None = None):
+    def __init__(self, cfg: ReplayTeacherConfig, recorded: dict[str, list[list[str]]] | None = None,
+                 recorded_tools: dict[str, list[list[str]]] | None = None):
         self.label = cfg.label
         self.recorded = recorded
+        self.recorded_tools = recorded_tools or recorded  # what `tools` environments replay
         if recorded is None and cfg.replay.source != "solution":
             from .recorded import load_recorded
 
@@ -83,15 +100,18 @@ class ReplayTeacher:
             if not records:
                 raise ValueError(f"teacher.replay.source {cfg.replay.source}: no usable trajectory"
                                  + (f" ({rejects[0].reason}: {rejects[0].detail})" if rejects else ""))
-            self.recorded = {}
+            self.recorded, self.recorded_tools = {}, {}
             for r in records:
                 self.recorded.setdefault(r.env_id, []).append(r.commands)
+                self.recorded_tools.setdefault(r.env_id, []).append(
+                    r.commands if r.tool_commands is None else r.tool_commands)
 
     def session(self, env: EnvSpec, sample: int, rollout_id: str = "") -> _ReplaySession:
+        tools_env = env.kind == "tools"
         if self.recorded is None:
-            return _ReplaySession(list(env.solution))
-        runs = self.recorded.get(env.env_id) or [[]]
-        return _ReplaySession(list(runs[sample % len(runs)]))
+            return _ReplaySession(list(env.solution), tools_env=tools_env)
+        runs = (self.recorded_tools if tools_env else self.recorded).get(env.env_id) or [[]]
+        return _ReplaySession(list(runs[sample % len(runs)]), tools_env=tools_env)
 
     async def aclose(self) -> None:
         return None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..tools.families import FAMILY_CLASSES as TOOL_FAMILIES  # kind `tools` (see tasks/envs/tools/__init__.py)
 from .base import Family
 from .config_repair import ConfigRepair
 from .csv_convert import CsvConvert
@@ -14,7 +15,8 @@ from .shell_script import ShellScript
 from .sql_query import SqlQuery
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (LogReport(), FileSearch(), ConfigRepair(), PythonBugfix(),
-                                                   GitRecover(), CsvConvert(), SqlQuery(), ShellScript())}
+                                                   GitRecover(), CsvConvert(), SqlQuery(), ShellScript(),
+                                                   *(cls() for cls in TOOL_FAMILIES))}
 
 
 def register(family: Family) -> Family:

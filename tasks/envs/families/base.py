@@ -37,6 +37,7 @@ class Draft:
 class Family(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
+    kind: ClassVar[str] = "terminal"  # the EnvSpec kind it generates (`tools`: tasks/envs/tools/family.py)
     levels: ClassVar[tuple[int, ...]] = (1, 2, 3)
     # The reference solution reads everything instance-specific from the work dir, so the same commands
     # solve any instance: replaying a success on a sibling then tells a computed answer from a written
@@ -56,10 +57,14 @@ class Family(ABC):
             raise ValueError(f"family {self.name!r} has levels {list(self.levels)}, not {level}")
         rng = random.Random(f"{self.name}:{level}:{seed}")
         d = self.draft(level, rng)
+        return self.env(level, seed, instruction=d.instruction.strip(), files=d.files, setup=d.setup,
+                        protected=d.protected, tests=[FileSpec(path="test_task.py", content=d.tests)],
+                        solution=d.solution, knobs_json=json.dumps(d.knobs, sort_keys=True))
+
+    def env(self, level: int, seed: int, **fields) -> EnvSpec:
+        """The environment of (level, seed) with `fields`; its id ends with its content hash."""
         env = EnvSpec(env_id="pending", family=self.name, level=level, seed=seed, source=f"procedural:{self.name}",
-                      instruction=d.instruction.strip(), files=d.files, setup=d.setup, protected=d.protected,
-                      tests=[FileSpec(path="test_task.py", content=d.tests)], solution=d.solution,
-                      knobs_json=json.dumps(d.knobs, sort_keys=True))
+                      **fields)
         env.env_id = f"{self.name}-l{level}-s{seed}-{env.content_hash()[:8]}"
         return env
 

@@ -1,0 +1,265 @@
+"""A support help desk: agents in teams, customers, tickets and their comments behind lookup, triage
+and (distractor) help-desk tools.
+
+Knobs by level (see `common`): level 1 closes a ticket named by its number (2 calls, 1 distractor
+tool); level 2 makes a company's ticket, named by its topic, urgent and gives it to the agent of the
+right team with the fewest open tickets (company -> customer -> ticket, team load: 5 calls, 3
+distractors); level 3 merges a customer's duplicate ticket into the older one, hands the older one to
+the agent of the newer one and leaves the customer a note, while another customer has the same name
+and a ticket on the same topic (the company disambiguates; 6 calls, 6 distractors). Expected rows are
+computed here in Python from the generated data.
+"""
+
+from __future__ import annotations
+
+import random
+
+from ..family import ToolFamily
+from ..spec import ToolTask
+from .common import ID, S, Scenario, Store, after, call, email, make_task, people, tool
+
+COMPANIES = ["Acme Foods", "Birch Legal", "Cobalt Labs", "Dune Travel", "Elm Clinics", "Fjord Media", "Granite Bank",
+             "Harbor Freight Co", "Iris Schools", "Juniper Hotels", "Kestrel Air", "Lumen Energy"]
+SUBJECTS = {
+    "billing": ["Charged twice for the March invoice", "Refund not received yet", "VAT number missing on invoice",
+                "Card declined at renewal", "Wrong currency on our bill"],
+    "technical": ["Export to CSV times out", "Login loop after password reset", "Webhooks stopped firing",
+                  "Dashboard shows stale data", "API returns 500 on file upload"],
+    "accounts": ["Please add a second admin", "Change the company name on our account", "Close our old workspace",
+                 "Question about SSO setup", "Move seats to another team"],
+}
+PRIORITIES = ["low", "normal", "high", "urgent"]
+
+DOMAIN_HELPERS = '''
+def _ticket(db, ticket_id):
+    return _one(db, "SELECT t.id, t.customer_id, c.name AS customer, c.company, t.subject, t.status, t.priority, "
+                "t.assignee_id, a.name AS assignee, t.created, t.merged_into FROM tickets t JOIN customers c ON "
+                "c.id = t.customer_id LEFT JOIN agents a ON a.id = t.assignee_id WHERE t.id = ?", (ticket_id,),
+                f"no ticket {ticket_id}")
+
+
+def _live(db, ticket_id):
+    t = _ticket(db, ticket_id)
+    if t["status"] in ("closed", "merged"):
+        raise ToolError(f"ticket {ticket_id} is {t['status']}")
+    return t
+'''
+
+LIBRARY = [
+    tool("search_customers", "Customers whose name, company or e-mail contains the text.", '''
+        def search_customers(db, text):
+            q = f"%{text.strip().lower()}%"
+            found = _dicts(db.execute("SELECT id, name, company, email FROM customers WHERE lower(name) LIKE ? OR "
+                                      "lower(company) LIKE ? OR lower(email) LIKE ? ORDER BY id", (q, q, q)))
+            if not found:
+                raise ToolError(f"no customer matches {text!r}")
+            return found''', {"text": {"type": "string", "minLength": 2}}),
+    tool("list_tickets", "Tickets of a customer and/or with a status: id, subject, status, priority, created.", '''
+        def list_tickets(db, customer_id=None, status=None):
+            if customer_id is None and status is None:
+                raise ToolError("give customer_id and/or status")
+            return _dicts(db.execute("SELECT id, subject, status, priority, created FROM tickets WHERE "
+                                     "(? IS NULL OR customer_id = ?) AND (? IS NULL OR status = ?) ORDER BY created, id",
+                                     (customer_id, customer_id, status, status)))''',
+         {"customer_id": ID, "status": {"type": "string", "enum": ["open", "pending", "closed", "merged"]}}, []),
+    tool("get_ticket", "One ticket with its customer, assignee and comments.", '''
+        def get_ticket(db, ticket_id):
+            t = _ticket(db, ticket_id)
+            t["comments"] = _dicts(db.execute("SELECT author, body FROM comments WHERE ticket_id = ? ORDER BY id",
+                                              (ticket_id,)))
+            return t''', {"ticket_id": ID}),
+    tool("list_agents", "Support agents (optionally of one team) with how many open or pending tickets each has.", '''
+        def list_agents(db, team=None):
+            return _dicts(db.execute("SELECT a.id, a.name, a.team, (SELECT COUNT(*) FROM tickets t WHERE t.assignee_id "
+                                     "= a.id AND t.status IN ('open', 'pending')) AS open_tickets FROM agents a WHERE "
+                                     "? IS NULL OR a.team = ? ORDER BY a.id", (team, team)))''',
+         {"team": {"type": "string", "enum": sorted(SUBJECTS)}}, []),
+    tool("assign_ticket", "Give an open or pending ticket to an agent.", '''
+        def assign_ticket(db, ticket_id, agent_id):
+            _live(db, ticket_id)
+            _one(db, "SELECT id FROM agents WHERE id = ?", (agent_id,), f"no agent {agent_id}")
+            db.execute("UPDATE tickets SET assignee_id = ? WHERE id = ?", (agent_id, ticket_id))
+            return _ticket(db, ticket_id)''', {"ticket_id": ID, "agent_id": ID}),
+    tool("set_priority", "Set an open or pending ticket's priority.", '''
+        def set_priority(db, ticket_id, priority):
+            _live(db, ticket_id)
+            db.execute("UPDATE tickets SET priority = ? WHERE id = ?", (priority, ticket_id))
+            return _ticket(db, ticket_id)''', {"ticket_id": ID, "priority": {"type": "string", "enum": PRIORITIES}}),
+    tool("set_status", "Set a ticket's status to open, pending or closed.", '''
+        def set_status(db, ticket_id, status):
+            t = _ticket(db, ticket_id)
+            if t["status"] == "merged":
+                raise ToolError(f"ticket {ticket_id} was merged into {t['merged_into']}")
+            if t["status"] == status:
+                raise ToolError(f"ticket {ticket_id} is already {status}")
+            db.execute("UPDATE tickets SET status = ? WHERE id = ?", (status, ticket_id))
+            return _ticket(db, ticket_id)''',
+         {"ticket_id": ID, "status": {"type": "string", "enum": ["open", "pending", "closed"]}}),
+    tool("add_comment", "Add a comment from support to a ticket (the customer sees it).", '''
+        def add_comment(db, ticket_id, body):
+            _ticket(db, ticket_id)
+            cur = db.execute("INSERT INTO comments (ticket_id, author, body) VALUES (?, 'support', ?)", (ticket_id, body))
+            return {"comment": cur.lastrowid, "ticket_id": ticket_id}''', {"ticket_id": ID, "body": S}),
+    tool("merge_tickets", "Merge a duplicate ticket (source) into another ticket of the same customer (target).", '''
+        def merge_tickets(db, source_id, target_id):
+            if source_id == target_id:
+                raise ToolError("a ticket cannot be merged into itself")
+            src, dst = _live(db, source_id), _live(db, target_id)
+            if src["customer_id"] != dst["customer_id"]:
+                raise ToolError(f"tickets {source_id} and {target_id} belong to different customers")
+            db.execute("UPDATE tickets SET status = 'merged', merged_into = ? WHERE id = ?", (target_id, source_id))
+            return _ticket(db, source_id)''', {"source_id": ID, "target_id": ID}),
+    tool("get_sla_policy", "Response and resolution targets for a priority.", '''
+        def get_sla_policy(db, priority):
+            hours = {"low": (48, 240), "normal": (24, 120), "high": (8, 48), "urgent": (1, 12)}[priority]
+            return {"priority": priority, "first_response_hours": hours[0], "resolution_hours": hours[1]}''',
+         {"priority": {"type": "string", "enum": PRIORITIES}}),
+    tool("list_macros", "Canned replies agents can paste into comments.", '''
+        def list_macros(db):
+            return [{"name": "ack", "text": "Thanks for reaching out, we are looking into it."},
+                    {"name": "resolved", "text": "This should be fixed now, please let us know if not."}]'''),
+    tool("escalate_to_engineering", "Open an engineering escalation for a ticket, with a summary.", '''
+        def escalate_to_engineering(db, ticket_id, summary):
+            _live(db, ticket_id)
+            cur = db.execute("INSERT INTO escalations (ticket_id, summary) VALUES (?, ?)", (ticket_id, summary))
+            return {"escalation": cur.lastrowid}''', {"ticket_id": ID, "summary": S}),
+    tool("update_customer_email", "Change a customer's e-mail address.", '''
+        def update_customer_email(db, customer_id, email):
+            _one(db, "SELECT id FROM customers WHERE id = ?", (customer_id,), f"no customer {customer_id}")
+            if "@" not in email:
+                raise ToolError(f"not an e-mail address: {email!r}")
+            db.execute("UPDATE customers SET email = ? WHERE id = ?", (email, customer_id))
+            return {"customer_id": customer_id, "email": email}''', {"customer_id": ID, "email": S}),
+    tool("create_ticket", "Open a new ticket for a customer.", '''
+        def create_ticket(db, customer_id, subject):
+            _one(db, "SELECT id FROM customers WHERE id = ?", (customer_id,), f"no customer {customer_id}")
+            cur = db.execute("INSERT INTO tickets (id, customer_id, subject, status, priority, assignee_id, created, "
+                             "merged_into) VALUES ((SELECT MAX(id) + 1 FROM tickets), ?, ?, 'open', 'normal', NULL, "
+                             "'2026-06-01 09:00', NULL)", (customer_id, subject))
+            return _ticket(db, cur.lastrowid)''', {"customer_id": ID, "subject": S}),
+    tool("ticket_stats", "How many tickets have each status.", '''
+        def ticket_stats(db):
+            return _dicts(db.execute("SELECT status, COUNT(*) AS tickets FROM tickets GROUP BY status ORDER BY status"))'''),
+]
+
+
+class Tickets(ToolFamily):
+    name = "tickets"
+    description = "support help-desk tools: find customers and tickets, triage, assign, merge (end state checked)"
+
+    def task(self, level: int, rng: random.Random) -> ToolTask:
+        n_customers, per_team = {1: (6, 2), 2: (10, 3), 3: (14, 4)}[level]
+        while True:  # regenerate until the scenario exists (deterministic in rng)
+            store = self._store(rng, n_customers, per_team)
+            made = (self._close, self._triage, self._merge)[level - 1](rng, store)
+            if made is not None:
+                break
+        return make_task(level, rng, "a support help desk", store, made, LIBRARY, DOMAIN_HELPERS,
+                         customers=n_customers, agents=3 * per_team)
+
+    @staticmethod
+    def _store(rng: random.Random, n_customers: int, per_team: int) -> Store:
+        s = Store()
+        names = people(rng, n_customers + 3 * per_team)
+        s.add("agents", [("id", "INTEGER PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("team", "TEXT NOT NULL")],
+              [[i + 1, n, sorted(SUBJECTS)[i // per_team]] for i, n in enumerate(names[n_customers:])])
+        s.add("customers", [("id", "INTEGER PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("company", "TEXT NOT NULL"),
+                            ("email", "TEXT NOT NULL")],
+              [[i, n, co, email(n, rng.randint(1, 99))]
+               for i, (n, co) in enumerate(zip(names[:n_customers], rng.choices(COMPANIES, k=n_customers)), 1)])
+        s.add("tickets", [("id", "INTEGER PRIMARY KEY"), ("customer_id", "INTEGER NOT NULL REFERENCES customers(id)"),
+                          ("subject", "TEXT NOT NULL"), ("status", "TEXT NOT NULL"), ("priority", "TEXT NOT NULL"),
+                          ("assignee_id", "INTEGER REFERENCES agents(id)"), ("created", "TEXT NOT NULL"),
+                          ("merged_into", "INTEGER")])
+        s.add("comments", [("id", "INTEGER PRIMARY KEY"), ("ticket_id", "INTEGER NOT NULL REFERENCES tickets(id)"),
+                           ("author", "TEXT NOT NULL"), ("body", "TEXT NOT NULL")])
+        s.add("escalations", [("id", "INTEGER PRIMARY KEY"), ("ticket_id", "INTEGER NOT NULL"),
+                              ("summary", "TEXT NOT NULL")])
+        for c in range(1, n_customers + 1):
+            for _ in range(rng.randint(1, 3)):
+                Tickets._ticket(s, rng, c, rng.choices(["open", "pending", "closed"], [3, 2, 3])[0])
+        return s
+
+    @staticmethod
+    def _ticket(s: Store, rng: random.Random, customer: int, status: str, subject: str | None = None,
+                assignee: int | None | str = "random", created: str | None = None) -> int:
+        team = rng.choice(sorted(SUBJECTS))
+        subject = subject or rng.choice(SUBJECTS[team])
+        agents = [a[0] for a in s["agents"].rows if subject in SUBJECTS[a[2]]]
+        tid = 3001 + len(s["tickets"].rows)
+        created = created or f"2026-05-{rng.randint(1, 28):02d} {rng.randint(8, 17):02d}:{rng.choice(['00', '30'])}"
+        s["tickets"].rows.append([tid, customer, subject, status, rng.choice(PRIORITIES[:3]),
+                                  rng.choice(agents) if assignee == "random" else assignee, created, None])
+        if rng.random() < 0.6:
+            s["comments"].rows.append([len(s["comments"].rows) + 1, tid, "customer", f"Any news on: {subject.lower()}?"])
+        return tid
+
+    @staticmethod
+    def _team(subject: str) -> str:
+        return next(t for t, subjects in SUBJECTS.items() if subject in subjects)
+
+    # -- scenarios (None: not possible on this store) --------------------------------------------
+    def _close(self, rng: random.Random, s: Store):
+        live = [t for t in s["tickets"].rows if t[3] in ("open", "pending")]
+        if not live:
+            return None
+        t = rng.choice(live)
+        text = (f"Ticket {t[0]} (\"{t[2]}\"): the customer just confirmed that the fix works. Please close the "
+                "ticket; nothing else needs to change.")
+        oracle = [call("get_ticket", ticket_id=t[0]), call("set_status", ticket_id=t[0], status="closed")]
+        return Scenario(text, oracle, [after(s["tickets"], t[0], status="closed")], {"tickets": [t[0]]})
+
+    def _triage(self, rng: random.Random, s: Store):
+        customers = s["customers"]
+        companies = [c for c in COMPANIES if [r[2] for r in customers.rows].count(c) == 1]
+        if not companies:
+            return None
+        company = rng.choice(companies)
+        cid = next(r[0] for r in customers.rows if r[2] == company)
+        team = rng.choice(sorted(SUBJECTS))
+        subject = rng.choice(SUBJECTS[team])
+        if any(t[1] == cid and t[2] == subject for t in s["tickets"].rows):
+            return None
+        tid = self._ticket(s, rng, cid, "open", subject, assignee=None)
+        self._ticket(s, rng, cid, "open", rng.choice([x for x in SUBJECTS[team] if x != subject]))
+        load = {a[0]: sum(t[5] == a[0] and t[3] in ("open", "pending") for t in s["tickets"].rows)
+                for a in s["agents"].rows if a[2] == team}
+        ranked = sorted(load.items(), key=lambda kv: (kv[1], kv[0]))
+        if ranked[0][1] == ranked[1][1]:
+            return None  # "the agent with the fewest" must be one agent
+        agent = ranked[0][0]
+        text = (f"{company} called: their open ticket about \"{subject.lower()}\" is hurting their business. Please "
+                f"make it urgent and hand it to whoever on the {team} team has the fewest open tickets right now. "
+                "Don't touch their other tickets.")
+        oracle = [call("search_customers", text=company), call("list_tickets", customer_id=cid, status="open"),
+                  call("list_agents", team=team), call("set_priority", ticket_id=tid, priority="urgent"),
+                  call("assign_ticket", ticket_id=tid, agent_id=agent)]
+        return Scenario(text, oracle, [after(s["tickets"], tid, priority="urgent", assignee_id=agent)],
+                        {"tickets": [tid]})
+
+    def _merge(self, rng: random.Random, s: Store):
+        customers = s["customers"]
+        target, twin = rng.sample(range(1, len(customers.rows) + 1), 2)
+        name, company = customers.by_key()[target][1], customers.by_key()[target][2]
+        customers.by_key()[twin][1:4] = [name, rng.choice([c for c in COMPANIES if c != company]),
+                                         email(name, rng.randint(100, 199))]
+        subject = rng.choice(SUBJECTS[rng.choice(sorted(SUBJECTS))])
+        if any(t[1] == target and t[2] == subject for t in s["tickets"].rows):
+            return None
+        agents = [a[0] for a in s["agents"].rows if a[2] == self._team(subject)]
+        first_agent, second_agent = rng.sample(agents, 2)
+        day = rng.randint(1, 20)
+        older = self._ticket(s, rng, target, "open", subject, first_agent, f"2026-05-{day:02d} 09:30")
+        newer = self._ticket(s, rng, target, "open", subject, second_agent, f"2026-05-{day + rng.randint(1, 5):02d} 14:00")
+        self._ticket(s, rng, twin, "open", subject)  # the namesake has a ticket on the same topic
+        text = (f"{name} from {company} opened the same issue twice (\"{subject}\"). Please merge the newer ticket "
+                "into the older one, have the agent who is handling the newer ticket take over the older one, and "
+                "leave a note on the older ticket telling the customer we're working on it. Nothing else should change.")
+        oracle = [call("search_customers", text=name), call("list_tickets", customer_id=target),
+                  call("get_ticket", ticket_id=newer), call("merge_tickets", source_id=newer, target_id=older),
+                  call("assign_ticket", ticket_id=older, agent_id=second_agent),
+                  call("add_comment", ticket_id=older, body="We're working on this issue and will update you here soon.")]
+        want = [after(s["tickets"], newer, status="merged", merged_into=older),
+                after(s["tickets"], older, assignee_id=second_agent)]
+        return Scenario(text, oracle, want, {"tickets": [older, newer]},
+                        added=[["comments", {"ticket_id": older, "author": "support"}]])
