@@ -159,8 +159,25 @@ def test_doctor_prints_the_embedded_teacher_setup(tmp_path):
     from conftest import ROOT
 
     r = run_cli("doctor", str(Path(ROOT) / "configs" / "demo.yaml"), cwd=tmp_path, timeout=180,
-                env={"DOCKER_HOST": "unix:///nonexistent", "TRAJFORGE_CPU_FLAGS": "fpu sse avx", "COLUMNS": "400"})
+                # (thread variables a test runner may have set, e.g. Dask's OMP_NUM_THREADS=1, count as unset
+                # when empty: the row must show the choice made from the cores)
+                env={"DOCKER_HOST": "unix:///nonexistent", "TRAJFORGE_CPU_FLAGS": "fpu sse avx", "COLUMNS": "2000",
+                     "OMP_NUM_THREADS": "", "VLLM_CPU_OMP_THREADS_BIND": ""})
     row = next((line for line in r.stdout.splitlines() if "setup" in line and "teacher" in line), None)
     assert row is not None, r.stdout + r.stderr
-    assert "dtype float32" in row and "no avx512_bf16/amx_bf16" in row and "thread(s) on CPU" in row
-    assert "KV cache" in row
+    assert "dtype float32" in row and "no avx512_bf16/amx_bf16" in row and "thread(s) on CPU" in row, row
+    assert "KV cache" in row and "eager" in row and "no AVX2" in row
+
+
+def test_dasks_omp_setting_is_not_taken_for_the_users(monkeypatch):
+    """A LocalCluster started in this process writes OMP_NUM_THREADS=1 into os.environ (for its
+    workers); the teacher's threads are still chosen from the cores, and the server gets the choice."""
+    from trajforge.tasks.teachers import cpu_profile
+
+    monkeypatch.setattr(cpu_profile, "STARTUP_THREAD_ENV", {})
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what distributed's LocalCluster leaves behind
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    c = cpu_profile.resolve(VLLMServerConfig())
+    assert c.threads is not None and "set" not in c.reasons["threads"]
+    monkeypatch.setattr(cpu_profile, "STARTUP_THREAD_ENV", {"OMP_NUM_THREADS": "3"})  # the user's own
+    assert cpu_profile.resolve(VLLMServerConfig()).reasons["threads"] == "OMP_NUM_THREADS=3 set"

@@ -207,9 +207,18 @@ def compile_cache_env(cache: Path, env: Mapping[str, str]) -> dict[str, str]:
     return {k: x for k, x in want.items() if not env.get(k)}
 
 
+# The thread variables as this process started. A Dask LocalCluster started in this process writes
+# OMP_NUM_THREADS=1 into os.environ (for its workers): that is not the user's setting, so only these
+# (or `vllm.env`) count as one.
+STARTUP_THREAD_ENV = {k: os.environ[k] for k in THREAD_ENV if k in os.environ}
+
+
 def resolve(v: "VLLMServerConfig", env: Mapping[str, str] | None = None) -> CpuChoice:
     """The choice for the server `v` on this machine (a key of `vllm.env` counts as set even when its
-    value is redacted in a stored config: the server then keeps the worker's own value)."""
+    value is redacted in a stored config: the server then keeps the worker's own value). Without `env`,
+    the thread variables count as set only as they were when the process started (STARTUP_THREAD_ENV)."""
+    if env is None:
+        env = {**{k: x for k, x in os.environ.items() if k not in THREAD_ENV}, **STARTUP_THREAD_ENV}
     base = server_env(v, env)
     seen = {**{k: "(set)" for k in v.env}, **base}
     return choose(this_machine(base), v, seen)

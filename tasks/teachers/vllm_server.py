@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Callable
 import psutil
 
 from ..dataset.secrets import redact_args
-from .cpu_profile import compile_cache_env, resolve, server_env
+from .cpu_profile import STARTUP_THREAD_ENV, THREAD_ENV, compile_cache_env, resolve, server_env
 
 if TYPE_CHECKING:
     from .vllm import VLLMTeacherConfig
@@ -243,7 +243,8 @@ class VLLMServer:
         """The server's environment: ours, the CPU choice's threads, the compile caches, then `vllm.env`
         on top (a redacted value there: the worker's own value is kept)."""
         user = server_env(self.v)
-        base = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        base = {**{k: x for k, x in os.environ.items() if k not in THREAD_ENV}, **STARTUP_THREAD_ENV,
+                "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}  # (not Dask's OMP=1)
         return {**base, **self.choice.env(), **compile_env(user, self.choice.cpu), **{k: user[k] for k in self.v.env if k in user}}
 
     def start(self) -> None:
