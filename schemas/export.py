@@ -70,6 +70,10 @@ class TrajectoryRow(Record):
     license: str = Field("", description="the environment's license, when its source declares one")
     verifier_output_tail: str = Field("", description="the last characters of the hidden tests' output")
     changes: ChangeSet | None = Field(None, description="the episode's final change set in its container")
+    kind: str = Field("terminal", description="the environment's kind: terminal (a shell) or tools (a tool server)")
+    pooled_difficulty: Label = Field("unlabelled", description="the environment's difficulty across every teacher "
+                                                             "of the build (Calibration.pooled_label)")
+    pooled_solve_rate: float = Field(0.0, description="the pooled fit's solve rate, on the `pooled_teacher`'s scale")
 
 
 class SFTRow(TrajectoryRow):
@@ -112,6 +116,10 @@ class RLRow(Record):
     difficulty: Label
     env_spec_json: str
     license: str = Field("", description="the environment's license, when its source declares one")
+    kind: str = Field("terminal", description="the environment's kind: terminal or tools")
+    pooled_difficulty: Label = Field("unlabelled", description="the environment's difficulty across every teacher")
+    pooled_solve_rate: float = Field(0.0, description="the pooled fit's solve rate, on the `pooled_teacher`'s scale")
+    pooled_teacher: str = Field("", description="the teacher whose scale the pooled rate is on")
 
 
 class PreferenceRow(Record):

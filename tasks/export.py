@@ -116,7 +116,7 @@ def _list_sum(lists: pa.ChunkedArray, field: str) -> pa.Array:
     return pa.array(cum[offsets[1:]] - cum[offsets[:-1]])
 
 
-ENV_COLUMNS = ["env_id", "family", "level", "source", *(["license"] if "license" in EnvSpec.model_fields else [])]
+ENV_COLUMNS = ["env_id", "family", "level", "source", "kind", *(["license"] if "license" in EnvSpec.model_fields else [])]
 
 
 def _scan(ctx: StageContext, table: pa.Table, rejects: list[Reject]) -> tuple[pa.Table, dict[str, Any]]:
@@ -220,7 +220,8 @@ class ExportStage(Stage):
         mine = [("env_id", "in", sorted(set(env_ids)))]  # this part's environments only
         envs = store.read_table(upstream["synthesize"].parts, EnvSpec, columns=ENV_COLUMNS, filters=mine)
         calib = store.read_table(upstream["calibrate"].parts, Calibration,
-                                 columns=["env_id", "teacher", "label", "solve_rate"], filters=mine)
+                                 columns=["env_id", "teacher", "label", "solve_rate", "pooled_label",
+                                          "pooled_solve_rate"], filters=mine)
         env_idx, cal_idx = _index(envs, "env_id"), _index(calib, "env_id", "teacher")
         e = envs.take(pa.array([env_idx[x] for x in env_ids], pa.int64()))
         c = calib.take(pa.array([cal_idx[k] for k in zip(env_ids, teachers)], pa.int64()))
@@ -238,7 +239,9 @@ class ExportStage(Stage):
                  "license": (pc.fill_null(e.column("license"), "") if "license" in ENV_COLUMNS
                              else pa.array([""] * out.num_rows, pa.string())),
                  "verifier_output_tail": tail(v.column("verifier_output"), ctx.config.export.verifier_tail_chars),
-                 "changes": v.column("changes")}
+                 "changes": v.column("changes"), "kind": pc.fill_null(e.column("kind"), "terminal"),  # older parts: null
+                 "pooled_difficulty": pc.fill_null(c.column("pooled_label"), "unlabelled"),
+                 "pooled_solve_rate": pc.fill_null(c.column("pooled_solve_rate"), 0.0)}
         schema = arrow_schema(TrajectoryRow)
         for name in TRAJECTORY_ADDED:
             out = out.append_column(schema.field(name), pc.cast(added[name], schema.field(name).type))
@@ -322,7 +325,8 @@ def rl(ctx: StageContext, t: pa.Table | None, upstream: dict[str, Manifest]) -> 
                   image=envs[c.env_id].image or "", teacher=c.teacher, attempts=c.attempts, solve_rate=c.solve_rate,
                   ci_low=c.ci_low, ci_high=c.ci_high, difficulty=c.label,
                   env_spec_json=rl_spec_json(envs[c.env_id], ctx.config.export.rl.include_solutions),
-                  license=getattr(envs[c.env_id], "license", None) or "")
+                  license=getattr(envs[c.env_id], "license", None) or "", kind=envs[c.env_id].kind,
+                  pooled_difficulty=c.pooled_label, pooled_solve_rate=c.pooled_solve_rate, pooled_teacher=c.pooled_teacher)
             for c in calib]
     return to_table(RLRow, rows)
 

@@ -44,7 +44,8 @@ def build_export(tmp: Path, overrides: dict | None = None, n: int = 6, output=la
     teacher = cfg.teachers[0].label
     envs = [EnvSpec(env_id=e, family="fam", level=1, seed=k, source=f"procedural:fam{k}", instruction="do it",
                     files=list(env_files or []), tests=[FileSpec(path="test_x.py", content="def test_a(): pass")],
-                    solution=["echo SOLUTION-STEP"], image="trajforge/env:0123456789abcdef")
+                    solution=["echo SOLUTION-STEP"], image="trajforge/env:0123456789abcdef",
+                    kind="tools" if k else "terminal")
             for k, e in enumerate(["e0", "e1"])]
     usage = [TurnUsage(turn=1, completion_tokens=3, completion_token_ids=[5, 6, 7], logprobs=[-0.1, -0.2, -0.3]),
              TurnUsage(turn=2, completion_tokens=1, completion_token_ids=[9], logprobs=[-0.5])]
@@ -59,7 +60,9 @@ def build_export(tmp: Path, overrides: dict | None = None, n: int = 6, output=la
                         changes=ChangeSet(added=[f"/home/agent/work/out{i}.txt"], total=1))
                 for i, r in enumerate(rollouts)]
     calib = [Calibration(env_id=e, family="fam", level=1, teacher=teacher, attempts=4, passes=2, excluded=0,
-                         solve_rate=0.5, ci_low=0.1, ci_high=0.9, label="medium", certain=False) for e in ("e0", "e1")]
+                         solve_rate=0.5, ci_low=0.1, ci_high=0.9, label="medium", certain=False,
+                         pooled_label="hard" if e == "e1" else "medium", pooled_solve_rate=0.2 if e == "e1" else 0.5,
+                         pooled_teacher="strong") for e in ("e0", "e1")]
     up = {}
     for name, model, rows in [("synthesize", EnvSpec, envs), ("rollout", Rollout, rollouts),
                               ("verify", Verdict, verdicts), ("calibrate", Calibration, calib)]:
@@ -97,6 +100,17 @@ def test_trajectories_carry_provenance_and_keep_failures(export):
     assert r["created_at"].timestamp() == 1_760_000_000.0 and r["source"] == "procedural:fam0"
     assert r["changes"]["added"] == ["/home/agent/work/out1.txt"] and r["passed"] is False
     assert r["messages"][-1]["reasoning_content"] == "thought 1" and rows[0]["messages"][-1]["reasoning_content"] is None
+
+
+def test_rows_carry_the_kind_and_the_pooled_difficulty_next_to_the_per_teacher_one(export):
+    """Issue 14 part 2 / issue 18: `pooled_*` and `kind` are the environment's, on every row of it."""
+    _, out, _, _ = export
+    rows = pq.read_table(files(out, "trajectories"), columns=["env_id", "kind", "difficulty", "pooled_difficulty",
+                                                              "pooled_solve_rate"]).to_pylist()
+    by_env = {r["env_id"]: (r["kind"], r["difficulty"], r["pooled_difficulty"], r["pooled_solve_rate"]) for r in rows}
+    assert by_env == {"e0": ("terminal", "medium", "medium", 0.5), "e1": ("tools", "medium", "hard", 0.2)}
+    rl = {r["env_id"]: r for r in pq.read_table(files(out, "rl")).to_pylist()}
+    assert (rl["e1"]["kind"], rl["e1"]["pooled_difficulty"], rl["e1"]["pooled_teacher"]) == ("tools", "hard", "strong")
 
 
 def test_verifier_tail_is_bounded(tmp_path):

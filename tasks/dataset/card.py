@@ -253,7 +253,8 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
         "`tools_json` (the tool schemas offered), the verdict (`passed`, `reward` = fraction of hidden tests "
         "passed, `status` from the failure taxonomy), `hack_flags`, quality signals (`step_labels` "
         "inspect/act/verify, `act_verify_share`, `inspect_before_act`, ...) and the environment's calibrated "
-        "`difficulty` and `solve_rate`. `sft` keeps the verified successes; `rl` lists environments solved "
+        "`difficulty` and `solve_rate` for the row's teacher, `pooled_difficulty` and `pooled_solve_rate` "
+        "across every teacher of the build, and `kind` (terminal: a shell; tools: a tool server). `sft` keeps the verified successes; `rl` lists environments solved "
         "sometimes (0 < p < 1) with their spec; `preference` pairs a success with a failure of the same "
         "environment.",
     ]
