@@ -109,25 +109,27 @@ async def replay_client(url: str, rollouts: list, concurrency: int) -> tuple[int
 
     client = AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0, timeout=600)
     gate = asyncio.Semaphore(concurrency)
-    tokens = 0
+    tokens, latency = 0, 0.0
 
     async def conversation(r) -> None:
-        nonlocal tokens
+        nonlocal tokens, latency
         msgs = [m.api_dict() for m in r.messages]
         asked = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
         async with gate:
             for idx, usage in zip(asked, r.usage):
                 n = usage.completion_tokens
+                sent = time.monotonic()
                 resp = await client.chat.completions.create(
                     model="smollm2", messages=msgs[:idx], max_tokens=n, temperature=TEACHER["temperature"],
                     extra_body={"min_tokens": n, "ignore_eos": True})
                 tokens += resp.usage.completion_tokens
+                latency += time.monotonic() - sent
 
     t0 = time.monotonic()
     await asyncio.gather(*(conversation(r) for r in rollouts if r.usage))
     wall = time.monotonic() - t0
     await client.close()
-    return tokens, wall
+    return tokens, wall, latency
 
 
 def stage_run(runs: str, url: str, envs_manifest: Manifest, concurrency: int, episodes: int, n_envs: int,
@@ -172,7 +174,7 @@ def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, is
         s0 = cpu.sample()
         b_tok, b_wall, b_rows = stage_run(runs, server.url, envs_manifest, C, args.episodes, len(envs), tag, teacher)
         s1 = cpu.sample()
-        a_tok, a_wall = asyncio.run(replay_client(server.url, b_rows, C))
+        a_tok, a_wall, a_lat = asyncio.run(replay_client(server.url, b_rows, C))
         s2 = cpu.sample()
         a0_tok, a0_wall = asyncio.run(single_turn_client(server.url, prompts, C, args.seconds))
         c_tok, c_wall, c_rows = stage_run(runs, server.url, envs_manifest, 1, args.episodes_c1, len(envs), tag, teacher)
@@ -190,6 +192,9 @@ def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, is
     print(f"(b)/(a) = {b / a:.2f}  (target >= 0.85)")
     print(f"(b)/(c) = {b / c:.2f}  (target >= 8)")
     print(f"episode statuses at C={C}: {statuses}")
+    b_lat = sum(u.latency_s for r in b_rows for u in r.usage)
+    print(f"requests in flight (sum of request latencies / wall): (b) {b_lat / b_wall:.1f}, (a) {a_lat / a_wall:.1f}; "
+          f"mean request latency: (b) {b_lat / turns:.2f} s, (a) {a_lat / turns:.2f} s")
     print_table("CPU seconds by process group (2 cores)", ["group", "during (b)", "during (a)"],
                 [[k, f"{s1[k] - s0[k]:.1f}", f"{s2[k] - s1[k]:.1f}"] for k in s0])
     return {"dtype": dtype, "isa": isa, "start": start_s, "a": a, "b": b, "c": c, "a0": a0,

@@ -274,7 +274,9 @@ class RolloutConfig(Section):
     max_turns: int = Field(12, ge=1)
     command_timeout_s: float = Field(20, gt=0)
     episode_timeout_s: float = Field(300, gt=0)
-    concurrency: int = operational(8, ge=1, description="episodes in flight per shard task")
+    concurrency: int = operational(8, ge=1, description=(
+        "conversations with the teacher in flight per shard task; an episode whose conversation is over "
+        "finishes (settle, capture, hidden tests) beside them: at most 2 x concurrency containers"))
     episodes_per_shard: int = Field(8, ge=1)
     infra_retries: int = operational(2, ge=0)
     verify_in_place: bool = Field(True, description=(

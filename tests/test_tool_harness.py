@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from trajforge.schemas.arrow import to_table
+from trajforge.schemas.common import FileSpec
 from trajforge.schemas.config import SandboxConfig, teacher_config
 from trajforge.schemas.environment import EnvSpec
 from trajforge.schemas.trajectory import FunctionCall, Message, Rollout, ToolCall
@@ -235,6 +236,29 @@ class _FakeEpisode:
         self.started.set_result(None)
         self.garbled = lambda msg: _Episode.garbled(self, msg)
         self.handle_tool_calls = lambda turn, msg, answer: _Episode.handle_tool_calls(self, turn, msg, answer)
+
+
+def test_declared_tools_are_offered_without_waiting_for_the_container():
+    """The validator admits a tool environment only if its server lists exactly `.tools/tools.json`, so
+    the first turn needs no container: offered at once, even while the start has not finished. Without
+    a declaration the server is asked (after the start)."""
+    from trajforge.tasks.agent.mcp_relay import ToolMode, declared_tools, openai_tools
+
+    declared = declared_tools(compiled_fields(LEDGER)["files"])
+    assert declared == [t.mcp() for t in LEDGER.tools]
+    assert declared_tools([FileSpec(path=".tools/tools.json", content="{not json")]) is None
+
+    async def go(declared):
+        ep = _FakeEpisode(_FakeBox(ExecResult(0, "", 0.1, False, 0, False)))
+        ep.sb.image = "fake:never-listed"
+        ep.started = asyncio.get_running_loop().create_future()  # a container start that never ends
+        return await asyncio.wait_for(ToolMode(ep, declared).offered(), timeout=2)
+
+    offered = asyncio.run(go(declared))
+    assert [t["function"]["name"] for t in offered] == [t.name for t in LEDGER.tools] + ["submit"]
+    assert offered[:-1] == openai_tools(declared)
+    with pytest.raises(asyncio.TimeoutError):  # undeclared: it waits for the container's server
+        asyncio.run(go(None))
 
 
 def test_unknown_tools_and_bad_arguments_are_answered_on_the_host():

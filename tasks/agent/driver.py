@@ -1,7 +1,11 @@
-"""The asyncio driver of one shard's episodes: up to `rollout.concurrency` in flight.
+"""The asyncio driver of one shard's episodes: up to `rollout.concurrency` conversations in flight.
 
 vLLM's continuous batching needs many concurrent requests; the endpoint pool caps requests per
-server across the cluster. Each episode's container starts while the teacher writes its first turn.
+server across the cluster. Containers are not conversations: up to 2 x `rollout.concurrency`
+episodes hold one, and `rollout.concurrency` of them talk to the teacher. An episode starts its
+container before it waits for a conversation slot (the start, seconds on a busy host, overlaps other
+episodes' turns) and gives the slot back once it asks the teacher nothing more (settle, capture,
+hidden tests and removal run beside the next conversations).
 Infrastructure failures (Docker) are retried `infra_retries` times, then recorded as `infra_error`
 rows; teacher outages end episodes as `teacher_error`. Neither is ever counted as the teacher failing
 a task. Live counters (episodes done/running, tokens, statuses) go to `ctx.report`.
@@ -26,6 +30,23 @@ from ..teachers import make_teacher
 from .harness import EpisodeSettings, harness_label, rollout_id, run_episode
 
 
+class _Slot:
+    """One hold on a semaphore, released at most once (by the harness when the conversation is over,
+    or by the driver when the attempt ends, whichever comes first)."""
+
+    def __init__(self, sem: asyncio.Semaphore):
+        self.sem, self.held = sem, False
+
+    async def acquire(self) -> None:
+        await self.sem.acquire()
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.sem.release()
+
+
 def episode_settings(ctx: StageContext, teacher: TeacherConfig | None = None) -> EpisodeSettings:
     cfg = ctx.config
     t = teacher or cfg.teacher
@@ -47,7 +68,7 @@ def run_episodes(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
     async def main() -> ShardResult:
         # Every episode blocks threads on Docker calls: size the pool for the episodes in flight
         # (the default, cpu_count + 4, would serialize them on a small machine).
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=2 * conc + 8))
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=4 * conc + 8))
         return await _drive(ctx, envs, episodes, teacher)
 
     return asyncio.run(main())
@@ -56,11 +77,12 @@ def run_episodes(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
 async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple],
                  teacher=None) -> ShardResult:
     cfg = ctx.config
-    client = docker_client(pool_size=2 * cfg.rollout.concurrency + 4)
+    client = docker_client(pool_size=4 * cfg.rollout.concurrency + 4)
     used = sorted({ep[2] if len(ep) > 2 else 0 for ep in episodes})
     teachers = {i: teacher or make_teacher(cfg.teachers[i], ctx.runtime, ctx.limiter) for i in used}
     settings = {i: episode_settings(ctx, cfg.teachers[i]) for i in used}
-    gate = asyncio.Semaphore(cfg.rollout.concurrency)
+    conversations = asyncio.Semaphore(cfg.rollout.concurrency)  # what the teacher sees
+    episodes_alive = asyncio.Semaphore(2 * cfg.rollout.concurrency)  # + those finishing: containers alive
     live: dict[str, Any] = {"total": len(episodes), "done": 0, "running": 0, "completion_tokens": 0,
                             "status": Counter(), "infra_retries": 0}
     errors: Counter = Counter()
@@ -77,12 +99,15 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
 
     async def one(env_id: str, sample: int, ti: int) -> Rollout:
         env, teacher, s = envs[env_id], teachers[ti], settings[ti]
-        async with gate:
-            live["running"] += 1
-            report()
-            last_err, attempts = "", cfg.rollout.infra_retries + 1
+        async with episodes_alive:
+            last_err, attempts, counted = "", cfg.rollout.infra_retries + 1, False  # counted: in `running`
             try:
                 for attempt in range(1, attempts + 1):
+                    slot = _Slot(conversations)
+                    if not counted:
+                        counted = True
+                        live["running"] += 1
+                        report()
                     try:
                         r = await run_episode(
                             env, teacher.session(env, sample, rollout_id(env_id, teacher.label, sample)),
@@ -90,18 +115,20 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
                                             labels={"trajforge.build": ctx.build_id, "trajforge.env": env_id},
                                             cap_add=VERIFIER_CAPS if s.verify_in_place else (),
                                             agent=env.agent_user),
-                            s, teacher.label, sample)
+                            s, teacher.label, sample, slot=slot)
                         r.attempts = attempt
                         return r
                     except SandboxError as err:
                         last_err = f"SandboxError: {err}"
                     except Exception as err:  # a bug or an unexpected failure: kept, classified, retried
                         last_err = f"{err.__class__.__name__}: {err}\n{traceback.format_exc(limit=4)}"
+                    finally:
+                        slot.release()
                     live["infra_retries"] += 1
                     errors[last_err.split(":", 1)[0]] += 1
                 return failed_row(env, sample, "infra_error", last_err, attempts, teacher)
             finally:
-                live["running"] -= 1
+                live["running"] -= counted
 
     async def tracked(env_id: str, sample: int, ti: int = 0) -> Rollout:
         r = await one(env_id, sample, ti)

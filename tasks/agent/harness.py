@@ -27,7 +27,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 from ...schemas.common import ChangeSet
 from ...schemas.environment import EnvSpec
@@ -36,7 +36,7 @@ from ..sandbox import ExecResult, Sandbox, StateTooLarge
 from ..sandbox.changes import capture_outside
 from ..sandbox.verifier import run_hidden_tests
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
-from .mcp_relay import SURROGATE, TOOLS_HARNESS, ToolMode, parse_arguments
+from .mcp_relay import SURROGATE, TOOLS_HARNESS, ToolMode, declared_tools, parse_arguments
 
 HARNESS = "trajforge-bash-v1"
 SYSTEM_PROMPT = (
@@ -209,9 +209,22 @@ class _Episode:
         return await asyncio.to_thread(self.sb.get_archive, self.sb.workdir, self.s.final_state_limit)
 
 
+class ConversationSlot(Protocol):
+    """A place among the conversations the teacher is given at once; `release` is idempotent."""
+
+    async def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
 async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Callable[[], Sandbox],
-                      s: EpisodeSettings, teacher: str, sample: int) -> Rollout:
+                      s: EpisodeSettings, teacher: str, sample: int, slot: ConversationSlot | None = None) -> Rollout:
     """Run one episode. Raises SandboxError on infrastructure failure (caller retries).
+
+    `slot` bounds the conversations with the teacher: it is acquired once the container is starting
+    (so a start overlaps other episodes' turns, not only this one's first) and released as soon as the
+    episode asks the teacher nothing more, before the sandbox work that ends it (settle, capture,
+    hidden tests, removal). `wall_s` counts from the slot on.
 
     Teacher time is not agent time. The episode budget (`env.agent_timeout_s` or
     `episode_timeout_s`) counts the agent's commands and, per turn, the model's generation at a
@@ -231,7 +244,11 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
     ep = None
     try:
         ep = _Episode(sb, st, s, env.protected)
-        mode = ToolMode(ep) if env.kind == "tools" else ep
+        if slot is not None:
+            await slot.acquire()
+            t0 = time.monotonic()
+            st.deadline = t0 + (env.agent_timeout_s or s.episode_timeout_s)
+        mode = ToolMode(ep, declared_tools(env.files)) if env.kind == "tools" else ep
         tools = await mode.offered()  # tools mode: the server's tools (waits for the first container of an image)
         st.deadline += time.monotonic() - t0
         st.messages += [Message(role="system", content=mode.system_prompt(env)),
@@ -281,6 +298,8 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
             if time.monotonic() >= st.deadline:
                 status = "agent_timeout"
                 break
+        if slot is not None:
+            slot.release()
         leftover, changed, changes = await ep.finish()
         in_place = None
         # what reproduces the change set elsewhere: the work dir, and the files added or modified

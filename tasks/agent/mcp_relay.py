@@ -44,13 +44,14 @@ from ..envs.tools.client import (
     Outcome,
     call_tool,
     clean,
+    declared_tools,
     list_tools,
     listed,
 )
 from ..envs.tools.spec import call_command
 from ..sandbox import SandboxError
 
-__all__ = ["TOOLS_HARNESS", "SURROGATE", "ToolMode", "parse_arguments", "parse_fenced", "openai_tools", "call_tool"]
+__all__ = ["TOOLS_HARNESS", "SURROGATE", "ToolMode", "declared_tools", "parse_arguments", "parse_fenced", "openai_tools", "call_tool"]
 
 SUBMIT = {"type": "function", "function": {
     "name": "submit", "description": "Declare the request finished.", "parameters": {"type": "object", "properties": {}}}}
@@ -143,15 +144,18 @@ class ToolMode:
 
     what = "tool call"
 
-    def __init__(self, ep: Any):
-        self.ep, self.st, self.s = ep, ep.st, ep.s
+    def __init__(self, ep: Any, declared: list[dict[str, Any]] | None = None):
+        """`declared`: the environment's `.tools/tools.json` (`declared_tools`), which the validator
+        proved its server lists exactly: offered without waiting for the container."""
+        self.ep, self.st, self.s, self.declared = ep, ep.st, ep.s, declared
         self.listed: list[dict[str, Any]] = []
         self.names: set[str] = set()
 
     async def offered(self) -> list[dict[str, Any]]:
-        """The tools offered through the API (the server's + `submit`; none in fenced mode). Waits for the
-        container only the first time an image is seen in this process."""
-        self.listed = listed(self.ep.sb.image) or []
+        """The tools offered through the API (the server's + `submit`; none in fenced mode): the declared
+        ones, else those the server listed for this image before in this process, else the server's
+        listing (waits for this container)."""
+        self.listed = self.declared or listed(self.ep.sb.image) or []
         if not self.listed:
             await self.ep.started
             try:

@@ -128,6 +128,17 @@ def list_tools(sb: Execs, timeout_s: float = 60) -> list[dict[str, Any]]:
     return _LISTED[sb.image]
 
 
+def declared_tools(files: list[Any]) -> list[dict[str, Any]] | None:
+    """The tools an environment's `.tools/tools.json` declares (None: no such file, not JSON, or not a
+    list). The validator's `tools_serve` admits an environment only if its server lists exactly these."""
+    text = next((f.content for f in files if f.path.strip("/") == f"{TOOLS_DIR}/tools.json"), None)
+    try:
+        tools = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return tools if isinstance(tools, list) else None
+
+
 def listed(image: str) -> list[dict[str, Any]] | None:
     """The tools already listed for `image` in this process (None: not yet)."""
     return _LISTED.get(image)
