@@ -60,8 +60,30 @@ def test_eager_mode_without_avx2_unless_set():
     emulation); with AVX2, or when the user set `enforce_eager`, nothing is forced."""
     bare = choose(machine(AVX), VLLMServerConfig(), {})
     assert bare.eager and "no AVX2" in bare.reasons["eager"] and bare.line().count("eager") >= 1
+    assert bare.env()["TORCH_COMPILE_DISABLE"] == "1"  # vLLM's compiled sampler ops too (gather_logprobs)
+    assert "TORCH_COMPILE_DISABLE" not in choose(machine(AVX512), VLLMServerConfig(), {}).env()
     assert not choose(machine(AVX512), VLLMServerConfig(), {}).eager
     assert not choose(machine(AVX), VLLMServerConfig(enforce_eager=False), {}).eager
+
+
+def test_the_choice_survives_the_builds_config_round_trip():
+    """The flow serializes the config and parses it again (Prefect parameters, Dask workers): every field
+    is then "set". The automatic KV cache and eager mode must still apply to a config that never named
+    them (they once keyed on `model_fields_set`, so a real build never got them), and explicit values
+    must still win after the trip."""
+    root = {"dataset": "d", "synthesize": {"families": [{"name": "log_report"}]},
+            "teacher": {"backend": "vllm", "model": "m", "vllm": {"max_model_len": 2048}}}
+    cfg = parse_config(root)
+    again = parse_config(cfg.model_dump(mode="json"))
+    for v in (cfg.teacher.vllm, again.teacher.vllm):
+        c = choose(machine(AVX, mem_gib=10.0), v, {})
+        assert c.eager and c.kv_cache_gib == 1.5 and "15%" in c.reasons["kv_cache"]
+    root["teacher"]["vllm"].update(kv_cache_gib=2.0, enforce_eager=False)
+    v = parse_config(parse_config(root).model_dump(mode="json")).teacher.vllm
+    c = choose(machine(AVX, mem_gib=10.0), v, {})
+    assert (c.eager, c.kv_cache_gib) == (False, 2.0)
+    with pytest.raises(ValueError, match="kv_cache_gib"):
+        VLLMServerConfig(kv_cache_gib=-1)
 
 
 def test_a_gpu_server_is_left_to_vllm():
@@ -76,7 +98,7 @@ def test_a_gpu_server_is_left_to_vllm():
     ((0, 1, 2, 3), (0, 2), 1, "0"),             # SMT: one logical CPU per physical core
 ])
 def test_threads_come_from_the_allowed_cores(cores, physical, threads, bind):
-    c = choose(machine(cores=cores, physical=physical), VLLMServerConfig(), {})
+    c = choose(machine(AVX512, cores=cores, physical=physical), VLLMServerConfig(), {})
     assert (c.threads, c.bind) == (threads, bind)
     assert c.env() == {"VLLM_CPU_OMP_THREADS_BIND": bind, "OMP_NUM_THREADS": str(threads)}
 

@@ -10,9 +10,9 @@ choices with a one-line reason each. Only what the user left open is chosen:
   the engine's scheduler (both busy-poll) and the rollouts' sandboxes when there are 2 or more (measured
   on 2 cores, plain client at 16 concurrent, no sandboxes: 288 tok/s with 1 thread, 331 with 2; the
   rollout stage needs ~1.2 CPU-s per episode of its own, benchmarks/inflight_scale.py);
-- eager mode (`--enforce-eager`) on a CPU without AVX2, unless `vllm.enforce_eager` was given: there
+- eager mode (`--enforce-eager`) on a CPU without AVX2 while `vllm.enforce_eager` is `auto`: there
   float32 under torch.compile failed to build (measured with `benchmarks/teacher_utilization.py --isa avx`);
-- KV cache, unless `vllm.kv_cache_gib` was given (or `VLLM_CPU_KVCACHE_SPACE` is set): 15% of the
+- KV cache while `vllm.kv_cache_gib` is `auto` (and `VLLM_CPU_KVCACHE_SPACE` unset): 15% of the
   available memory, within [0.5, 4] GiB.
 A GPU server (`vllm.gpu_memory_utilization` set) is left to vLLM: nothing is chosen.
 
@@ -71,10 +71,13 @@ class CpuChoice:
     eager: bool = False  # start with --enforce-eager (no torch.compile)
 
     def env(self) -> dict[str, str]:
-        """The environment variables that carry the thread choice (empty when none was made)."""
+        """The environment variables that carry the choice: the threads, and with `eager` no torch.compile
+        anywhere (`--enforce-eager` leaves vLLM's compiled sampler ops, e.g. `gather_logprobs`: under the
+        AVX-only emulation the first request with logprobs crashed the engine; measured with `make demo`)."""
+        out = {"TORCH_COMPILE_DISABLE": "1"} if self.eager else {}
         if self.bind is None or self.threads is None:
-            return {}
-        return {"VLLM_CPU_OMP_THREADS_BIND": self.bind, "OMP_NUM_THREADS": str(self.threads)}
+            return out
+        return {**out, "VLLM_CPU_OMP_THREADS_BIND": self.bind, "OMP_NUM_THREADS": str(self.threads)}
 
     def line(self) -> str:
         """One line for the console, the server log and `trajforge doctor`."""
@@ -174,7 +177,7 @@ def choose(machine: Machine, v: "VLLMServerConfig", env: Mapping[str, str]) -> C
         left = f", CPU {phys[-1]} left to the API server, scheduler and sandboxes" if len(phys) >= 2 else ""
         reasons["threads"] = f"{len(phys)} physical core(s) allowed{smt}{left}"
     kv = None
-    if "kv_cache_gib" in v.model_fields_set:
+    if v.kv_cache_gib != "auto":  # (explicit values, not `model_fields_set`: the flow round-trips configs)
         kv = v.kv_cache_gib
         reasons["kv_cache"] = "set in teacher.vllm.kv_cache_gib" if kv is not None else \
             "kv_cache_gib: null, left to vLLM"
@@ -186,7 +189,7 @@ def choose(machine: Machine, v: "VLLMServerConfig", env: Mapping[str, str]) -> C
         reasons["kv_cache"] = (f"{KV_SHARE:.0%} of {avail:.1f} GiB available, within "
                                f"[{KV_MIN_GIB:g}, {KV_MAX_GIB:g}] GiB")
     eager = False
-    if "enforce_eager" not in v.model_fields_set and "avx2" not in machine.flags:
+    if v.enforce_eager == "auto" and "avx2" not in machine.flags:
         eager = True
         reasons["eager"] = ("no AVX2: Inductor's CPU kernels failed to compile under an AVX-only emulation "
                             "(\"'at::vec' has not been declared\"); eager mode starts in ~35 s")

