@@ -75,7 +75,41 @@ class CPU:
                 except self.psutil.Error:
                     pass
             out[name] = total
+        out["in the containers (their cgroup)"] = containers_cpu()
+        out["whole machine (/proc/stat, busy)"] = machine_busy()
         return out
+
+    @staticmethod
+    def table(before: dict[str, float], mid: dict[str, float], after: dict[str, float]) -> list[list[str]]:
+        """Rows (group, during (b), during (a)) plus `other`: the machine's busy time no group has (runc,
+        the kernel's work for them, processes that ended before a sample, the rest of the machine)."""
+        rows = []
+        for k in before:
+            rows.append([k, f"{mid[k] - before[k]:.1f}", f"{after[k] - mid[k]:.1f}"])
+        total = "whole machine (/proc/stat, busy)"
+
+        def other(a, b):
+            return (b[total] - a[total]) - sum(b[k] - a[k] for k in a if k != total)
+        rows.insert(-1, ["other (runc, kernel, short-lived processes)", f"{other(before, mid):.1f}",
+                         f"{other(mid, after):.1f}"])
+        return rows
+
+
+def containers_cpu() -> float:
+    """CPU seconds of every Docker container since the engine started: cgroup v1 charges a removed
+    container's usage to its parent, so the counter of `docker/` keeps it (0 where not readable)."""
+    for path in ("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/docker/cpuacct.usage"):
+        try:
+            return int(Path(path).read_text()) / 1e9
+        except (OSError, ValueError):
+            continue
+    return 0.0
+
+
+def machine_busy() -> float:
+    """CPU seconds the machine was not idle (all cores), from /proc/stat."""
+    v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
 async def single_turn_client(url: str, prompts: list[str], concurrency: int, seconds: float) -> tuple[int, float]:
@@ -195,8 +229,8 @@ def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, is
     b_lat = sum(u.latency_s for r in b_rows for u in r.usage)
     print(f"requests in flight (sum of request latencies / wall): (b) {b_lat / b_wall:.1f}, (a) {a_lat / a_wall:.1f}; "
           f"mean request latency: (b) {b_lat / turns:.2f} s, (a) {a_lat / turns:.2f} s")
-    print_table("CPU seconds by process group (2 cores)", ["group", "during (b)", "during (a)"],
-                [[k, f"{s1[k] - s0[k]:.1f}", f"{s2[k] - s1[k]:.1f}"] for k in s0])
+    print_table(f"CPU seconds by process group ({os.cpu_count()} CPUs; (b) {b_wall:.0f} s, (a) {a_wall:.0f} s)",
+                ["group", "during (b)", "during (a)"], CPU.table(s0, s1, s2))
     return {"dtype": dtype, "isa": isa, "start": start_s, "a": a, "b": b, "c": c, "a0": a0,
             "load": "/".join(f"{x:.1f}" for x in os.getloadavg())}
 

@@ -147,3 +147,67 @@ def test_change_set_is_exact_in_every_container_of_an_image(docker_client, sandb
             assert sb.exec(write, 30).exit_code == 0
             ch = sb.changes()
             assert (ch.added, ch.modified, ch.deleted) == want and ch.total == sum(map(len, want))
+
+
+AGENT_WRITES = (
+    "cd /home/agent/work && echo a > new.txt && mkdir -p d/e && echo b > d/e/f && mv new.txt moved.txt && "
+    "chmod 600 moved.txt && ln moved.txt hard && ln -s /etc/passwd link && echo c > /tmp/t && "
+    "mkdir /var/tmp/v && echo w >> /etc/ww && echo s > /opt/shared/s && rm /opt/shared/seed && "
+    "echo m > /srv/mine/x && chmod 700 /srv/mine && mkdir secret && echo h > secret/h && chmod 000 secret && "
+    "(sleep 0.2; echo late > /tmp/late) & wait"
+)
+
+
+@pytest.fixture(scope="module")
+def writable_image(docker_client):
+    """The base image plus places an unprivileged agent may write outside its home: a world-writable
+    root file, a world-writable folder with a root file in it, a folder the agent owns."""
+    import io
+
+    dockerfile = ("FROM trajforge/base:latest\nUSER root\nRUN echo x > /etc/ww && chmod 666 /etc/ww && "
+                  "mkdir -p /opt/shared && chmod 777 /opt/shared && echo seed > /opt/shared/seed && "
+                  "mkdir -p /srv/mine && chown 1000:1000 /srv/mine\n")
+    image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag="trajforge/test-writable:1",
+                                          pull=False, rm=True)
+    yield image.tags[0]
+
+
+def test_the_agents_change_walk_starts_only_where_it_can_write_and_misses_nothing(docker_client, sandbox_cfg,
+                                                                                   writable_image):
+    """The change walk of an unprivileged agent starts only at what its user may write or owns (a few
+    places, not /usr), and gives exactly the change set of a walk of the whole filesystem, whatever
+    the agent did there: create, rename, chmod, hard and soft links, background writes, a write to a
+    world-writable root file, a deletion in a world-writable folder. Folders made unreadable to root
+    (modes 700 and 000: root here has no DAC capability) hide nothing (what lies below them comes from
+    the engine's diff), lose no record of the walk to a "Permission denied" message, and invent no
+    deletion."""
+    with Sandbox(docker_client, writable_image, sandbox_cfg) as sb:
+        roots = sb.agent_roots
+        assert roots is not None and "/usr" not in roots and not any(r.startswith("/usr/") for r in roots)
+        assert {"/home/agent", "/tmp", "/etc/ww", "/opt/shared", "/srv/mine"} <= set(roots) or \
+            {"/home/agent/work", "/tmp", "/etc/ww", "/opt/shared", "/srv/mine"} <= set(roots), roots
+        assert sb.exec(AGENT_WRITES, 30).exit_code == 0
+        fast = sb.changes()
+        sb.agent_roots = None  # the whole root filesystem
+        full = sb.changes()
+    assert (fast.added, fast.modified, fast.deleted) == (full.added, full.modified, full.deleted)
+    w = "/home/agent/work"
+    assert set(fast.added) == {f"{w}/moved.txt", f"{w}/hard", f"{w}/link", f"{w}/d/e/f", "/tmp/t", "/tmp/late",
+                               "/var/tmp/v", "/opt/shared/s", "/srv/mine/x", f"{w}/secret/h"}, fast
+    assert fast.modified == ["/etc/ww"] and fast.deleted == ["/opt/shared/seed"], fast
+
+
+def test_a_write_by_anyone_but_the_agent_makes_the_change_walk_whole_again(docker_client, sandbox_cfg):
+    """A command run as root (not marked read-only) or an archive the engine extracts can write where
+    the agent cannot: from then on the change set walks the whole filesystem and sees it."""
+    from trajforge.schemas.common import FileSpec
+
+    with Sandbox(docker_client, "trajforge/base:latest", sandbox_cfg) as sb:
+        assert sb.agent_roots
+        sb.exec("sha256sum /etc/passwd", 10, user="root", readonly=True)
+        assert "/etc/root-wrote" not in sb.changes().added and not sb.others_wrote
+        sb.exec("echo x > /etc/root-wrote", 10, user="root")
+        assert "/etc/root-wrote" in sb.changes().added
+    with Sandbox(docker_client, "trajforge/base:latest", sandbox_cfg) as sb:
+        sb.put_files([FileSpec(path="f", content="x")], parent="/", root="opt/engine", uid=0)
+        assert "/opt/engine/f" in sb.changes().added

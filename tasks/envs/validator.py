@@ -120,7 +120,7 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
         if len(solution_text) > 40:
             secrets[_sha(solution_text)] = "the reference solution"
             secrets.update({_sha(c): "a reference solution command" for c in env.solution if len(c) > 40})
-        scan = sb.exec(LEAK_SCAN, 120, user="root", workdir="/", output_limit=4 << 20)
+        scan = sb.exec(LEAK_SCAN, 120, user="root", workdir="/", output_limit=4 << 20, readonly=True)
         for line in scan.output.splitlines():
             digest, _, path = line.partition("  ")
             if digest in secrets:

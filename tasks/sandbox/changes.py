@@ -108,7 +108,7 @@ def apply_final_state(sb: Sandbox, r: Rollout, env: EnvSpec, revert: list[str] =
     revert = list(revert)
     originals = {}
     for p in revert:  # the image's version, taken before anything is restored
-        probe = sb.exec(f"test -e {shlex.quote(p)} || test -L {shlex.quote(p)}", 10, user="root", workdir="/")
+        probe = sb.exec(f"test -e {shlex.quote(p)} || test -L {shlex.quote(p)}", 10, user="root", workdir="/", readonly=True)
         if probe.exit_code == 0:
             originals[p] = sb.get_archive(p, 64 << 20)
     if r.final_state is not None:

@@ -45,7 +45,11 @@ _NOISE = re.compile(r"^/(proc|sys|dev)(/|$)|^(?!/(usr|opt|etc)/).*/__pycache__(/
                     r"|^/usr/sbin/docker-init$")
 _PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
 # image id -> (the paths of its root filesystem, their children by folder)
-_BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]]]] = {}
+_BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]], frozenset[str]]] = {}  # (+ its folders)
+# (image id, work dir mount) -> where the unprivileged agent can change anything (`_agent_roots`);
+# None: anywhere (a full walk)
+_AGENT_ROOTS: dict[tuple[str, int], tuple[str, ...] | None] = {}
+MAX_AGENT_ROOTS = 256  # more places than this (an image made writable all over): walk everything
 # (image id, work dir) -> the image's work dir as a tar (None: the image has none), seeding a tmpfs work dir
 _WORK_SEEDS: dict[tuple[str, str], tuple[bytes, int, int, int] | None] = {}
 
@@ -156,7 +160,10 @@ class Sandbox:
         self.started_at = 0.0
         self.baseline: frozenset[str] = frozenset()
         self.children: dict[str, set[str]] = {}
+        self.baseline_dirs: frozenset[str] = frozenset()
         self._work_owner = "0:0"  # who fills a tmpfs work dir (`work_tmpfs_mb`): the image's owner of it
+        self.agent_roots: tuple[str, ...] | None = None  # where the agent can change files (None: anywhere)
+        self.others_wrote = False  # something other than the unprivileged agent may have written since start
 
     def __enter__(self) -> "Sandbox":
         self.start()
@@ -278,12 +285,19 @@ class Sandbox:
             self.started_at = started
             image_id = self.container.attrs.get("Image") or self.image  # (`.image` would inspect the image)
             if image_id not in _BASELINES:  # the image's own file list, before anything ran in it
-                paths = frozenset(self._listing())
+                listing = self._listing()
                 children: dict[str, set[str]] = {}
-                for q in paths:
+                for q in listing:
                     children.setdefault(posixpath.dirname(q), set()).add(q)
-                _BASELINES[image_id] = (paths, children)
-            self.baseline, self.children = _BASELINES[image_id]
+                _BASELINES[image_id] = (frozenset(listing), children,
+                                        frozenset(q for q, k in listing.items() if k == "d"))
+            self.baseline, self.children, self.baseline_dirs = _BASELINES[image_id]
+            if self.agent != "root":
+                key = (image_id, self.cfg.work_tmpfs_mb)
+                if key not in _AGENT_ROOTS:
+                    _AGENT_ROOTS[key] = self._agent_roots()
+                self.agent_roots = _AGENT_ROOTS[key]
+            self.others_wrote = False  # (a tmpfs work dir's seeding is the image's)
         except docker.errors.ImageNotFound:
             raise SandboxError(f"image {self.image!r} not found; build it first (synthesize stage / make setup)") from None
         except Exception as err:  # docker or transport errors; the create may have succeeded
@@ -301,12 +315,15 @@ class Sandbox:
         return "/root" if user == "root" else "/home/agent"
 
     def exec(self, command: str, timeout_s: float, user: str | None = None, workdir: str | None = None,
-             output_limit: int | None = None) -> ExecResult:
+             output_limit: int | None = None, readonly: bool = False) -> ExecResult:
         """Run `command` with bash (as the agent by default); the hard kill at `timeout_s` takes the
-        whole process group."""
+        whole process group. `readonly`: a harness command as another user that writes nothing (a
+        checksum, a scan); any other command as another user makes the next change set a full walk."""
         user = user or self.agent
         if user == self.agent:
             self.settled = False
+        if not readonly and USERS.get(user, user) != USERS["agent"]:
+            self.others_wrote = True
         limit = output_limit or self.cfg.output_limit_bytes
         t0 = time.monotonic()
         try:
@@ -373,6 +390,7 @@ class Sandbox:
                        for p in (posixpath.normpath(posixpath.join(parent, n)) for n in tar.getnames()))
 
     def _put(self, parent: str, data: bytes) -> None:
+        self.others_wrote = True  # the engine extracts as root, anywhere
         try:
             if not self.container.put_archive(parent, data):
                 raise SandboxError(f"put_archive to {parent} refused in {self.name}")
@@ -418,7 +436,7 @@ class Sandbox:
         if not globs:
             return {}
         res = self.exec(f"exec /usr/bin/python3 -I -c {shlex.quote(_DIGEST)} {' '.join(map(shlex.quote, globs))}",
-                        60, user="root", output_limit=4 << 20)
+                        60, user="root", output_limit=4 << 20, readonly=True)
         try:
             return json.loads(res.output.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -499,15 +517,61 @@ class Sandbox:
     def _listing(self) -> dict[str, str]:
         """{path: type} of everything on the container's root filesystem (other mounts, /proc, /sys,
         /dev and bind-mounted files left out)."""
-        return {p: k for _, k, p in self._find(f"find {self._prune} -printf 'L %D %y %p\\0'") if p != "/"}
+        return {p: k for _, k, p in self._find(f"find {self._prune} -printf 'L %D %y %p\\0' 2>/dev/null") if p != "/"}
+
+    def _agent_roots(self) -> tuple[str, ...] | None:
+        """Where an unprivileged agent can change anything, as the fewest start points of a walk: what
+        its user (the agent's own credentials, no capability) may write (`find -writable`: access(2)
+        with its uid, groups and ACLs) or owns (chmod, utimes), on the walked filesystems. A process
+        without capabilities changes a file's ctime only by writing it, changing its attributes as its
+        owner, or renaming, linking or unlinking it in a folder it may write, so every change it makes
+        lies at or below one of these (what it creates lies below a writable folder). None (walk
+        everything) when the agent's exec has any effective capability, the image is writable
+        everywhere, or there are more than MAX_AGENT_ROOTS places. Once per image."""
+        script = ("grep -Eq '^CapEff:[[:space:]]*0+$' /proc/self/status || { echo CAPS; exit 0; }; "
+                  f"find {self._prune} \\( -writable -o -user {AGENT_UID} \\) -printf 'A %p\\0' 2>/dev/null; "
+                  "echo; echo DONE")
+        try:
+            _, out = self._harness(["sh", "-c", script], user=USERS["agent"], timeout_s=300)
+        except docker.errors.DockerException as err:
+            raise SandboxError(f"could not list the agent's writable paths in {self.name}: {err}") from None
+        text = (out or b"").decode("utf-8", errors="backslashreplace")
+        if not text.rstrip().endswith("DONE") or "CAPS" in text.split("\0")[0]:
+            return None
+        paths = sorted({e[2:] for e in text.split("\0") if e.startswith("A /")})
+        roots: list[str] = []
+        for p in paths:  # sorted: an ancestor comes before its descendants
+            if p == "/":
+                return None
+            if roots and (p == roots[-1] or p.startswith(roots[-1].rstrip("/") + "/")):
+                continue
+            roots.append(p)
+        return tuple(roots) if len(roots) <= MAX_AGENT_ROOTS else None
+
+    @property
+    def _walk(self) -> str:
+        """The change walk's start points: the agent's places (`agent_roots`) while only the
+        unprivileged agent has written since the start, else the whole root filesystem."""
+        if self.agent_roots is None or self.others_wrote:
+            return self._prune
+        roots = list(self.agent_roots)
+        if self.cfg.work_tmpfs_mb and self.workdir not in roots:  # its own filesystem: -xdev stops above it
+            roots.append(self.workdir)
+        if not roots:
+            return "/dev/null -prune -o"  # nothing the agent may change (`/dev/null` is never listed)
+        return " ".join(map(shlex.quote, roots)) + " -xdev"
 
     def _changes_script(self) -> str:
         since = f"-newerct @{self.started_at:.6f}"
         # one walk prints what changed and notes the changed folders; then the entries of those folders
         # (spool files get fresh names: a root agent may have planted links at any fixed one)
-        return (f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {self._prune} {since} -printf 'C %D %y %p\\0' "
-                "-type d -fprint0 \"$d\"; xargs -0 -r -a \"$d\" sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 "
-                "-printf \"L %D %y %p\\0\"' _; rm -f \"$d\"")
+        # stderr is dropped: a message ("Permission denied": root here has no DAC capability, and an
+        # agent's folder may be mode 700) would land inside a record and lose it
+        # (`U`: a folder root cannot read or search here: what changed below it comes from the engine)
+        unreadable = "\\( -type d \\( ! -readable -o ! -executable \\) -printf 'U %D %y %p\\0' -o -true \\)"
+        return (f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {self._walk} {unreadable} {since} -printf 'C %D %y %p\\0' "
+                "-type d -fprint0 \"$d\" 2>/dev/null; xargs -0 -r -a \"$d\" sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 "
+                "-printf \"L %D %y %p\\0\"' _ 2>/dev/null; rm -f \"$d\"")
 
     def changes(self, cap: int = 200) -> ChangeSet:
         """What changed in the container since it started, against its image's file list: deepest
@@ -524,16 +588,42 @@ class Sandbox:
         changed = [(k, p) for t, k, p in rows if t == "C"]
         now = {p for t, _, p in rows if t == "L"}
         kinds = {p: k for k, p in changed if p != "/" and not _NOISE.search(p)}
-        dirs = [p for k, p in changed if k == "d" and (p in self.baseline or p == "/")]
-        gone = sorted(c for d in dirs for c in self.children.get(d, ()) if c not in now and not _NOISE.search(c))
+        hidden = sorted({p for t, _, p in rows if t == "U"})  # folders root cannot list (an agent's chmod 700)
+
+        def below_hidden(q: str) -> bool:
+            return any(q.startswith(h.rstrip("/") + "/") for h in hidden)
+        dirs = [p for k, p in changed if k == "d" and (p in self.baseline or p == "/") and p not in hidden]
+        gone = [c for d in dirs for c in self.children.get(d, ()) if c not in now and not _NOISE.search(c)]
+        engine_modified: list[str] = []
+        if hidden:  # what changed below them: the engine's diff (complete; ~0.45 s of daemon CPU, so only here)
+            diff = {q: k for q, k in self._engine_diff().items() if below_hidden(q) and not _NOISE.search(q)}
+            parents = {posixpath.dirname(q) for q in diff}
+            for q, k in diff.items():
+                folder = q in parents or q in self.baseline_dirs
+                if k == "deleted":
+                    gone.append(q)
+                elif k == "added":
+                    kinds[q] = "d" if folder else "f"
+                elif not folder:  # (the baseline may not know what lies below an unreadable folder)
+                    engine_modified.append(q)
+        gone = sorted(set(gone))
         added = sorted(p for p in kinds if p not in self.baseline)
-        modified = sorted(p for p, k in kinds.items() if p in self.baseline and k != "d")
+        modified = sorted({p for p, k in kinds.items() if p in self.baseline and k != "d"} | set(engine_modified))
         # an added folder is listed only when nothing was added inside it (sorted: its first child, if
         # any, is the first path at or after `folder/`)
         added = [p for i, p in enumerate(added) if not (kinds[p] == "d" and _has_child(added, p, i))]
         total = len(added) + len(modified) + len(gone)
         return ChangeSet(added=added[:cap], modified=modified[:cap], deleted=gone[:cap], total=total,
                          truncated=max(len(added), len(modified), len(gone)) > cap)
+
+    def _engine_diff(self) -> dict[str, str]:
+        """{path: added | modified | deleted} from the engine's diff of the container's writable layer
+        (the root filesystem only: a tmpfs work dir is not in it)."""
+        try:
+            rows = self.client.api.diff(self.container.id) or []
+        except docker.errors.DockerException as err:
+            raise SandboxError(f"could not diff {self.name}: {err}") from None
+        return {r["Path"]: ("modified", "added", "deleted")[r["Kind"]] for r in rows}
 
     def settle(self, globs: list[str], cap: int = 200) -> tuple[int, dict[str, str], ChangeSet]:
         """After the episode: stop the agent's processes, then list what changed (`changes`) and
