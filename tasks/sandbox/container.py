@@ -48,7 +48,7 @@ _PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
 _BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]], frozenset[str]]] = {}  # (+ its folders)
 # (image id, work dir mount) -> where the unprivileged agent can change anything (`_agent_roots`);
 # None: anywhere (a full walk)
-_AGENT_ROOTS: dict[tuple[str, int], tuple[str, ...] | None] = {}
+_AGENT_ROOTS: dict[tuple[str, int, tuple[str, ...]], tuple[str, ...] | None] = {}
 MAX_AGENT_ROOTS = 256  # more places than this (an image made writable all over): walk everything
 # (image id, work dir) -> the image's work dir as a tar (None: the image has none), seeding a tmpfs work dir
 _WORK_SEEDS: dict[tuple[str, str], tuple[bytes, int, int, int] | None] = {}
@@ -293,7 +293,7 @@ class Sandbox:
                                         frozenset(q for q, k in listing.items() if k == "d"))
             self.baseline, self.children, self.baseline_dirs = _BASELINES[image_id]
             if self.agent != "root":
-                key = (image_id, self.cfg.work_tmpfs_mb)
+                key = (image_id, self.cfg.work_tmpfs_mb, tuple(self.cap_add))
                 if key not in _AGENT_ROOTS:
                     _AGENT_ROOTS[key] = self._agent_roots()
                 self.agent_roots = _AGENT_ROOTS[key]
