@@ -1,7 +1,9 @@
 """The sandbox defaults, attacked for real in Docker."""
 
 import os
+import shlex
 import socket
+import time
 
 import pytest
 
@@ -154,19 +156,21 @@ AGENT_WRITES = (
     "chmod 600 moved.txt && ln moved.txt hard && ln -s /etc/passwd link && echo c > /tmp/t && "
     "mkdir /var/tmp/v && echo w >> /etc/ww && echo s > /opt/shared/s && rm /opt/shared/seed && "
     "echo m > /srv/mine/x && chmod 700 /srv/mine && mkdir secret && echo h > secret/h && chmod 000 secret && "
-    "(sleep 0.2; echo late > /tmp/late) & wait"
+    "echo p > /srv/priv/drop/c.py && echo n > /srv/priv/drop/n.py && (sleep 0.2; echo late > /tmp/late) & wait"
 )
 
 
 @pytest.fixture(scope="module")
 def writable_image(docker_client):
     """The base image plus places an unprivileged agent may write outside its home: a world-writable
-    root file, a world-writable folder with a root file in it, a folder the agent owns."""
+    root file, a world-writable folder with a root file in it, a folder the agent owns, a world-writable
+    folder below one the agent may search but not list (mode 711)."""
     import io
 
     dockerfile = ("FROM trajforge/base:latest\nUSER root\nRUN echo x > /etc/ww && chmod 666 /etc/ww && "
                   "mkdir -p /opt/shared && chmod 777 /opt/shared && echo seed > /opt/shared/seed && "
-                  "mkdir -p /srv/mine && chown 1000:1000 /srv/mine\n")
+                  "mkdir -p /srv/mine && chown 1000:1000 /srv/mine && mkdir -m 711 /srv/priv && "
+                  "mkdir -m 777 /srv/priv/drop && echo c > /srv/priv/drop/c.py && chmod 666 /srv/priv/drop/c.py\n")
     image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag="trajforge/test-writable:1",
                                           pull=False, rm=True)
     yield image.tags[0]
@@ -193,8 +197,8 @@ def test_the_agents_change_walk_starts_only_where_it_can_write_and_misses_nothin
     assert (fast.added, fast.modified, fast.deleted) == (full.added, full.modified, full.deleted)
     w = "/home/agent/work"
     assert set(fast.added) == {f"{w}/moved.txt", f"{w}/hard", f"{w}/link", f"{w}/d/e/f", "/tmp/t", "/tmp/late",
-                               "/var/tmp/v", "/opt/shared/s", "/srv/mine/x", f"{w}/secret/h"}, fast
-    assert fast.modified == ["/etc/ww"] and fast.deleted == ["/opt/shared/seed"], fast
+                               "/var/tmp/v", "/opt/shared/s", "/srv/mine/x", f"{w}/secret/h", "/srv/priv/drop/n.py"}, fast
+    assert fast.modified == ["/etc/ww", "/srv/priv/drop/c.py"] and fast.deleted == ["/opt/shared/seed"], fast
 
 
 def test_a_write_by_anyone_but_the_agent_makes_the_change_walk_whole_again(docker_client, sandbox_cfg):
@@ -211,3 +215,22 @@ def test_a_write_by_anyone_but_the_agent_makes_the_change_walk_whole_again(docke
     with Sandbox(docker_client, "trajforge/base:latest", sandbox_cfg) as sb:
         sb.put_files([FileSpec(path="f", content="x")], parent="/", root="opt/engine", uid=0)
         assert "/opt/engine/f" in sb.changes().added
+
+
+def test_fork_chains_do_not_outlive_the_settle(docker_client, sandbox_cfg):
+    """Processes that fork and exit in a loop (each chain one live process at a time) used to slip
+    between pkill's reading of /proc and its signals and go on writing after the change walk. The
+    agent's processes are killed with kill(-1), one pass no fork escapes: nothing of the agent's runs
+    after `settle`, and every file the chains wrote is in the change set."""
+    chain = ("import os, time\nn = 0\nwhile True:\n    if os.fork():\n        os._exit(0)\n    n += 1\n"
+             "    if n % 100 == 0:\n        open('/home/agent/work/late_%d_%d' % (os.getpid(), n), 'w').write('x')\n")
+    with Sandbox(docker_client, "trajforge/base:latest", sandbox_cfg) as sb:
+        sb.put_files([], parent="/", root="tmp/none", uid=1000)  # (an engine write: the whole walk, as before)
+        start = " ".join(["setsid python3 -c \"$C\" </dev/null >/dev/null 2>&1 &"] * 6)
+        assert sb.exec(f"export C={shlex.quote(chain)}; {start} sleep 1; echo ok", 30).output.strip() == "ok"
+        leftover, _, changes = sb.settle([])
+        assert leftover != 0
+        time.sleep(2)
+        assert sb._harness(["pgrep", "-c", "-u", "1000"])[1].strip() == b"0"
+        late = sorted(p for p, k in sb._engine_diff().items() if "/late_" in p and k == "added")
+    assert late and sorted(p for p in changes.added if "/late_" in p) == late

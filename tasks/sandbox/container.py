@@ -455,14 +455,15 @@ class Sandbox:
             _, out = self._harness(["pgrep", "-c", "-u", str(AGENT_UID)])
             text = (out or b"").decode(errors="replace").strip()
             left = int(text) if text.isdigit() else -1
-            if left == 0:  # nothing runs and nothing can start (no agent exec is in flight): done
-                return 0
+            # (no early return on a count of 0: a chain of forks can be between pgrep's reads of /proc)
             for _ in range(10):
-                self._harness(["pkill", "-KILL", "-u", str(AGENT_UID)], user=u)
-                code, _ = self._harness(["pgrep", "-u", str(AGENT_UID)])
-                if code == 1:  # no process of the agent left
+                # kill(-1) as the agent: every process it may signal, in one pass the kernel does not let a
+                # fork slip through (pkill reads /proc and signals one by one: a fork chain outruns it)
+                self._harness(["sh", "-c", "kill -KILL -1"], user=u)
+                # no process of the agent left, twice apart (pgrep reads /proc as it goes: a chain of
+                # forks can be between its reads)
+                if self._harness(["sh", "-c", f"! pgrep -u {AGENT_UID} && sleep 0.1 && ! pgrep -u {AGENT_UID}"])[0] == 0:
                     break
-                time.sleep(0.1)
         except docker.errors.DockerException as err:
             raise SandboxError(f"could not stop the agent's processes in {self.name}: {err}") from None
         return left
@@ -522,14 +523,17 @@ class Sandbox:
     def _agent_roots(self) -> tuple[str, ...] | None:
         """Where an unprivileged agent can change anything, as the fewest start points of a walk: what
         its user (the agent's own credentials, no capability) may write (`find -writable`: access(2)
-        with its uid, groups and ACLs) or owns (chmod, utimes), on the walked filesystems. A process
+        with its uid, groups and ACLs) or owns (chmod, utimes), on the walked filesystems, plus every
+        folder it may search but not list (mode 711: what lies below is reachable by name, and its find
+        cannot see it: the walk, as root or through the engine's diff, does). A process
         without capabilities changes a file's ctime only by writing it, changing its attributes as its
         owner, or renaming, linking or unlinking it in a folder it may write, so every change it makes
         lies at or below one of these (what it creates lies below a writable folder). None (walk
         everything) when the agent's exec has any effective capability, the image is writable
         everywhere, or there are more than MAX_AGENT_ROOTS places. Once per image."""
         script = ("grep -Eq '^CapEff:[[:space:]]*0+$' /proc/self/status || { echo CAPS; exit 0; }; "
-                  f"find {self._prune} \\( -writable -o -user {AGENT_UID} \\) -printf 'A %p\\0' 2>/dev/null; "
+                  f"find {self._prune} \\( -writable -o -user {AGENT_UID} -o -type d -executable ! -readable \\) "
+                  "-printf 'A %p\\0' 2>/dev/null; "
                   "echo; echo DONE")
         try:
             _, out = self._harness(["sh", "-c", script], user=USERS["agent"], timeout_s=300)
@@ -638,7 +642,12 @@ class Sandbox:
             count = (f'keep=" {keep} $$ "; n=0; for d in /proc/[0-9]*; do p=${{d#/proc/}}; '
                      'case "$keep" in *" $p "*) continue;; esac; n=$((n+1)); kill -9 "$p" 2>/dev/null; done')
         else:
-            count = f"n=$(pgrep -c -u {AGENT_UID})"
+            # pgrep reads /proc as it goes and a chain of forks can stay between its reads: the container's
+            # pids counter (cgroup v1 here; absent where the cgroup is the namespace's root) is exact, and
+            # beyond the init, its `sleep infinity` and this shell, every task is the agent's
+            count = (f"n=$(pgrep -c -u {AGENT_UID}); t=; for f in /sys/fs/cgroup/pids/pids.current /sys/fs/cgroup/pids.current; "
+                     "do if [ -r $f ]; then read t < $f; break; fi; done; "
+                     "if [ \"$n\" = 0 ] && [ -n \"$t\" ] && [ \"$t\" -gt 3 ]; then n=$((t - 3)); fi")
         digest = ""
         if globs:
             # (a work dir the agent removed matches nothing: every protected path then counts as changed)
