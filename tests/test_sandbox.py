@@ -234,3 +234,40 @@ def test_fork_chains_do_not_outlive_the_settle(docker_client, sandbox_cfg):
         assert sb._harness(["pgrep", "-c", "-u", "1000"])[1].strip() == b"0"
         late = sorted(p for p, k in sb._engine_diff().items() if "/late_" in p and k == "added")
     assert late and sorted(p for p in changes.added if "/late_" in p) == late
+
+
+def test_protected_checksums_follow_no_link_and_open_nothing_but_regular_files(sb):
+    """The protected-path checksums run as root over what the agent left: a link to /dev/zero or to a
+    FIFO used to be opened and read (a 60 s hang, then an infrastructure error retried), and a pair of
+    `x -> .` links made `**` explode. Links are checksummed as links (a protected file swapped for a
+    link to an identical copy counts as changed), other special files by type, and a loop is one entry."""
+    w = "/home/agent/work"
+    assert sb.exec(f"mkdir -p {w}/tests && echo t > {w}/tests/t.py && echo c > {w}/check.py", 10).exit_code == 0
+    globs = ["tests/**", "check.py"]
+    before = sb.digests(globs)
+    assert set(before) == {"tests/t.py", "check.py"}
+    plant = (f"cd {w} && cp check.py /tmp/c && rm check.py && ln -s /tmp/c check.py && cd tests && "
+             "ln -s /dev/zero z && mkfifo /tmp/ff && ln -s /tmp/ff p && mkfifo q && "
+             "for i in a b c d e f g h; do ln -s . $i; done")
+    assert sb.exec(plant, 10).exit_code == 0
+    leftover, after, _ = sb.settle(globs)
+    assert leftover == 0
+    assert after["tests/t.py"] == before["tests/t.py"]
+    assert after["check.py"].startswith("link:") and after["check.py"] != before["check.py"]
+    assert after["tests/z"].startswith("link:") and after["tests/p"].startswith("link:")
+    assert after["tests/q"].startswith("special:")
+    assert sorted(k for k in after if k.startswith("tests/")) == sorted(
+        ["tests/t.py", "tests/z", "tests/p", "tests/q"] + [f"tests/{i}" for i in "abcdefgh"])
+
+
+def test_a_hidden_folder_with_a_name_that_is_not_utf8_hides_nothing(sb):
+    """Below a folder root cannot list, the change set takes the engine's diff, which spells a byte
+    that is not UTF-8 as U+FFFD where the walk writes `\\xNN`: the two spellings used not to match and
+    everything the agent put there was lost."""
+    script = ("d=$(printf 'x\\377y'); mkdir \"$d\" && echo s > \"$d/secret.py\" && mkdir \"$d/sub\" && "
+              "echo t > \"$d/sub/t\" && chmod 700 \"$d\"")
+    assert sb.exec(script, 20).exit_code == 0
+    w = "/home/agent/work/x\\xffy"
+    assert sb.changes().added == [f"{w}/secret.py", f"{w}/sub/t"]
+    assert sb.settle([])[2].added == [f"{w}/secret.py", f"{w}/sub/t"]
+

@@ -193,3 +193,65 @@ def test_an_opt_in_tmpfs_work_dir_caps_its_size_and_keeps_change_sets_whole(dock
     plain, tmpfs = seen["plain"][3], seen["tmpfs"][3]
     assert tmpfs.added == plain.added and tmpfs.modified == plain.modified and tmpfs.deleted == plain.deleted
     assert len(plain.modified) == 1 and len(plain.deleted) == 1 and any(p.endswith("out/new.txt") for p in plain.added)
+
+
+def test_a_tmpfs_work_dir_hides_nothing_behind_the_agents_chmod(docker_client, sandbox_cfg):
+    """Root here has no DAC capability and the engine's diff does not see a tmpfs: a folder the agent
+    made unreadable to root in a tmpfs work dir used to hide what it added there, and `chmod 000` of its
+    home hid every change of the work dir. The agent itself lists its `700`/`711` folders; what even it
+    cannot list is opaque (the folder itself is the change), and taking the final state fails as the
+    model's doing (`StateUnreadable`), not as an infrastructure fault that would be retried."""
+    from trajforge.tasks.sandbox.container import SandboxError, StateUnreadable
+
+    capped = sandbox_cfg.model_copy(update={"work_tmpfs_mb": 8})
+    w = "/home/agent/work"
+    cases = {
+        "mkdir a b c && echo x > a/conftest.py && echo y > b/m.py && echo z > c/s.py && chmod 700 a && chmod 711 b "
+        "&& chmod 000 c": ([f"{w}/a/conftest.py", f"{w}/b/m.py", f"{w}/c"], []),
+        f"echo x > f && chmod 000 {w}": ([], [w]),
+        "echo x > f && chmod 000 /home/agent": ([], [w]),
+    }
+    for script, (added, modified) in cases.items():
+        with Sandbox(docker_client, sandbox_cfg.base_image, capped) as sb:
+            assert sb.exec(script, 20).exit_code == 0
+            for changes in (sb.settle([])[2], sb.changes()):
+                assert (changes.added, changes.modified) == (added, modified), script
+            with pytest.raises(SandboxError) as err:
+                sb.get_archive(w, 1 << 20)
+            assert err.type is StateUnreadable, script
+
+
+def test_more_files_than_the_change_walk_lists_fail_the_episode_not_the_infrastructure(docker_client):
+    """An agent that leaves more files than the change walk may list (64 MiB of records by default;
+    32 KiB here) used to raise an infrastructure error, retried and finally counted as `infra_error`
+    (no label). It is the model's failure: the episode keeps its status, has no final state (so it
+    verifies as failed) and says why."""
+    import asyncio
+
+    from trajforge.schemas.config import SandboxConfig
+    from trajforge.schemas.trajectory import Message
+    from trajforge.tasks.agent.harness import EpisodeSettings, run_episode
+    from trajforge.tasks.envs.images import ensure_image
+    from trajforge.tasks.sandbox.container import ChangesTooLarge
+    from trajforge.tasks.teachers.base import Turn
+
+    class Small(Sandbox):
+        walk_cap = 32 << 10
+
+    class Teacher:
+        async def next_turn(self, messages, tools):
+            text = "```bash\nmkdir many && cd many && seq 1 3000 | xargs touch\n```" if len(messages) == 2 else "done"
+            return Turn(Message(role="assistant", content=text), completion_tokens=5, finish_reason="stop")
+
+    env = EnvSpec(env_id="many", family="f", level=1, seed=0, instruction="make files",
+                  tests=[FileSpec(path="test_x.py", content="def test_a(): pass")])
+    env.image, _ = ensure_image(docker_client, "trajforge/base:latest", env)
+    with Small(docker_client, env.image, SandboxConfig(), workdir=env.workdir) as sb:
+        assert sb.exec("mkdir many && cd many && seq 1 3000 | xargs touch", 30).exit_code == 0
+        with pytest.raises(ChangesTooLarge):
+            sb.changes()
+    s = EpisodeSettings(max_turns=2, command_timeout_s=20, episode_timeout_s=120, tool_calling=False)
+    r = asyncio.run(run_episode(env, Teacher(), lambda: Small(docker_client, env.image, SandboxConfig(),
+                                                              workdir=env.workdir), s, "t", 0))
+    assert r.steps and r.steps[0].exit_code == 0
+    assert r.final_state is None and r.changes is None and "change walk" in (r.error or ""), r.error

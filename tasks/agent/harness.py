@@ -32,7 +32,7 @@ from typing import Awaitable, Callable, Protocol
 from ...schemas.common import ChangeSet
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Message, Rollout, Step, TurnUsage
-from ..sandbox import ExecResult, Sandbox, StateTooLarge
+from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox
 from ..sandbox.changes import capture_outside
 from ..sandbox.verifier import run_hidden_tests
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
@@ -300,16 +300,20 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                 break
         if slot is not None:
             slot.release()
-        leftover, changed, changes = await ep.finish()
-        in_place = None
-        # what reproduces the change set elsewhere: the work dir, and the files added or modified
-        # outside it (before any test runs: tests write files too)
-        captured, outside = await asyncio.gather(
-            ep.capture(), asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit),
-            return_exceptions=True)
+        in_place, outside = None, None
+        try:
+            leftover, changed, changes = await ep.finish()
+        except FinalStateUnavailable as err:  # e.g. more files than the change walk lists: the model's doing
+            leftover, changed, changes, captured = -1, [], None, err
+        else:
+            # what reproduces the change set elsewhere: the work dir, and the files added or modified
+            # outside it (before any test runs: tests write files too)
+            captured, outside = await asyncio.gather(
+                ep.capture(), asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit),
+                return_exceptions=True)
         if isinstance(outside, BaseException):
             raise outside
-        if isinstance(captured, StateTooLarge):  # the model filled its work dir: a failure, not retried
+        if isinstance(captured, FinalStateUnavailable):  # the model filled its work dir or hid it: a failure, not retried
             final_state, error = None, f"{error + '; ' if error else ''}{captured}"
         elif isinstance(captured, BaseException):
             raise captured

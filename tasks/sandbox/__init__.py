@@ -7,6 +7,7 @@ from .container import (
                         WORKDIR,
                         DockerUnavailable,
                         ExecResult,
+                        FinalStateUnavailable,
                         Sandbox,
                         SandboxError,
                         StateTooLarge,
@@ -14,5 +15,5 @@ from .container import (
 )
 from .reaper import LABEL, owner_alive, owner_label, reap_here, reap_orphans
 
-__all__ = ["AGENT_UID", "USERS", "WORKDIR", "DockerUnavailable", "ExecResult", "Sandbox", "SandboxError",
+__all__ = ["AGENT_UID", "USERS", "WORKDIR", "DockerUnavailable", "ExecResult", "FinalStateUnavailable", "Sandbox", "SandboxError",
            "StateTooLarge", "docker_client", "LABEL", "owner_alive", "owner_label", "reap_here", "reap_orphans"]

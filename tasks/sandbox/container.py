@@ -49,6 +49,7 @@ _BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]], frozenset[str]]
 # (image id, work dir mount) -> where the unprivileged agent can change anything (`_agent_roots`);
 # None: anywhere (a full walk)
 _AGENT_ROOTS: dict[tuple[str, int, tuple[str, ...]], tuple[str, ...] | None] = {}
+_BAD_BYTE = re.compile(r"\\x[0-9a-f]{2}")  # how the walk spells a byte of a name that is not UTF-8
 MAX_AGENT_ROOTS = 256  # more places than this (an image made writable all over): walk everything
 # (image id, work dir) -> the image's work dir as a tar (None: the image has none), seeding a tmpfs work dir
 _WORK_SEEDS: dict[tuple[str, str], tuple[bytes, int, int, int] | None] = {}
@@ -62,8 +63,25 @@ class DockerUnavailable(SandboxError):
     pass
 
 
-class StateTooLarge(SandboxError):
-    """The work dir outgrew `final_state_limit_bytes`: the model's doing, not an infrastructure fault."""
+class OutputTooLarge(SandboxError):
+    """A harness exec printed more than it may (a listing is never used cut)."""
+
+
+class FinalStateUnavailable(SandboxError):
+    """The episode's final state cannot be taken, by the model's doing, not an infrastructure fault: the
+    episode fails (no retry)."""
+
+
+class StateTooLarge(FinalStateUnavailable):
+    """The work dir outgrew `final_state_limit_bytes`."""
+
+
+class ChangesTooLarge(FinalStateUnavailable):
+    """The agent left more files than the change walk lists (`Sandbox.walk_cap` bytes of records)."""
+
+
+class StateUnreadable(FinalStateUnavailable):
+    """The agent left (part of) a tmpfs work dir that its owner cannot read (e.g. `chmod 000`)."""
 
 
 def docker_client(pool_size: int = 10) -> docker.DockerClient:
@@ -96,16 +114,61 @@ class ExecResult:
 
 
 _DIGEST = r"""
-import glob, hashlib, json, os, sys
-out = {}
-for pattern in sys.argv[1:]:
-    for p in sorted(glob.glob(pattern, recursive=True)):
-        if os.path.isfile(p) or os.path.islink(p):
+import fnmatch, hashlib, json, os, stat, sys
+MAX = 20000  # entries; beyond that one "<more>" entry counts the rest (the same cap before and after)
+pats = [[s for s in p.split("/") if s not in ("", ".")] for p in sys.argv[1:]]
+def match(parts, pat):  # `**` is zero or more folders; `*` also matches names that start with a dot
+    if not pat:
+        return not parts
+    if pat[0] == "**":
+        return any(match(parts[i:], pat[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pat[0]) and match(parts[1:], pat[1:])
+def could(parts, pat):  # whether something below folder `parts` may match
+    if not parts or (pat and pat[0] == "**"):
+        return True
+    return bool(pat) and fnmatch.fnmatchcase(parts[0], pat[0]) and could(parts[1:], pat[1:])
+def digest(path, st):  # never follows a link, never opens what is not a regular file
+    if stat.S_ISLNK(st.st_mode):
+        return "link:" + hashlib.sha256(os.fsencode(os.readlink(path))).hexdigest()
+    if not stat.S_ISREG(st.st_mode):
+        return "special:%o:%d" % (stat.S_IFMT(st.st_mode), st.st_rdev)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "special:swapped"
+        h = hashlib.sha256()
+        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
+            h.update(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+out, more, stack = {}, 0, [()]
+while stack:  # no link is followed: a link to a folder, /dev/zero or a FIFO is one entry, a loop is none
+    folder = stack.pop()
+    try:
+        entries = sorted(os.scandir("/".join(folder) or "."), key=lambda e: e.name)
+    except OSError:
+        continue  # a folder root cannot list: what matched below it is missing, which counts as changed
+    for e in entries:
+        parts = folder + (e.name,)
+        try:
+            st = os.lstat(e.path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if any(could(parts, p) for p in pats):
+                stack.append(parts)
+        elif any(match(list(parts), p) for p in pats):
+            if len(out) >= MAX:
+                more += 1
+                continue
             try:
-                out[p] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+                out["/".join(parts)] = digest(e.path, st)
             except OSError:
-                out[p] = "unreadable"
-print(json.dumps(out))
+                out["/".join(parts)] = "unreadable"
+if more:
+    out["<more>"] = str(more)
+print(json.dumps(out, sort_keys=True))
 """
 
 
@@ -141,6 +204,8 @@ def _tar(files: Iterable[FileSpec], root: str, uid: int, dir_mode: int = 0o755) 
 
 class Sandbox:
     """A running container. Use as a context manager; `close()` always removes the container."""
+
+    walk_cap = 64 << 20  # bytes of change-walk records beyond which the change set is the agent's failure
 
     def __init__(self, client: docker.DockerClient, image: str, cfg: SandboxConfig,
                  labels: dict[str, str] | None = None, workdir: str = DEFAULT_WORKDIR,
@@ -355,7 +420,7 @@ class Sandbox:
         except ExecHung:
             raise SandboxError(f"{argv[0]} in {self.name} did not finish within {timeout_s:g}s") from None
         if len(out) >= cap:
-            raise SandboxError(f"{argv[0]} in {self.name} printed {cap >> 20} MiB or more: not used cut")
+            raise OutputTooLarge(f"{argv[0]} in {self.name} printed {cap >> 10} KiB or more: not used cut")
         return code, out
 
     def _unhang(self, user: str, partial: bytes, duration: float) -> ExecResult:
@@ -424,6 +489,9 @@ class Sandbox:
                                   timeout_s=120)
         spool = out.decode(errors="replace").strip().splitlines()[-1:] if code == 0 else []
         if not spool or not spool[0].startswith("/tmp/.tf-state."):
+            if b"Permission denied" in out:  # everything there is the owner's: only a chmod hides it from it
+                raise StateUnreadable(f"the agent left {path} in {self.name} unreadable to its owner: "
+                                      f"{out[-300:].decode(errors='replace')}")
             raise SandboxError(f"could not archive {path} in {self.name}: {out[-300:]!r}")
         try:
             return self.get_archive_file(spool[0], limit)
@@ -489,14 +557,24 @@ class Sandbox:
             raise SandboxError(f"could not stop the agent's processes in {self.name}: {err}") from None
         return left
 
-    def _find(self, script: str) -> list[tuple[str, str, str]]:
+    def _find(self, script: str, user: str = "0:0", walk: bool = True) -> list[tuple[str, str, str]]:
         """(tag, type, path) of the `<tag> <dev> <type> <path>` records `script` prints (NUL-ended),
-        on this container's root filesystem only (every container's overlay has its own device)."""
-        script = "printf 'R %s d /\\0' \"$(stat -c %d /)\"; " + script
+        on this container's root filesystem only (every container's overlay has its own device).
+        `walk`: a change walk, whose records past `walk_cap` bytes are the agent's doing (ChangesTooLarge)."""
+        script = "printf 'R %s d /\\0' \"$(stat -c %d / 2>/dev/null)\"; " + script
         if self.cfg.work_tmpfs_mb:  # the work dir's own tmpfs counts as the root filesystem
-            script = f"printf 'W %s d /\\0' \"$(stat -c %d {shlex.quote(self.workdir)})\"; " + script
+            w = shlex.quote(self.workdir)
+            # (`O`: the work dir itself cannot be reached or listed, e.g. an agent's `chmod 000 ~`)
+            script = (f"printf 'W %s d /\\0' \"$(stat -c %d {w} 2>/dev/null)\"; "
+                      f"[ -r {w} ] && [ -x {w} ] || printf 'O 0 d %s\\0' {w}; " + script)
         try:
-            _, out = self._harness(["sh", "-c", script], timeout_s=300)
+            # (stderr dropped: a message would land inside a record and lose it)
+            _, out = self._harness(["sh", "-c", "exec 2>/dev/null; " + script], user=user, timeout_s=300,
+                                   cap=self.walk_cap if walk else 64 << 20)
+        except OutputTooLarge as err:
+            if walk:
+                raise ChangesTooLarge(f"the agent left more changes than the change walk lists: {err}") from None
+            raise
         except docker.errors.DockerException as err:
             raise SandboxError(f"could not list the files of {self.name}: {err}") from None
         rows = []
@@ -512,13 +590,14 @@ class Sandbox:
             raise SandboxError(f"could not list the files of {self.name}: {(out or b'')[:200]!r}")
         devs = {root_dev} | {d for t, d, _, _ in rows if t == "W"}
         # (a tmpfs work dir is walked from `/` and from itself: its mount point would come twice)
-        kept = {(t, k, p): None for t, d, k, p in rows if (d in devs or t in ("K", "D")) and t not in ("R", "W")}
+        kept = {(t, k, p): None for t, d, k, p in rows if (d in devs or t in ("K", "D", "O")) and t not in ("R", "W")}
         return list(kept)
 
     def _listing(self) -> dict[str, str]:
         """{path: type} of everything on the container's root filesystem (other mounts, /proc, /sys,
         /dev and bind-mounted files left out)."""
-        return {p: k for _, k, p in self._find(f"find {self._prune} -printf 'L %D %y %p\\0' 2>/dev/null") if p != "/"}
+        return {p: k for _, k, p in self._find(f"find {self._prune} -printf 'L %D %y %p\\0' 2>/dev/null", walk=False)
+                if p != "/"}
 
     def _agent_roots(self) -> tuple[str, ...] | None:
         """Where an unprivileged agent can change anything, as the fewest start points of a walk: what
@@ -565,7 +644,27 @@ class Sandbox:
             return "/dev/null -prune -o"  # nothing the agent may change (`/dev/null` is never listed)
         return " ".join(map(shlex.quote, roots)) + " -xdev"
 
-    def _changes_script(self) -> str:
+    def _in_work_tmpfs(self, path: str) -> bool:
+        work = self.workdir.rstrip("/")
+        return bool(self.cfg.work_tmpfs_mb) and (path == work or path.startswith(work + "/"))
+
+    def _with_agent_pass(self, rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+        """`rows` of the change walk, plus, for a tmpfs work dir of an unprivileged agent, a walk as the
+        agent of the folders there root could not list (its `chmod 700`: root here has no DAC capability,
+        and the engine's diff, which covers such folders on the root filesystem, does not see a tmpfs).
+        What the agent cannot list either stays `U`/`O`: opaque (`_change_set`)."""
+        if self.agent == "root":  # a root agent's harness keeps DAC_READ_SEARCH: root lists everything
+            return rows
+        hidden = sorted({p for t, _, p in rows if t in ("U", "O") and self._in_work_tmpfs(p)})
+        if not hidden:
+            return rows
+        q = " ".join(map(shlex.quote, hidden))
+        gate = f"for p in {q}; do [ -r \"$p\" ] && [ -x \"$p\" ] || printf 'O 0 d %s\\0' \"$p\"; done; "
+        second = self._find(gate + self._changes_script(f"{q} -xdev"), user=USERS["agent"])
+        # root's `U`/`O` records of the tmpfs are replaced by the agent's (what it, too, cannot list)
+        return [r for r in rows if not (r[0] in ("U", "O") and self._in_work_tmpfs(r[2]))] + second
+
+    def _changes_script(self, start: str | None = None) -> str:
         since = f"-newerct @{self.started_at:.6f}"
         # one walk prints what changed and notes the changed folders; then the entries of those folders
         # (spool files get fresh names: a root agent may have planted links at any fixed one)
@@ -573,7 +672,7 @@ class Sandbox:
         # agent's folder may be mode 700) would land inside a record and lose it
         # (`U`: a folder root cannot read or search here: what changed below it comes from the engine)
         unreadable = "\\( -type d \\( ! -readable -o ! -executable \\) -printf 'U %D %y %p\\0' -o -true \\)"
-        return (f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {self._walk} {unreadable} {since} -printf 'C %D %y %p\\0' "
+        return (f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {start or self._walk} {unreadable} {since} -printf 'C %D %y %p\\0' "
                 "-type d -fprint0 \"$d\" 2>/dev/null; xargs -0 -r -a \"$d\" sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 "
                 "-printf \"L %D %y %p\\0\"' _ 2>/dev/null; rm -f \"$d\"")
 
@@ -586,21 +685,34 @@ class Sandbox:
         that folder's entries are compared with the image's list. One walk and a listing of the changed
         folders, filtered in the container (the engine's own diff costs ~0.45 s of daemon CPU per call
         here)."""
-        return self._change_set(self._find(self._changes_script()), cap)
+        return self._change_set(self._with_agent_pass(self._find(self._changes_script())), cap)
 
     def _change_set(self, rows: list[tuple[str, str, str]], cap: int) -> ChangeSet:
         changed = [(k, p) for t, k, p in rows if t == "C"]
         now = {p for t, _, p in rows if t == "L"}
         kinds = {p: k for k, p in changed if p != "/" and not _NOISE.search(p)}
-        hidden = sorted({p for t, _, p in rows if t == "U"})  # folders root cannot list (an agent's chmod 700)
+        # folders root cannot list (an agent's chmod 700): what changed below them comes from the engine;
+        # in a tmpfs work dir (which the engine does not see) the agent listed them (`_with_agent_pass`), and
+        # what it could not list either is opaque: the folder itself counts as changed, whatever is inside
+        opaque = sorted({p for t, _, p in rows if t == "O" or (t == "U" and self._in_work_tmpfs(p))})
+        hidden = sorted({p for t, _, p in rows if t == "U"} - set(opaque))
 
-        def below_hidden(q: str) -> bool:
-            return any(q.startswith(h.rstrip("/") + "/") for h in hidden)
-        dirs = [p for k, p in changed if k == "d" and (p in self.baseline or p == "/") and p not in hidden]
+        # the engine spells a name that is not UTF-8 with U+FFFD per bad byte, the walk with `\\xNN`: its
+        # paths below a hidden folder are matched in the engine's spelling and given the walk's prefix
+        engine_spelling = {_BAD_BYTE.sub("\ufffd", h).rstrip("/") + "/": h.rstrip("/") + "/" for h in hidden}
+
+        def below_hidden(q: str) -> str | None:
+            """`q` (an engine path) in the walk's spelling, if it lies below a hidden folder."""
+            for e, h in engine_spelling.items():
+                if q.startswith(e):
+                    return h + q[len(e):]
+            return None
+        dirs = [p for k, p in changed if k == "d" and (p in self.baseline or p == "/") and p not in hidden
+                and p not in opaque]
         gone = [c for d in dirs for c in self.children.get(d, ()) if c not in now and not _NOISE.search(c)]
         engine_modified: list[str] = []
         if hidden:  # what changed below them: the engine's diff (complete; ~0.45 s of daemon CPU, so only here)
-            diff = {q: k for q, k in self._engine_diff().items() if below_hidden(q) and not _NOISE.search(q)}
+            diff = {w: k for q, k in self._engine_diff().items() if (w := below_hidden(q)) and not _NOISE.search(w)}
             parents = {posixpath.dirname(q) for q in diff}
             for q, k in diff.items():
                 folder = q in parents or q in self.baseline_dirs
@@ -610,6 +722,10 @@ class Sandbox:
                     kinds[q] = "d" if folder else "f"
                 elif not folder:  # (the baseline may not know what lies below an unreadable folder)
                     engine_modified.append(q)
+        for p in opaque:  # (nothing below it is known: it stands for all of it)
+            kinds = {q: k for q, k in kinds.items() if not q.startswith(p.rstrip("/") + "/")}
+            gone = [q for q in gone if not q.startswith(p.rstrip("/") + "/")]
+            kinds[p] = "f" if p in self.baseline else "d"
         gone = sorted(set(gone))
         added = sorted(p for p in kinds if p not in self.baseline)
         modified = sorted({p for p, k in kinds.items() if p in self.baseline and k != "d"} | set(engine_modified))
@@ -670,7 +786,7 @@ class Sandbox:
             except (ValueError, IndexError):
                 raise SandboxError(f"could not checksum protected paths in {self.name}: {text[-300:]!r}") from None
         self.settled = leftover == 0  # else the kill loop may have given up (a fork bomb)
-        return leftover, after, self._change_set(rows, cap)
+        return leftover, after, self._change_set(self._with_agent_pass(rows), cap)
 
     def archive_paths(self, paths: list[str], limit: int) -> bytes | None:
         """A tar (paths relative to /) of the regular files and links among `paths` (folders: their
