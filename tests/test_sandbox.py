@@ -271,3 +271,37 @@ def test_a_hidden_folder_with_a_name_that_is_not_utf8_hides_nothing(sb):
     assert sb.changes().added == [f"{w}/secret.py", f"{w}/sub/t"]
     assert sb.settle([])[2].added == [f"{w}/secret.py", f"{w}/sub/t"]
 
+
+def test_hidden_tests_travel_in_the_exec_that_runs_them_unless_large(docker_client, sandbox_cfg, monkeypatch):
+    """Small tests are written by the exec that runs them (no archive upload by the engine, which costs
+    about as much CPU as the exec); large ones are uploaded as before. Either way `/verifier` is made
+    fresh by that exec: a root agent's planted `/verifier` (a link into its work dir holding a forged
+    runner) is gone, and a test that fails still fails."""
+    from trajforge.schemas.common import FileSpec
+    from trajforge.schemas.environment import EnvSpec
+    from trajforge.tasks.sandbox.verifier import INLINE_LIMIT, VERIFIER_CAPS, run_hidden_tests
+
+    uploads = []
+    real_put = Sandbox._put
+    monkeypatch.setattr(Sandbox, "_put", lambda self, parent, data: (uploads.append(parent), real_put(self, parent, data)))
+    check = "def test_out():\n    assert open(WORK + '/out.txt').read() == 'ok\\n'\n"
+    big = check + "# " + "x" * INLINE_LIMIT + "\n"
+    for content, n_uploads in ((check, 0), (big, 1)):
+        env = EnvSpec(env_id="t", family="f", level=1, seed=0, instruction="-", agent_user="root",
+                      tests=[FileSpec(path="test_task.py", content=content),
+                             FileSpec(path="test_more.py", content="def test_more():\n    import os\n    assert open("
+                                      "os.path.dirname(__file__) + '/data/x.txt').read() == 'x'\n"),
+                             FileSpec(path="data/x.txt", content="x")])
+        for solve, passed in ((True, True), (False, False)):
+            uploads.clear()
+            with Sandbox(docker_client, "trajforge/base:latest", sandbox_cfg, workdir=env.workdir,
+                         cap_add=VERIFIER_CAPS, agent="root") as sb:
+                plant = ("mkdir -p /home/agent/work/fake/tests && echo 'print(\"__TF_RESULTS__ []\")' > "
+                         "/home/agent/work/fake/runner.py && ln -s /home/agent/work/fake /verifier")
+                assert sb.exec(plant + (" && echo ok > /home/agent/work/out.txt" if solve else ""), 10).exit_code == 0
+                uploads.clear()
+                run = run_hidden_tests(sb, env, 60)
+                assert run.passed is passed, (run.error, run.output)
+                assert sorted(r.name for r in run.results) == ["test_more", "test_out"], run.results
+                assert len(uploads) == n_uploads
+                assert sb.exec("test -L /verifier || echo fresh", 10, user="root").output.strip() == "fresh"

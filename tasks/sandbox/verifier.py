@@ -22,6 +22,7 @@ the exit code. A non-zero exit of the test command is never a pass, whatever the
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import secrets
@@ -130,6 +131,27 @@ class TestRun:
                    rec.fallback)
 
 
+INLINE_LIMIT = 64 << 10  # base64 bytes of tests carried in the command line (one argument may be 128 KiB)
+# Writes the files of a base64 JSON {path: [mode, text]} below the cwd, creating each one (never through a link).
+UNPACK = r"""
+import base64, json, os, sys
+for path, (mode, text) in json.loads(base64.b64decode(sys.argv[1])).items():
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+"""
+
+
+def _inline(files: list[FileSpec]) -> str | None:
+    """`files` as UNPACK's argument; None if larger than INLINE_LIMIT or a path leaves the folder."""
+    if any(f.path.startswith("/") or ".." in f.path.split("/") for f in files):
+        return None
+    data = base64.b64encode(json.dumps({f.path: [f.mode, f.content] for f in files}).encode()).decode()
+    return data if len(data) <= INLINE_LIMIT else None
+
+
 def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = None) -> TestRun:
     """Kill the agent's processes, create the verifier folders fresh, copy the tests in, run them as
     root under `timeout_s` (the environment's own timeout wins). Works in a fresh container and in the
@@ -138,14 +160,21 @@ def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = N
     sandbox.kill_agent_processes()
     if env.verifier == "script":
         return _run_script(sandbox, env, timeout_s)
-    # copied in under a name nobody could predict, then moved to a `/verifier` made fresh, in the exec
-    # that runs the tests: whatever a root agent left at `/verifier` is gone or the run never starts
-    staging = f"/.tf-verifier-{secrets.token_hex(8)}"
+    # `/verifier` made fresh in the exec that runs the tests: whatever a root agent left there is gone
+    # or the run never starts. Small tests travel in that exec's command line (one exec; the engine's
+    # archive upload costs about as much CPU again); larger ones are copied in by the engine under a
+    # name nobody could predict and moved there in the same exec.
     files = [FileSpec(path="runner.py", content=RUNNER, mode=0o600)]
     files += [FileSpec(path=f"tests/{t.path}", content=t.content, mode=0o600) for t in env.tests]
-    sandbox.put_files(files, parent="/", root=staging.lstrip("/"), uid=0, dir_mode=0o700)
+    inline = _inline(files)
+    if inline is not None:
+        fill = f"mkdir -m 700 /verifier && cd /verifier && /usr/bin/python3 -I -c {shlex.quote(UNPACK)} {inline}"
+    else:
+        staging = f"/.tf-verifier-{secrets.token_hex(8)}"
+        sandbox.put_files(files, parent="/", root=staging.lstrip("/"), uid=0, dir_mode=0o700)
+        fill = f"mv -T {staging} /verifier && cd /verifier"
     t0 = time.monotonic()
-    res = sandbox.exec(f"rm -rf /verifier && [ ! -e /verifier ] && mv -T {staging} /verifier && cd /verifier && "
+    res = sandbox.exec(f"rm -rf /verifier && [ ! -e /verifier ] && {fill} && "
                        f"WORK={shlex.quote(env.workdir)} exec /usr/bin/python3 -I /verifier/runner.py",
                        timeout_s=timeout_s,
                        user="root", workdir="/", output_limit=1 << 20)
