@@ -201,7 +201,7 @@ def test_a_tmpfs_work_dir_hides_nothing_behind_the_agents_chmod(docker_client, s
     home hid every change of the work dir. The agent itself lists its `700`/`711` folders; what even it
     cannot list is opaque (the folder itself is the change), and taking the final state fails as the
     model's doing (`StateUnreadable`), not as an infrastructure fault that would be retried."""
-    from trajforge.tasks.sandbox.container import SandboxError, StateUnreadable
+    from trajforge.tasks.sandbox.errors import SandboxError, StateUnreadable
 
     capped = sandbox_cfg.model_copy(update={"work_tmpfs_mb": 8})
     w = "/home/agent/work"
@@ -232,7 +232,7 @@ def test_more_files_than_the_change_walk_lists_fail_the_episode_not_the_infrastr
     from trajforge.schemas.trajectory import Message
     from trajforge.tasks.agent.harness import EpisodeSettings, run_episode
     from trajforge.tasks.envs.images import ensure_image
-    from trajforge.tasks.sandbox.container import ChangesTooLarge
+    from trajforge.tasks.sandbox.errors import ChangesTooLarge
     from trajforge.tasks.teachers.base import Turn
 
     class Small(Sandbox):

@@ -24,7 +24,7 @@ from test_tool_synthesis import GOOD, run_on_host, with_tool
 from trajforge.tasks.envs.tools import server
 from trajforge.tasks.envs.tools.spec import SEED_MAX_BYTES, ToolDef, ToolTask, compiled_fields
 from trajforge.tasks.envs.tools.synthesis import EXAMPLE, parse_tool_candidate, sql_problem
-from trajforge.tasks.sandbox.container import _DIGEST
+from trajforge.tasks.sandbox.checksums import DIGEST as _DIGEST
 
 P_SQL = {"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]}
 TOOLS = {  # (code, parameters): every tool first changes a row, so a kept change would show

@@ -33,7 +33,8 @@ from ...schemas.common import ChangeSet
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Rollout, Step
 from ...schemas.verdict import HackFlag
-from .container import Sandbox, SandboxError
+from .container import Sandbox
+from .errors import SandboxError
 from .verifier import TestRun, restore_state, run_hidden_tests
 
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")

@@ -9,11 +9,9 @@ connection pool and errors arrive as typed exceptions.
 
 from __future__ import annotations
 
-import bisect
 import io
 import json
 import posixpath
-import re
 import shlex
 import tarfile
 import time
@@ -27,61 +25,22 @@ import docker.errors
 from ...schemas.common import ChangeSet, FileSpec
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import DEFAULT_WORKDIR
+from .checksums import DIGEST
+from .errors import (
+    DockerUnavailable,
+    OutputTooLarge,
+    SandboxError,
+    StateTooLarge,
+    StateUnreadable,
+)
 from .limits import create_capped, ulimits
 from .reaper import LABEL, owner_label
 from .streams import META, ExecHung, capture_argv, run_exec
+from .users import AGENT_UID, ROOT_FILE_CAPS, USERS
+from .walk import _AGENT_ROOTS, _BASELINES, ChangeWalk
 
-AGENT_UID = 1000
-WORKDIR = DEFAULT_WORKDIR
-USERS = {"agent": f"{AGENT_UID}:{AGENT_UID}", "root": "0:0"}  # numeric: imported images may lack a passwd entry
-# What a root agent keeps (imported tasks assume root's ordinary file powers); never NET_*, SYS_*, MKNOD.
-ROOT_FILE_CAPS = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
-# Never part of a change set: kernel views, byte-code caches, the harness's own spool and state files.
-# (the spool names are mktemp's: an agent's look-alike in /tmp is not importable by the tests; byte code
-# below /usr, /opt and /etc counts (a planted `.pyc` beside a module the tests import is a sensitive
-# change: the counterfactual reverts it), elsewhere it is the agent's own)
-_NOISE = re.compile(r"^/(proc|sys|dev)(/|$)|^(?!/(usr|opt|etc)/).*/__pycache__(/|$)"
-                    r"|^/tmp/\.tf-(out|dirs|list|state)\.[A-Za-z0-9]{6}$"
-                    r"|^/usr/sbin/docker-init$")
-_PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
-# image id -> (the paths of its root filesystem, their children by folder)
-_BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]], frozenset[str]]] = {}  # (+ its folders)
-# (image id, work dir mount) -> where the unprivileged agent can change anything (`_agent_roots`);
-# None: anywhere (a full walk)
-_AGENT_ROOTS: dict[tuple[str, int, tuple[str, ...]], tuple[str, ...] | None] = {}
-_BAD_BYTE = re.compile(r"\\x[0-9a-f]{2}")  # how the walk spells a byte of a name that is not UTF-8
-MAX_AGENT_ROOTS = 256  # more places than this (an image made writable all over): walk everything
 # (image id, work dir) -> the image's work dir as a tar (None: the image has none), seeding a tmpfs work dir
 _WORK_SEEDS: dict[tuple[str, str], tuple[bytes, int, int, int] | None] = {}
-
-
-class SandboxError(RuntimeError):
-    """The container could not be created or driven: an infrastructure failure, never the model's."""
-
-
-class DockerUnavailable(SandboxError):
-    pass
-
-
-class OutputTooLarge(SandboxError):
-    """A harness exec printed more than it may (a listing is never used cut)."""
-
-
-class FinalStateUnavailable(SandboxError):
-    """The episode's final state cannot be taken, by the model's doing, not an infrastructure fault: the
-    episode fails (no retry)."""
-
-
-class StateTooLarge(FinalStateUnavailable):
-    """The work dir outgrew `final_state_limit_bytes`."""
-
-
-class ChangesTooLarge(FinalStateUnavailable):
-    """The agent left more files than the change walk lists (`Sandbox.walk_cap` bytes of records)."""
-
-
-class StateUnreadable(FinalStateUnavailable):
-    """The agent left (part of) a tmpfs work dir that its owner cannot read (e.g. `chmod 000`)."""
 
 
 def docker_client(pool_size: int = 10) -> docker.DockerClient:
@@ -113,71 +72,6 @@ class ExecResult:
         return "timeout" if self.timed_out else "oom" if self.oom_killed else None
 
 
-_DIGEST = r"""
-import fnmatch, hashlib, json, os, stat, sys
-MAX = 20000  # entries; beyond that one "<more>" entry counts the rest (the same cap before and after)
-pats = [[s for s in p.split("/") if s not in ("", ".")] for p in sys.argv[1:]]
-def match(parts, pat):  # `**` is zero or more folders; `*` also matches names that start with a dot
-    if not pat:
-        return not parts
-    if pat[0] == "**":
-        return any(match(parts[i:], pat[1:]) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatch.fnmatchcase(parts[0], pat[0]) and match(parts[1:], pat[1:])
-def could(parts, pat):  # whether something below folder `parts` may match
-    if not parts or (pat and pat[0] == "**"):
-        return True
-    return bool(pat) and fnmatch.fnmatchcase(parts[0], pat[0]) and could(parts[1:], pat[1:])
-def digest(path, st):  # never follows a link, never opens what is not a regular file
-    if stat.S_ISLNK(st.st_mode):
-        return "link:" + hashlib.sha256(os.fsencode(os.readlink(path))).hexdigest()
-    if not stat.S_ISREG(st.st_mode):
-        return "special:%o:%d" % (stat.S_IFMT(st.st_mode), st.st_rdev)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "special:swapped"
-        h = hashlib.sha256()
-        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
-            h.update(chunk)
-        return h.hexdigest()
-    finally:
-        os.close(fd)
-out, more, stack = {}, 0, [()]
-while stack:  # no link is followed: a link to a folder, /dev/zero or a FIFO is one entry, a loop is none
-    folder = stack.pop()
-    try:
-        entries = sorted(os.scandir("/".join(folder) or "."), key=lambda e: e.name)
-    except OSError:
-        continue  # a folder root cannot list: what matched below it is missing, which counts as changed
-    for e in entries:
-        parts = folder + (e.name,)
-        try:
-            st = os.lstat(e.path)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            if any(could(parts, p) for p in pats):
-                stack.append(parts)
-        elif any(match(list(parts), p) for p in pats):
-            if len(out) >= MAX:
-                more += 1
-                continue
-            try:
-                out["/".join(parts)] = digest(e.path, st)
-            except OSError:
-                out["/".join(parts)] = "unreadable"
-if more:
-    out["<more>"] = str(more)
-print(json.dumps(out, sort_keys=True))
-"""
-
-
-def _has_child(paths: list[str], folder: str, at: int) -> bool:
-    """Whether sorted `paths` holds a path below `folder` (which stands at index `at`)."""
-    j = bisect.bisect_left(paths, folder + "/", at + 1)
-    return j < len(paths) and paths[j].startswith(folder + "/")
-
-
 def _tar(files: Iterable[FileSpec], root: str, uid: int, dir_mode: int = 0o755) -> bytes:
     buf = io.BytesIO()
     now = time.time()
@@ -202,10 +96,9 @@ def _tar(files: Iterable[FileSpec], root: str, uid: int, dir_mode: int = 0o755) 
     return buf.getvalue()
 
 
-class Sandbox:
+class Sandbox(ChangeWalk):
     """A running container. Use as a context manager; `close()` always removes the container."""
 
-    walk_cap = 64 << 20  # bytes of change-walk records beyond which the change set is the agent's failure
 
     def __init__(self, client: docker.DockerClient, image: str, cfg: SandboxConfig,
                  labels: dict[str, str] | None = None, workdir: str = DEFAULT_WORKDIR,
@@ -236,12 +129,6 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    @property
-    def _prune(self) -> str:
-        """`find`'s start points and pruning: the root filesystem, plus the work dir when it is its own
-        tmpfs (`-xdev` keeps each walk on its start point's filesystem)."""
-        return _PRUNE if not self.cfg.work_tmpfs_mb else _PRUNE.replace("/ -xdev", f"/ {shlex.quote(self.workdir)} -xdev", 1)
 
     def _work_seed(self) -> tuple[bytes, int, int, int] | None:
         """The image's work dir as (tar, owner uid, gid, mode), from a created, never started container
@@ -503,7 +390,7 @@ class Sandbox:
         cannot read is `unreadable` (a chmod is a change too)."""
         if not globs:
             return {}
-        res = self.exec(f"exec /usr/bin/python3 -I -c {shlex.quote(_DIGEST)} {' '.join(map(shlex.quote, globs))}",
+        res = self.exec(f"exec /usr/bin/python3 -I -c {shlex.quote(DIGEST)} {' '.join(map(shlex.quote, globs))}",
                         60, user="root", output_limit=4 << 20, readonly=True)
         try:
             return json.loads(res.output.strip().splitlines()[-1])
@@ -557,194 +444,6 @@ class Sandbox:
             raise SandboxError(f"could not stop the agent's processes in {self.name}: {err}") from None
         return left
 
-    def _find(self, script: str, user: str = "0:0", walk: bool = True) -> list[tuple[str, str, str]]:
-        """(tag, type, path) of the `<tag> <dev> <type> <path>` records `script` prints (NUL-ended),
-        on this container's root filesystem only (every container's overlay has its own device).
-        `walk`: a change walk, whose records past `walk_cap` bytes are the agent's doing (ChangesTooLarge)."""
-        script = "printf 'R %s d /\\0' \"$(stat -c %d / 2>/dev/null)\"; " + script
-        if self.cfg.work_tmpfs_mb:  # the work dir's own tmpfs counts as the root filesystem
-            w = shlex.quote(self.workdir)
-            # (`O`: the work dir itself cannot be reached or listed, e.g. an agent's `chmod 000 ~`)
-            script = (f"printf 'W %s d /\\0' \"$(stat -c %d {w} 2>/dev/null)\"; "
-                      f"[ -r {w} ] && [ -x {w} ] || printf 'O 0 d %s\\0' {w}; " + script)
-        try:
-            # (stderr dropped: a message would land inside a record and lose it)
-            _, out = self._harness(["sh", "-c", "exec 2>/dev/null; " + script], user=user, timeout_s=300,
-                                   cap=self.walk_cap if walk else 64 << 20)
-        except OutputTooLarge as err:
-            if walk:
-                raise ChangesTooLarge(f"the agent left more changes than the change walk lists: {err}") from None
-            raise
-        except docker.errors.DockerException as err:
-            raise SandboxError(f"could not list the files of {self.name}: {err}") from None
-        rows = []
-        # a name that is not UTF-8 is kept readable (`\\xff`): Parquet strings and JSON need valid text
-        for e in (out or b"").decode("utf-8", errors="backslashreplace").split("\0"):
-            tag, _, rest = e.partition(" ")
-            dev, _, rest = rest.partition(" ")
-            kind, _, path = rest.partition(" ")
-            if path:
-                rows.append((tag, dev, kind, path))
-        root_dev = next((d for t, d, _, _ in rows if t == "R"), None)
-        if root_dev is None:
-            raise SandboxError(f"could not list the files of {self.name}: {(out or b'')[:200]!r}")
-        devs = {root_dev} | {d for t, d, _, _ in rows if t == "W"}
-        # (a tmpfs work dir is walked from `/` and from itself: its mount point would come twice)
-        kept = {(t, k, p): None for t, d, k, p in rows if (d in devs or t in ("K", "D", "O")) and t not in ("R", "W")}
-        return list(kept)
-
-    def _listing(self) -> dict[str, str]:
-        """{path: type} of everything on the container's root filesystem (other mounts, /proc, /sys,
-        /dev and bind-mounted files left out)."""
-        return {p: k for _, k, p in self._find(f"find {self._prune} -printf 'L %D %y %p\\0' 2>/dev/null", walk=False)
-                if p != "/"}
-
-    def _agent_roots(self) -> tuple[str, ...] | None:
-        """Where an unprivileged agent can change anything, as the fewest start points of a walk: what
-        its user (the agent's own credentials, no capability) may write (`find -writable`: access(2)
-        with its uid, groups and ACLs) or owns (chmod, utimes), on the walked filesystems, plus every
-        folder it may search but not list (mode 711: what lies below is reachable by name, and its find
-        cannot see it: the walk, as root or through the engine's diff, does). A process
-        without capabilities changes a file's ctime only by writing it, changing its attributes as its
-        owner, or renaming, linking or unlinking it in a folder it may write, so every change it makes
-        lies at or below one of these (what it creates lies below a writable folder). None (walk
-        everything) when the agent's exec has any effective capability, the image is writable
-        everywhere, or there are more than MAX_AGENT_ROOTS places. Once per image."""
-        script = ("grep -Eq '^CapEff:[[:space:]]*0+$' /proc/self/status || { echo CAPS; exit 0; }; "
-                  f"find {self._prune} \\( -writable -o -user {AGENT_UID} -o -type d -executable ! -readable \\) "
-                  "-printf 'A %p\\0' 2>/dev/null; "
-                  "echo; echo DONE")
-        try:
-            _, out = self._harness(["sh", "-c", script], user=USERS["agent"], timeout_s=300)
-        except docker.errors.DockerException as err:
-            raise SandboxError(f"could not list the agent's writable paths in {self.name}: {err}") from None
-        text = (out or b"").decode("utf-8", errors="backslashreplace")
-        if not text.rstrip().endswith("DONE") or "CAPS" in text.split("\0")[0]:
-            return None
-        paths = sorted({e[2:] for e in text.split("\0") if e.startswith("A /")})
-        roots: list[str] = []
-        for p in paths:  # sorted: an ancestor comes before its descendants
-            if p == "/":
-                return None
-            if roots and (p == roots[-1] or p.startswith(roots[-1].rstrip("/") + "/")):
-                continue
-            roots.append(p)
-        return tuple(roots) if len(roots) <= MAX_AGENT_ROOTS else None
-
-    @property
-    def _walk(self) -> str:
-        """The change walk's start points: the agent's places (`agent_roots`) while only the
-        unprivileged agent has written since the start, else the whole root filesystem."""
-        if self.agent_roots is None or self.others_wrote:
-            return self._prune
-        roots = list(self.agent_roots)
-        if self.cfg.work_tmpfs_mb and self.workdir not in roots:  # its own filesystem: -xdev stops above it
-            roots.append(self.workdir)
-        if not roots:
-            return "/dev/null -prune -o"  # nothing the agent may change (`/dev/null` is never listed)
-        return " ".join(map(shlex.quote, roots)) + " -xdev"
-
-    def _in_work_tmpfs(self, path: str) -> bool:
-        work = self.workdir.rstrip("/")
-        return bool(self.cfg.work_tmpfs_mb) and (path == work or path.startswith(work + "/"))
-
-    def _with_agent_pass(self, rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-        """`rows` of the change walk, plus, for a tmpfs work dir of an unprivileged agent, a walk as the
-        agent of the folders there root could not list (its `chmod 700`: root here has no DAC capability,
-        and the engine's diff, which covers such folders on the root filesystem, does not see a tmpfs).
-        What the agent cannot list either stays `U`/`O`: opaque (`_change_set`)."""
-        if self.agent == "root":  # a root agent's harness keeps DAC_READ_SEARCH: root lists everything
-            return rows
-        hidden = sorted({p for t, _, p in rows if t in ("U", "O") and self._in_work_tmpfs(p)})
-        if not hidden:
-            return rows
-        q = " ".join(map(shlex.quote, hidden))
-        gate = f"for p in {q}; do [ -r \"$p\" ] && [ -x \"$p\" ] || printf 'O 0 d %s\\0' \"$p\"; done; "
-        second = self._find(gate + self._changes_script(f"{q} -xdev"), user=USERS["agent"])
-        # root's `U`/`O` records of the tmpfs are replaced by the agent's (what it, too, cannot list)
-        return [r for r in rows if not (r[0] in ("U", "O") and self._in_work_tmpfs(r[2]))] + second
-
-    def _changes_script(self, start: str | None = None) -> str:
-        since = f"-newerct @{self.started_at:.6f}"
-        # one walk prints what changed and notes the changed folders; then the entries of those folders
-        # (spool files get fresh names: a root agent may have planted links at any fixed one)
-        # stderr is dropped: a message ("Permission denied": root here has no DAC capability, and an
-        # agent's folder may be mode 700) would land inside a record and lose it
-        # (`U`: a folder root cannot read or search here: what changed below it comes from the engine)
-        unreadable = "\\( -type d \\( ! -readable -o ! -executable \\) -printf 'U %D %y %p\\0' -o -true \\)"
-        return (f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {start or self._walk} {unreadable} {since} -printf 'C %D %y %p\\0' "
-                "-type d -fprint0 \"$d\" 2>/dev/null; xargs -0 -r -a \"$d\" sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 "
-                "-printf \"L %D %y %p\\0\"' _ 2>/dev/null; rm -f \"$d\"")
-
-    def changes(self, cap: int = 200) -> ChangeSet:
-        """What changed in the container since it started, against its image's file list: deepest
-        paths only (a changed file, not the folders above it; a deleted folder, not its content),
-        byte-code caches and the harness's own spool files left out. A change is found by its ctime,
-        which creating, writing, renaming, chmod-ing or touching a file sets to the current time and
-        which no process without CAP_SYS_TIME can set back; a deletion changes its folder's ctime, and
-        that folder's entries are compared with the image's list. One walk and a listing of the changed
-        folders, filtered in the container (the engine's own diff costs ~0.45 s of daemon CPU per call
-        here)."""
-        return self._change_set(self._with_agent_pass(self._find(self._changes_script())), cap)
-
-    def _change_set(self, rows: list[tuple[str, str, str]], cap: int) -> ChangeSet:
-        changed = [(k, p) for t, k, p in rows if t == "C"]
-        now = {p for t, _, p in rows if t == "L"}
-        kinds = {p: k for k, p in changed if p != "/" and not _NOISE.search(p)}
-        # folders root cannot list (an agent's chmod 700): what changed below them comes from the engine;
-        # in a tmpfs work dir (which the engine does not see) the agent listed them (`_with_agent_pass`), and
-        # what it could not list either is opaque: the folder itself counts as changed, whatever is inside
-        opaque = sorted({p for t, _, p in rows if t == "O" or (t == "U" and self._in_work_tmpfs(p))})
-        hidden = sorted({p for t, _, p in rows if t == "U"} - set(opaque))
-
-        # the engine spells a name that is not UTF-8 with U+FFFD per bad byte, the walk with `\\xNN`: its
-        # paths below a hidden folder are matched in the engine's spelling and given the walk's prefix
-        engine_spelling = {_BAD_BYTE.sub("\ufffd", h).rstrip("/") + "/": h.rstrip("/") + "/" for h in hidden}
-
-        def below_hidden(q: str) -> str | None:
-            """`q` (an engine path) in the walk's spelling, if it lies below a hidden folder."""
-            for e, h in engine_spelling.items():
-                if q.startswith(e):
-                    return h + q[len(e):]
-            return None
-        dirs = [p for k, p in changed if k == "d" and (p in self.baseline or p == "/") and p not in hidden
-                and p not in opaque]
-        gone = [c for d in dirs for c in self.children.get(d, ()) if c not in now and not _NOISE.search(c)]
-        engine_modified: list[str] = []
-        if hidden:  # what changed below them: the engine's diff (complete; ~0.45 s of daemon CPU, so only here)
-            diff = {w: k for q, k in self._engine_diff().items() if (w := below_hidden(q)) and not _NOISE.search(w)}
-            parents = {posixpath.dirname(q) for q in diff}
-            for q, k in diff.items():
-                folder = q in parents or q in self.baseline_dirs
-                if k == "deleted":
-                    gone.append(q)
-                elif k == "added":
-                    kinds[q] = "d" if folder else "f"
-                elif not folder:  # (the baseline may not know what lies below an unreadable folder)
-                    engine_modified.append(q)
-        for p in opaque:  # (nothing below it is known: it stands for all of it)
-            kinds = {q: k for q, k in kinds.items() if not q.startswith(p.rstrip("/") + "/")}
-            gone = [q for q in gone if not q.startswith(p.rstrip("/") + "/")]
-            kinds[p] = "f" if p in self.baseline else "d"
-        gone = sorted(set(gone))
-        added = sorted(p for p in kinds if p not in self.baseline)
-        modified = sorted({p for p, k in kinds.items() if p in self.baseline and k != "d"} | set(engine_modified))
-        # an added folder is listed only when nothing was added inside it (sorted: its first child, if
-        # any, is the first path at or after `folder/`)
-        added = [p for i, p in enumerate(added) if not (kinds[p] == "d" and _has_child(added, p, i))]
-        total = len(added) + len(modified) + len(gone)
-        return ChangeSet(added=added[:cap], modified=modified[:cap], deleted=gone[:cap], total=total,
-                         truncated=max(len(added), len(modified), len(gone)) > cap)
-
-    def _engine_diff(self) -> dict[str, str]:
-        """{path: added | modified | deleted} from the engine's diff of the container's writable layer
-        (the root filesystem only: a tmpfs work dir is not in it)."""
-        try:
-            rows = self.client.api.diff(self.container.id) or []
-        except docker.errors.DockerException as err:
-            raise SandboxError(f"could not diff {self.name}: {err}") from None
-        return {r["Path"]: ("modified", "added", "deleted")[r["Kind"]] for r in rows}
-
     def settle(self, globs: list[str], cap: int = 200) -> tuple[int, dict[str, str], ChangeSet]:
         """After the episode: stop the agent's processes, then list what changed (`changes`) and
         checksum `globs` (`digests`). (how many processes were still running, digests, change set).
@@ -768,7 +467,7 @@ class Sandbox:
         if globs:
             # (a work dir the agent removed matches nothing: every protected path then counts as changed)
             digest = (f"printf 'D 0 - '; if cd {shlex.quote(self.workdir)} 2>/dev/null; then timeout -s KILL 60 "
-                      f"/usr/bin/python3 -I -c {shlex.quote(_DIGEST)} {' '.join(map(shlex.quote, globs))}; "
+                      f"/usr/bin/python3 -I -c {shlex.quote(DIGEST)} {' '.join(map(shlex.quote, globs))}; "
                       "else echo '{}'; fi; printf '\\0'; ")
         body = f"{self._changes_script()}; {digest}"
         first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"; [ \"$n\" = 0 ] || exit 0; {body}")

@@ -1,0 +1,63 @@
+"""The protected paths' checksum script, run inside a sandbox as root with `python3 -I -c DIGEST GLOB...`
+in the work dir, before the agent's first command (once per image) and at settle: {path: digest} as
+JSON. It walks the work dir itself (no glob): it follows no link and opens only regular files, so
+nothing the agent leaves (a link to /dev/zero or a FIFO, a link loop) can hang or blow it up; a link
+is checksummed as a link, other special files by their type."""
+
+DIGEST = r"""
+import fnmatch, hashlib, json, os, stat, sys
+MAX = 20000  # entries; beyond that one "<more>" entry counts the rest (the same cap before and after)
+pats = [[s for s in p.split("/") if s not in ("", ".")] for p in sys.argv[1:]]
+def match(parts, pat):  # `**` is zero or more folders; `*` also matches names that start with a dot
+    if not pat:
+        return not parts
+    if pat[0] == "**":
+        return any(match(parts[i:], pat[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pat[0]) and match(parts[1:], pat[1:])
+def could(parts, pat):  # whether something below folder `parts` may match
+    if not parts or (pat and pat[0] == "**"):
+        return True
+    return bool(pat) and fnmatch.fnmatchcase(parts[0], pat[0]) and could(parts[1:], pat[1:])
+def digest(path, st):  # never follows a link, never opens what is not a regular file
+    if stat.S_ISLNK(st.st_mode):
+        return "link:" + hashlib.sha256(os.fsencode(os.readlink(path))).hexdigest()
+    if not stat.S_ISREG(st.st_mode):
+        return "special:%o:%d" % (stat.S_IFMT(st.st_mode), st.st_rdev)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "special:swapped"
+        h = hashlib.sha256()
+        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
+            h.update(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+out, more, stack = {}, 0, [()]
+while stack:  # no link is followed: a link to a folder, /dev/zero or a FIFO is one entry, a loop is none
+    folder = stack.pop()
+    try:
+        entries = sorted(os.scandir("/".join(folder) or "."), key=lambda e: e.name)
+    except OSError:
+        continue  # a folder root cannot list: what matched below it is missing, which counts as changed
+    for e in entries:
+        parts = folder + (e.name,)
+        try:
+            st = os.lstat(e.path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if any(could(parts, p) for p in pats):
+                stack.append(parts)
+        elif any(match(list(parts), p) for p in pats):
+            if len(out) >= MAX:
+                more += 1
+                continue
+            try:
+                out["/".join(parts)] = digest(e.path, st)
+            except OSError:
+                out["/".join(parts)] = "unreadable"
+if more:
+    out["<more>"] = str(more)
+print(json.dumps(out, sort_keys=True))
+"""
