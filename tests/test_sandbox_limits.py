@@ -219,6 +219,14 @@ def test_a_tmpfs_work_dir_hides_nothing_behind_the_agents_chmod(docker_client, s
             with pytest.raises(SandboxError) as err:
                 sb.get_archive(w, 1 << 20)
             assert err.type is StateUnreadable, script
+    # more hidden folders than a command line can name (one argument holds 128 KiB): the agent walks the
+    # whole work dir
+    with Sandbox(docker_client, sandbox_cfg.base_image, capped) as sb:
+        long = "x" * 200
+        script = f"for i in $(seq 400); do mkdir d${{i}}{long} && echo x > d${{i}}{long}/f && chmod 700 d${{i}}{long}; done"
+        assert sb.exec(script, 60).exit_code == 0
+        for changes in (sb.changes(cap=1000), sb.settle([], cap=1000)[2]):
+            assert sorted(changes.added) == sorted(f"{w}/d{i}{long}/f" for i in range(1, 401))
 
 
 def test_more_files_than_the_change_walk_lists_fail_the_episode_not_the_infrastructure(docker_client):

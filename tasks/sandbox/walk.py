@@ -161,8 +161,11 @@ class ChangeWalk:
         hidden = sorted({p for t, _, p in rows if t in ("U", "O") and self._in_work_tmpfs(p)})
         if not hidden:
             return rows
-        q = " ".join(map(shlex.quote, hidden))
-        gate = f"for p in {q}; do [ -r \"$p\" ] && [ -x \"$p\" ] || printf 'O 0 d %s\\0' \"$p\"; done; "
+        if len(hidden) > MAX_AGENT_ROOTS:  # (a command line has room for so many): the whole work dir
+            gate, q = "", shlex.quote(self.workdir)  # (`_find` gates the work dir itself)
+        else:
+            q = " ".join(map(shlex.quote, hidden))
+            gate = f"for p in {q}; do [ -r \"$p\" ] && [ -x \"$p\" ] || printf 'O 0 d %s\\0' \"$p\"; done; "
         second = self._find(gate + self._changes_script(f"{q} -xdev"), user=USERS["agent"])
         # root's `U`/`O` records of the tmpfs are replaced by the agent's (what it, too, cannot list)
         return [r for r in rows if not (r[0] in ("U", "O") and self._in_work_tmpfs(r[2]))] + second
