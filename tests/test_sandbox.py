@@ -305,3 +305,45 @@ def test_hidden_tests_travel_in_the_exec_that_runs_them_unless_large(docker_clie
                 assert sorted(r.name for r in run.results) == ["test_more", "test_out"], run.results
                 assert len(uploads) == n_uploads
                 assert sb.exec("test -L /verifier || echo fresh", 10, user="root").output.strip() == "fresh"
+
+
+SCAN = r'''
+import base64, os, re
+needle, found = ("SECRET_" + "73914").encode(), []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    for what in ("cmdline", "environ"):
+        try:
+            data = open(f"/proc/{pid}/{what}", "rb").read()
+        except OSError:
+            continue
+        texts = [data]
+        for t in re.findall(rb"[A-Za-z0-9+/=]{100,}", data):
+            try:
+                texts.append(base64.b64decode(t + b"=" * (-len(t) % 4)))
+            except ValueError:
+                pass
+        if any(needle in t for t in texts):
+            found.append(f"{pid}/{what}")
+print("LEAK" if found else "CLEAN", found)
+'''
+
+
+def test_hidden_tests_in_the_exec_stay_hidden_from_the_code_they_run(docker_client, sandbox_cfg):
+    """Tests that travel in the exec are never on a command line (every user reads /proc/*/cmdline):
+    agent code a hidden test runs (`run_as_agent`) scans every process's command line and environment,
+    base64 decoded too, and finds nothing of them. (In the command line, it read the expected answer
+    and passed.)"""
+    from trajforge.schemas.common import FileSpec
+    from trajforge.schemas.environment import EnvSpec
+    from trajforge.tasks.sandbox.verifier import VERIFIER_CAPS, run_hidden_tests
+
+    test = (f"# the expected answer: SECRET_73914\nSCAN = {SCAN!r}\n"
+            "def test_the_agents_code_sees_no_test():\n"
+            "    out = run_as_agent(['python3', '-c', SCAN]).stdout\n"
+            "    assert out.startswith('CLEAN'), out\n")
+    env = EnvSpec(env_id="t", family="f", level=1, seed=0, instruction="-",
+                  tests=[FileSpec(path="test_task.py", content=test)])
+    with Sandbox(docker_client, "trajforge/base:latest", sandbox_cfg, workdir=env.workdir,
+                 cap_add=VERIFIER_CAPS) as sb:
+        run = run_hidden_tests(sb, env, 60)
+    assert run.passed, (run.error, run.output, run.results)

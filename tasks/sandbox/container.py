@@ -267,10 +267,12 @@ class Sandbox(ChangeWalk):
         return "/root" if user == "root" else "/home/agent"
 
     def exec(self, command: str, timeout_s: float, user: str | None = None, workdir: str | None = None,
-             output_limit: int | None = None, readonly: bool = False) -> ExecResult:
+             output_limit: int | None = None, readonly: bool = False, env: dict[str, str] | None = None) -> ExecResult:
         """Run `command` with bash (as the agent by default); the hard kill at `timeout_s` takes the
         whole process group. `readonly`: a harness command as another user that writes nothing (a
-        checksum, a scan); any other command as another user makes the next change set a full walk."""
+        checksum, a scan); any other command as another user makes the next change set a full walk.
+        `env`: variables of the exec (unlike the command line, which every user reads in /proc, a
+        root process's environment is readable by root only)."""
         user = user or self.agent
         if user == self.agent:
             self.settled = False
@@ -282,7 +284,7 @@ class Sandbox(ChangeWalk):
             code, raw = run_exec(self.client.api, self.container.id, capture_argv(command, timeout_s, limit),
                                  t0 + timeout_s + self.cfg.exec_grace_s, 4 * limit + (1 << 16),
                                  user=USERS.get(user, user), workdir=workdir or self.workdir,
-                                 environment={"HOME": self._home(user)})
+                                 environment={"HOME": self._home(user), **(env or {})})
         except ExecHung as hung:
             return self._unhang(user, hung.partial, time.monotonic() - t0)
         except docker.errors.DockerException as err:

@@ -131,11 +131,13 @@ class TestRun:
                    rec.fallback)
 
 
-INLINE_LIMIT = 64 << 10  # base64 bytes of tests carried in the command line (one argument may be 128 KiB)
-# Writes the files of a base64 JSON {path: [mode, text]} below the cwd, creating each one (never through a link).
+INLINE_LIMIT = 64 << 10  # base64 bytes of tests carried in the exec's environment (one variable may be 128 KiB)
+INLINE_VAR = "TF_VERIFIER_FILES"
+# Writes the files of a base64 JSON {path: [mode, text]} (in INLINE_VAR) below the cwd, creating each one
+# (never through a link).
 UNPACK = r"""
-import base64, json, os, sys
-for path, (mode, text) in json.loads(base64.b64decode(sys.argv[1])).items():
+import base64, json, os
+for path, (mode, text) in json.loads(base64.b64decode(os.environ.pop("TF_VERIFIER_FILES"))).items():
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
@@ -145,7 +147,7 @@ for path, (mode, text) in json.loads(base64.b64decode(sys.argv[1])).items():
 
 
 def _inline(files: list[FileSpec]) -> str | None:
-    """`files` as UNPACK's argument; None if larger than INLINE_LIMIT or a path leaves the folder."""
+    """`files` as UNPACK's input (INLINE_VAR); None if larger than INLINE_LIMIT or a path leaves the folder."""
     if any(f.path.startswith("/") or ".." in f.path.split("/") for f in files):
         return None
     data = base64.b64encode(json.dumps({f.path: [f.mode, f.content] for f in files}).encode()).decode()
@@ -161,14 +163,16 @@ def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = N
     if env.verifier == "script":
         return _run_script(sandbox, env, timeout_s)
     # `/verifier` made fresh in the exec that runs the tests: whatever a root agent left there is gone
-    # or the run never starts. Small tests travel in that exec's command line (one exec; the engine's
-    # archive upload costs about as much CPU again); larger ones are copied in by the engine under a
-    # name nobody could predict and moved there in the same exec.
+    # or the run never starts. Small tests travel in that exec's environment (one exec; the engine's
+    # archive upload costs about as much CPU again), never in its command line, which the agent's code
+    # the tests run could read in /proc; the variable is unset before the runner starts. Larger ones
+    # are copied in by the engine under a name nobody could predict and moved there in the same exec.
     files = [FileSpec(path="runner.py", content=RUNNER, mode=0o600)]
     files += [FileSpec(path=f"tests/{t.path}", content=t.content, mode=0o600) for t in env.tests]
     inline = _inline(files)
     if inline is not None:
-        fill = f"mkdir -m 700 /verifier && cd /verifier && /usr/bin/python3 -I -c {shlex.quote(UNPACK)} {inline}"
+        fill = (f"mkdir -m 700 /verifier && cd /verifier && /usr/bin/python3 -I -c {shlex.quote(UNPACK)} && "
+                f"unset {INLINE_VAR}")
     else:
         staging = f"/.tf-verifier-{secrets.token_hex(8)}"
         sandbox.put_files(files, parent="/", root=staging.lstrip("/"), uid=0, dir_mode=0o700)
@@ -176,8 +180,8 @@ def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = N
     t0 = time.monotonic()
     res = sandbox.exec(f"rm -rf /verifier && [ ! -e /verifier ] && {fill} && "
                        f"WORK={shlex.quote(env.workdir)} exec /usr/bin/python3 -I /verifier/runner.py",
-                       timeout_s=timeout_s,
-                       user="root", workdir="/", output_limit=1 << 20)
+                       timeout_s=timeout_s, user="root", workdir="/", output_limit=1 << 20,
+                       env={INLINE_VAR: inline} if inline is not None else None)
     duration = time.monotonic() - t0
     _, sep, tail = res.output.rpartition(MARK)
     if res.timed_out:
