@@ -265,11 +265,13 @@ def test_a_hidden_folder_with_a_name_that_is_not_utf8_hides_nothing(sb):
     that is not UTF-8 as U+FFFD where the walk writes `\\xNN`: the two spellings used not to match and
     everything the agent put there was lost."""
     script = ("d=$(printf 'x\\377y'); mkdir \"$d\" && echo s > \"$d/secret.py\" && mkdir \"$d/sub\" && "
-              "echo t > \"$d/sub/t\" && chmod 700 \"$d\"")
+              "echo t > \"$d/sub/t\" && chmod 700 \"$d\" && mkdir 'h\\x41' && echo c > 'h\\x41/conftest.py' && "
+              "chmod 700 'h\\x41'")  # (and a name with a literal `\\x41`, which the engine spells alike)
     assert sb.exec(script, 20).exit_code == 0
     w = "/home/agent/work/x\\xffy"
-    assert sb.changes().added == [f"{w}/secret.py", f"{w}/sub/t"]
-    assert sb.settle([])[2].added == [f"{w}/secret.py", f"{w}/sub/t"]
+    want = ["/home/agent/work/h\\x41/conftest.py", f"{w}/secret.py", f"{w}/sub/t"]
+    assert sb.changes().added == want
+    assert sb.settle([])[2].added == want
 
 
 def test_hidden_tests_travel_in_the_exec_that_runs_them_unless_large(docker_client, sandbox_cfg, monkeypatch):

@@ -209,6 +209,9 @@ def test_a_tmpfs_work_dir_hides_nothing_behind_the_agents_chmod(docker_client, s
         "mkdir a b c && echo x > a/conftest.py && echo y > b/m.py && echo z > c/s.py && chmod 700 a && chmod 711 b "
         "&& chmod 000 c": ([f"{w}/a/conftest.py", f"{w}/b/m.py", f"{w}/c"], []),
         f"echo x > f && chmod 000 {w}": ([], [w]),
+        # a name that is not UTF-8 (spelled `\\xff`) and a literal twin of that spelling
+        "d=$(printf 'h\\377'); mkdir \"$d\" && echo x > \"$d/conftest.py\" && chmod 700 \"$d\" && mkdir 'h\\xff'":
+            ([f"{w}/h\\xff/conftest.py"], []),
         "echo x > f && chmod 000 /home/agent": ([], [w]),
     }
     for script, (added, modified) in cases.items():
@@ -216,6 +219,9 @@ def test_a_tmpfs_work_dir_hides_nothing_behind_the_agents_chmod(docker_client, s
             assert sb.exec(script, 20).exit_code == 0
             for changes in (sb.settle([])[2], sb.changes()):
                 assert (changes.added, changes.modified) == (added, modified), script
+            if "000" not in script:  # everything in it is readable by its owner
+                assert sb.get_archive(w, 1 << 20)
+                continue
             with pytest.raises(SandboxError) as err:
                 sb.get_archive(w, 1 << 20)
             assert err.type is StateUnreadable, script

@@ -161,7 +161,9 @@ class ChangeWalk:
         hidden = sorted({p for t, _, p in rows if t in ("U", "O") and self._in_work_tmpfs(p)})
         if not hidden:
             return rows
-        if len(hidden) > MAX_AGENT_ROOTS:  # (a command line has room for so many): the whole work dir
+        # the whole work dir when a command line has no room for so many, or when a name may not be what
+        # it spells (a byte that is not UTF-8 is spelled `\\xNN`, as a literal `\\xNN` is)
+        if len(hidden) > MAX_AGENT_ROOTS or any("\\" in p for p in hidden):
             gate, q = "", shlex.quote(self.workdir)  # (`_find` gates the work dir itself)
         else:
             q = " ".join(map(shlex.quote, hidden))
@@ -205,7 +207,10 @@ class ChangeWalk:
 
         # the engine spells a name that is not UTF-8 with U+FFFD per bad byte, the walk with `\\xNN`: its
         # paths below a hidden folder are matched in the engine's spelling and given the walk's prefix
-        engine_spelling = {_BAD_BYTE.sub("\ufffd", h).rstrip("/") + "/": h.rstrip("/") + "/" for h in hidden}
+        # (and as they are: a name may hold a literal `\\x41`, which both spell alike)
+        engine_spelling = {h.rstrip("/") + "/": h.rstrip("/") + "/" for h in hidden}
+        engine_spelling.update({_BAD_BYTE.sub("\ufffd", h).rstrip("/") + "/": h.rstrip("/") + "/"
+                                for h in hidden if _BAD_BYTE.search(h)})
 
         def below_hidden(q: str) -> str | None:
             """`q` (an engine path) in the walk's spelling, if it lies below a hidden folder."""
