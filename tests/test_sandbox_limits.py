@@ -201,7 +201,7 @@ def test_a_tmpfs_work_dir_hides_nothing_behind_the_agents_chmod(docker_client, s
     home hid every change of the work dir. The agent itself lists its `700`/`711` folders; what even it
     cannot list is opaque (the folder itself is the change), and taking the final state fails as the
     model's doing (`StateUnreadable`), not as an infrastructure fault that would be retried."""
-    from trajforge.tasks.sandbox.errors import SandboxError, StateUnreadable
+    from trajforge.tasks.sandbox.errors import FinalStateUnavailable, SandboxError, StateUnreadable
 
     capped = sandbox_cfg.model_copy(update={"work_tmpfs_mb": 8})
     w = "/home/agent/work"
@@ -225,6 +225,12 @@ def test_a_tmpfs_work_dir_hides_nothing_behind_the_agents_chmod(docker_client, s
             with pytest.raises(SandboxError) as err:
                 sb.get_archive(w, 1 << 20)
             assert err.type is StateUnreadable, script
+    # sparse files whose archive outgrows the per-file limit: the model's doing, not a retried error
+    with Sandbox(docker_client, sandbox_cfg.base_image, capped) as sb:
+        assert sb.exec("truncate -s 1000M a && truncate -s 1000M b", 20).exit_code == 0
+        with pytest.raises(SandboxError) as err:
+            sb.get_archive(w, 1 << 20)
+        assert isinstance(err.value, FinalStateUnavailable), err.value
     # more hidden folders than a command line can name (one argument holds 128 KiB): the agent walks the
     # whole work dir
     with Sandbox(docker_client, sandbox_cfg.base_image, capped) as sb:

@@ -2,10 +2,12 @@
 in the work dir, before the agent's first command (once per image) and at settle: {path: digest} as
 JSON. It walks the work dir itself (no glob): it follows no link and opens only regular files, so
 nothing the agent leaves (a link to /dev/zero or a FIFO, a link loop) can hang or blow it up; a link
-is checksummed as a link, other special files by their type."""
+is checksummed as a link, other special files by their type. A regular file's digest covers its size
+and its data extents (holes skipped: sparse files cost nothing), and a file with many hard links is
+read once."""
 
 DIGEST = r"""
-import fnmatch, hashlib, json, os, stat, sys
+import errno, fnmatch, hashlib, json, os, stat, sys
 MAX = 20000  # entries; beyond that one "<more>" entry counts the rest (the same cap before and after)
 pats = [[s for s in p.split("/") if s not in ("", ".")] for p in sys.argv[1:]]
 def match(parts, pat):  # `**` is zero or more folders; `*` also matches names that start with a dot
@@ -27,12 +29,31 @@ def digest(path, st):  # never follows a link, never opens what is not a regular
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return "special:swapped"
-        h = hashlib.sha256()
-        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
-            h.update(chunk)
-        return h.hexdigest()
+        return content(fd)
     finally:
         os.close(fd)
+def content(fd):  # the size and each data extent (holes are skipped: a sparse 1 TB file is read in no time)
+    size = os.fstat(fd).st_size
+    h, off = hashlib.sha256(b"%d:" % size), 0
+    while off < size:
+        try:
+            start = os.lseek(fd, off, os.SEEK_DATA)
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+        except OSError as err:
+            if err.errno == errno.ENXIO:  # no data past `off`
+                break
+            start, end = off, size  # no extent map here: read it all
+        h.update(b"@%d:" % start)
+        os.lseek(fd, start, os.SEEK_SET)
+        while start < end:
+            chunk = os.read(fd, min(end - start, 1 << 20))
+            if not chunk:
+                break
+            h.update(chunk)
+            start += len(chunk)
+        off = max(end, off + 1)
+    return h.hexdigest()
+seen = {}  # (device, inode) -> digest: a file with many hard links is read once
 out, more, stack = {}, 0, [()]
 while stack:  # no link is followed: a link to a folder, /dev/zero or a FIFO is one entry, a loop is none
     folder = stack.pop()
@@ -53,10 +74,13 @@ while stack:  # no link is followed: a link to a folder, /dev/zero or a FIFO is 
             if len(out) >= MAX:
                 more += 1
                 continue
-            try:
-                out["/".join(parts)] = digest(e.path, st)
-            except OSError:
-                out["/".join(parts)] = "unreadable"
+            key = (st.st_dev, st.st_ino)
+            if key not in seen:
+                try:
+                    seen[key] = digest(e.path, st)
+                except OSError:
+                    seen[key] = "unreadable"
+            out["/".join(parts)] = seen[key]
 if more:
     out["<more>"] = str(more)
 print(json.dumps(out, sort_keys=True))
