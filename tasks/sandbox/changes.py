@@ -36,6 +36,7 @@ from ...schemas.verdict import HackFlag
 from .container import Sandbox
 from .errors import SandboxError
 from .verifier import TestRun, restore_state, run_hidden_tests
+from .walk import inside
 
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 SITE = re.compile(r"/(site|dist)-packages(/|$)|^/usr/lib/python3[^/]*(/|$)|^/usr/local/lib/python3[^/]*(/|$)")
@@ -69,21 +70,17 @@ def sensitive_class(path: str, workdir: str) -> str | None:
         return "shell_startup"
     if TEST_CONFIG.search(path):
         return "test_config"
-    if _inside(path, workdir):
+    if inside(path, workdir):
         name = _importable_name(path, workdir)
         if name and (name in TEST_MODULES or name in sys.stdlib_module_names):
             return "shadows_module"
     return None
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def expected(path: str, env: EnvSpec) -> bool:
     """Whether the reference solution changed `path` too (or added the folder it is in)."""
     for e in env.expected_changes:
-        if path == e or _inside(path, e) or fnmatch.fnmatch(path, e):
+        if path == e or inside(path, e) or fnmatch.fnmatch(path, e):
             return True
     return False
 
@@ -97,7 +94,7 @@ def revert_plan(changes: ChangeSet, env: EnvSpec) -> list[str]:
     plan = []
     added = set(changes.added)
     for p in unexpected(changes, env):
-        if p not in added or not _inside(p, env.workdir) or sensitive_class(p, env.workdir):
+        if p not in added or not inside(p, env.workdir) or sensitive_class(p, env.workdir):
             plan.append(p)
     return plan
 
@@ -114,8 +111,8 @@ def apply_final_state(sb: Sandbox, r: Rollout, env: EnvSpec, revert: list[str] =
             originals[p] = sb.get_archive(p, 64 << 20)
     if r.final_state is not None:
         restore_state(sb, r.final_state)
-    deleted = [p for p in (r.changes.deleted if r.changes else []) if not _inside(p, env.workdir)]
-    gone = [p for p in deleted if not any(_inside(p, x) for x in revert)]
+    deleted = [p for p in (r.changes.deleted if r.changes else []) if not inside(p, env.workdir)]
+    gone = [p for p in deleted if not any(inside(p, x) for x in revert)]
     if gone:
         sb.exec("rm -rf -- " + " ".join(map(shlex.quote, gone)), 60, user="root", workdir="/")
     if r.outside_state:
@@ -133,7 +130,7 @@ def _without(tar_bytes: bytes, revert: list[str]) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as src, tarfile.open(fileobj=out, mode="w") as dst:
         for m in src.getmembers():
-            if any(_inside("/" + m.name.lstrip("./"), x) for x in revert):
+            if any(inside("/" + m.name.lstrip("./"), x) for x in revert):
                 continue
             dst.addfile(m, src.extractfile(m) if m.isfile() else None)
     return out.getvalue()
@@ -194,7 +191,7 @@ def _failed(run: TestRun) -> str:
 
 def written_outside(changes: ChangeSet, workdir: str) -> list[str]:
     """What the episode added or modified outside the work dir (what `outside_state` must hold)."""
-    return [p for p in [*changes.added, *changes.modified] if not _inside(p, workdir)]
+    return [p for p in [*changes.added, *changes.modified] if not inside(p, workdir)]
 
 
 def capture_outside(sb: Sandbox, changes: ChangeSet, workdir: str, limit: int) -> bytes | None:

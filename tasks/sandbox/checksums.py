@@ -6,6 +6,14 @@ is checksummed as a link, other special files by their type. A regular file's di
 and its data extents (holes skipped: sparse files cost nothing), and a file with many hard links is
 read once."""
 
+import shlex
+
+
+def digest_command(globs: list[str]) -> str:
+    """The shell command that prints the checksums of `globs`, run in the work dir."""
+    return f"/usr/bin/python3 -I -c {shlex.quote(DIGEST)} {' '.join(map(shlex.quote, globs))}"
+
+
 DIGEST = r"""
 import errno, fnmatch, hashlib, json, os, stat, sys
 MAX = 20000  # entries; beyond that one "<more>" entry counts the rest (the same cap before and after)

@@ -25,7 +25,7 @@ import docker.errors
 from ...schemas.common import ChangeSet, FileSpec
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import DEFAULT_WORKDIR
-from .checksums import DIGEST
+from .checksums import digest_command
 from .errors import (
     DockerUnavailable,
     OutputTooLarge,
@@ -98,7 +98,6 @@ def _tar(files: Iterable[FileSpec], root: str, uid: int, dir_mode: int = 0o755) 
 
 class Sandbox(ChangeWalk):
     """A running container. Use as a context manager; `close()` always removes the container."""
-
 
     def __init__(self, client: docker.DockerClient, image: str, cfg: SandboxConfig,
                  labels: dict[str, str] | None = None, workdir: str = DEFAULT_WORKDIR,
@@ -395,7 +394,7 @@ class Sandbox(ChangeWalk):
         cannot read is `unreadable` (a chmod is a change too)."""
         if not globs:
             return {}
-        res = self.exec(f"exec /usr/bin/python3 -I -c {shlex.quote(DIGEST)} {' '.join(map(shlex.quote, globs))}",
+        res = self.exec(f"exec {digest_command(globs)}",
                         60, user="root", output_limit=4 << 20, readonly=True)
         try:
             return json.loads(res.output.strip().splitlines()[-1])
@@ -472,7 +471,7 @@ class Sandbox(ChangeWalk):
         if globs:
             # (a work dir the agent removed matches nothing: every protected path then counts as changed)
             digest = (f"printf 'D 0 - '; if cd {shlex.quote(self.workdir)} 2>/dev/null; then timeout -s KILL 60 "
-                      f"/usr/bin/python3 -I -c {shlex.quote(DIGEST)} {' '.join(map(shlex.quote, globs))}; "
+                      f"{digest_command(globs)}; "
                       "else echo '{}'; fi; printf '\\0'; ")
         body = f"{self._changes_script()}; {digest}"
         first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"; [ \"$n\" = 0 ] || exit 0; {body}")

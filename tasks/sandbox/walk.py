@@ -43,6 +43,16 @@ _BAD_BYTE = re.compile(r"\\x[0-9a-f]{2}")  # how the walk spells a byte of a nam
 MAX_AGENT_ROOTS = 256  # more places than this (an image made writable all over): walk everything
 
 
+def inside(path: str, root: str) -> bool:
+    """Whether `path` is `root` or lies below it."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _opaque_gate(quoted: str) -> str:
+    """Shell: an `O` record for each of the (quoted) folders this user cannot list."""
+    return f"for p in {quoted}; do [ -r \"$p\" ] && [ -x \"$p\" ] || printf 'O 0 d %s\\0' \"$p\"; done; "
+
+
 def _has_child(paths: list[str], folder: str, at: int) -> bool:
     """Whether sorted `paths` holds a path below `folder` (which stands at index `at`)."""
     j = bisect.bisect_left(paths, folder + "/", at + 1)
@@ -68,8 +78,7 @@ class ChangeWalk:
         if self.cfg.work_tmpfs_mb:  # the work dir's own tmpfs counts as the root filesystem
             w = shlex.quote(self.workdir)
             # (`O`: the work dir itself cannot be reached or listed, e.g. an agent's `chmod 000 ~`)
-            script = (f"printf 'W %s d /\\0' \"$(stat -c %d {w} 2>/dev/null)\"; "
-                      f"[ -r {w} ] && [ -x {w} ] || printf 'O 0 d %s\\0' {w}; " + script)
+            script = f"printf 'W %s d /\\0' \"$(stat -c %d {w} 2>/dev/null)\"; " + _opaque_gate(w) + script
         try:
             # (stderr dropped: a message would land inside a record and lose it)
             _, out = self._harness(["sh", "-c", "exec 2>/dev/null; " + script], user=user, timeout_s=300,
@@ -129,7 +138,7 @@ class ChangeWalk:
         for p in paths:  # sorted: an ancestor comes before its descendants
             if p == "/":
                 return None
-            if roots and (p == roots[-1] or p.startswith(roots[-1].rstrip("/") + "/")):
+            if roots and inside(p, roots[-1]):
                 continue
             roots.append(p)
         return tuple(roots) if len(roots) <= MAX_AGENT_ROOTS else None
@@ -148,8 +157,7 @@ class ChangeWalk:
         return " ".join(map(shlex.quote, roots)) + " -xdev"
 
     def _in_work_tmpfs(self, path: str) -> bool:
-        work = self.workdir.rstrip("/")
-        return bool(self.cfg.work_tmpfs_mb) and (path == work or path.startswith(work + "/"))
+        return bool(self.cfg.work_tmpfs_mb) and inside(path, self.workdir.rstrip("/"))
 
     def _with_agent_pass(self, rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
         """`rows` of the change walk, plus, for a tmpfs work dir of an unprivileged agent, a walk as the
@@ -167,7 +175,7 @@ class ChangeWalk:
             gate, q = "", shlex.quote(self.workdir)  # (`_find` gates the work dir itself)
         else:
             q = " ".join(map(shlex.quote, hidden))
-            gate = f"for p in {q}; do [ -r \"$p\" ] && [ -x \"$p\" ] || printf 'O 0 d %s\\0' \"$p\"; done; "
+            gate = _opaque_gate(q)
         second = self._find(gate + self._changes_script(f"{q} -xdev"), user=USERS["agent"])
         # root's `U`/`O` records of the tmpfs are replaced by the agent's (what it, too, cannot list)
         return [r for r in rows if not (r[0] in ("U", "O") and self._in_work_tmpfs(r[2]))] + second
@@ -233,10 +241,12 @@ class ChangeWalk:
                     kinds[q] = "d" if folder else "f"
                 elif not folder:  # (the baseline may not know what lies below an unreadable folder)
                     engine_modified.append(q)
-        for p in opaque:  # (nothing below it is known: it stands for all of it)
-            kinds = {q: k for q, k in kinds.items() if not q.startswith(p.rstrip("/") + "/")}
-            gone = [q for q in gone if not q.startswith(p.rstrip("/") + "/")]
-            kinds[p] = "f" if p in self.baseline else "d"
+        if opaque:  # (nothing below one is known: it stands for all of it)
+            def below_opaque(q: str) -> bool:
+                return any(q != p and inside(q, p) for p in opaque)
+            kinds = {q: k for q, k in kinds.items() if not below_opaque(q)}
+            gone = [q for q in gone if not below_opaque(q)]
+            kinds.update({p: "f" if p in self.baseline else "d" for p in opaque})
         gone = sorted(set(gone))
         added = sorted(p for p in kinds if p not in self.baseline)
         modified = sorted({p for p, k in kinds.items() if p in self.baseline and k != "d"} | set(engine_modified))
