@@ -57,13 +57,20 @@ def _copy_package(dest: Path) -> Path:
     return pkg
 
 
-def _code_versions(root: Path) -> dict[str, str]:
+def _code_versions(*roots: Path) -> list[dict[str, tuple[str, list[str]]]]:
+    """Per package copy (`root/trajforge`), per stage: its code version and the modules it covers (one
+    interpreter per copy, all at once)."""
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import trajforge.tasks.pipeline as p\n"
             "assert p.__file__.startswith(sys.argv[1]), p.__file__\n"
-            "print(json.dumps({s.name: s.code_version() for s in p.STAGES}))")
-    out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
+            "print(json.dumps({s.name: (s.code_version(), s.code_module_names()) for s in p.STAGES}))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for root in roots]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate()
+        assert proc.returncode == 0, stderr[-2000:]
+        out.append({k: (v, m) for k, (v, m) in json.loads(stdout).items()})
+    return out
 
 
 def _edit(path: Path, old: str, new: str) -> None:
@@ -72,30 +79,152 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
-def test_fingerprints_follow_meaning_not_text(tmp_path):
-    """A comment, a docstring and an added reaper function reuse every stage; a changed expression in
-    a stage's module (or a module it declares) invalidates exactly the stages that declare it."""
-    pkg = _copy_package(tmp_path / "copy")
-    before = _code_versions(pkg.parent)
-    assert len(set(before.values())) == len(before), before
+def _changed_expression(source: str) -> str:
+    """`source` with one expression changed: its first constant that is not a docstring (a number
+    plus one, a string with a letter added), else an added statement."""
+    tree = ast.parse(source)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and id(node) not in docstrings and type(node.value) in (int, float, str):
+            node.value = node.value + "x" if isinstance(node.value, str) else node.value + 1
+            return ast.unparse(tree)
+    return source + "\n_CHANGED = 1\n"
 
+
+def _change_expression(path: Path) -> None:
+    path.write_text(_changed_expression(path.read_text()))
+
+
+def _changed(before: dict, after: dict) -> set[str]:
+    return {k for k in before if before[k][0] != after[k][0]}
+
+
+def _reaching(versions: dict, module: str) -> set[str]:
+    return {k for k, (_, modules) in versions.items() if f"trajforge.{module}" in modules}
+
+
+def test_fingerprints_follow_meaning_not_text(tmp_path):
+    """On copies of the package: a comment, a docstring and any edit of an operational module reuse
+    every stage; a changed expression in a module invalidates exactly the stages whose import
+    closure reaches it (the sandbox's change walk and checksum script: at least synthesize, rollout
+    and verify, which run sandboxes)."""
+    base = _copy_package(tmp_path / "base")
+    copies = {name: shutil.copytree(base.parent, tmp_path / name.replace("/", "_")) / "trajforge"
+              for name in ("text", "tasks/sandbox/walk.py", "tasks/sandbox/checksums.py", "tasks/calibrate.py")}
+    pkg = copies["text"]
     _edit(pkg / "tasks" / "rollout.py", "class RolloutStage(Stage):", "# a comment\nclass RolloutStage(Stage):  # why")
     _edit(pkg / "tasks" / "verify.py", '"""Stage `verify`:', '"""Stage `verify` (reworded docstring):')
     _edit(pkg / "tasks" / "sandbox" / "verifier.py", "def run_hidden_tests(", "# comment only\ndef run_hidden_tests(")
     (pkg / "tasks" / "sandbox" / "reaper.py").write_text(
         (pkg / "tasks" / "sandbox" / "reaper.py").read_text() + "\n\ndef reap_everything_twice() -> int:\n    return 2\n")
-    (pkg / "tasks" / "engine" / "progress.py").write_text(
-        (pkg / "tasks" / "engine" / "progress.py").read_text() + "\nEVERY_S = 3.0\n")
-    assert _code_versions(pkg.parent) == before
+    for operational in ("tasks/engine/progress.py", "tasks/engine/lease.py", "tasks/teachers/vllm_server.py",
+                        "tasks/teachers/cpu_profile.py", "tasks/teachers/endpoints.py", "expectations/gate.py"):
+        _change_expression(pkg / operational)
+    for module in list(copies)[1:]:
+        _change_expression(copies[module] / module)
 
-    _edit(pkg / "tasks" / "calibrate.py", "return [Shard(index=0)]", "return [Shard(index=0, payload={})]")
-    after = _code_versions(pkg.parent)
-    assert after["calibrate"] != before["calibrate"]
-    assert {k: v for k, v in after.items() if k != "calibrate"} == {k: v for k, v in before.items() if k != "calibrate"}
+    before, *after = _code_versions(base.parent, *(p.parent for p in copies.values()))
+    assert len({v for v, _ in before.values()}) == len(before), before
+    after = dict(zip(copies, after))
+    assert after.pop("text") == before
+    for module, must in (("tasks/sandbox/walk.py", {"synthesize", "rollout", "verify"}),
+                         ("tasks/sandbox/checksums.py", {"synthesize", "rollout", "verify"}),
+                         ("tasks/calibrate.py", {"calibrate", "export"})):
+        reaching = _reaching(before, module.removesuffix(".py").replace("/", "."))
+        assert must <= reaching, (module, reaching)
+        assert _changed(before, after[module]) == reaching, module
 
-    _edit(pkg / "tasks" / "sandbox" / "verifier.py", 'MARK = "__TF_RESULTS__ "', 'MARK = "__TF_RESULTS2__ "')
-    changed = {k for k, v in _code_versions(pkg.parent).items() if v != after[k]}
-    assert changed == {"synthesize", "rollout", "verify"}
+
+def test_every_module_of_a_stage_closure_counts():
+    """For every stage, a changed expression in any module of its closure changes its code version;
+    the closure holds no operational module."""
+    from trajforge.tasks.engine.codeversion import (
+        is_operational,
+        module_digest,
+        module_source,
+        modules_digest,
+        source_digest,
+    )
+    from trajforge.tasks.pipeline import STAGES
+
+    changed = {}
+    for stage in STAGES:
+        names, version = stage.code_module_names(), stage.code_version()
+        assert type(stage).__module__ in names and not [n for n in names if is_operational(n)]
+        for name in names:
+            if name not in changed:
+                changed[name] = source_digest(_changed_expression(module_source(name)))
+                assert changed[name] != module_digest(name), name
+            digest = lambda n, name=name: changed[n] if n == name else module_digest(n)  # noqa: E731
+            assert modules_digest(names, digest) != version, (stage.name, name)
+
+
+def test_the_closure_sees_every_module_python_loads():
+    """Importing a stage's module loads only modules of its static closure (taken without the
+    operational exclusions: the modules loaded through an operational one are left out of it)."""
+    from trajforge.tasks.engine.codeversion import closure
+    from trajforge.tasks.pipeline import STAGES
+
+    code = ("import importlib, json, sys\nout = {}\n"
+            "for name in sys.argv[1:]:\n"
+            "    for n in [n for n in sys.modules if n.split('.')[0] == 'trajforge']: del sys.modules[n]\n"
+            "    importlib.import_module(name)\n"
+            "    out[name] = sorted(n for n in sys.modules if n.split('.')[0] == 'trajforge')\n"
+            "print(json.dumps(out))")
+    modules = [type(s).__module__ for s in STAGES]
+    out = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, check=True)
+    for name, loaded in json.loads(out.stdout).items():
+        assert len(loaded) > 30
+        assert set(loaded) <= set(closure([name], operational=())), (name, set(loaded) - set(closure([name], ())))
+
+
+def test_import_closure_reads_every_import_form():
+    """Absolute and relative imports, `from . import submodule`, imports inside functions, the parent
+    packages an import runs, and a sibling source named as a file; other packages are left out."""
+    from trajforge.tasks.engine.codeversion import imported_modules
+
+    source = ("import json\nimport trajforge.tasks.sandbox.walk\nfrom .. import families\n"
+              "from .spec import ToolTask\nfrom . import client as c\n"
+              "def f():\n    from ...engine.store import RunStore\n    from trajforge.schemas import common\n"
+              "SERVER = 'server.py'\n")
+    t = "trajforge.tasks"
+    expected = {"trajforge", t, f"{t}.sandbox", f"{t}.sandbox.walk", f"{t}.envs", f"{t}.envs.families",
+                f"{t}.envs.tools.spec", f"{t}.envs.tools.client", f"{t}.engine", f"{t}.engine.store",
+                "trajforge.schemas", "trajforge.schemas.common", f"{t}.envs.tools.server"}
+    assert imported_modules(f"{t}.envs.tools", source) == expected  # in a package's `__init__`
+    # the same lines in a module of that package (a module never counts as importing itself)
+    assert imported_modules(f"{t}.envs.tools.spec", source) == expected - {f"{t}.envs.tools.spec"} | {f"{t}.envs.tools"}
+
+
+def test_a_family_registered_by_its_package_counts():
+    """A family lives in the registry because `envs/families/__init__.py` imports it: every stage that
+    imports the registry covers it, tool families included."""
+    from trajforge.tasks.pipeline import STAGES
+
+    for stage in STAGES:
+        names = stage.code_module_names()
+        assert {"trajforge.tasks.envs.families.sql_query", "trajforge.tasks.envs.tools.families.orders"} <= set(names)
+
+
+def test_every_module_is_fingerprinted_or_named():
+    """Each module of the package (outside flows/) is in some stage's closure, operational, or one of
+    the few that no stage runs: a source read as data and reached by no rule would show up here."""
+    import pkgutil
+
+    import trajforge
+    from trajforge.tasks.engine.codeversion import OPERATIONAL, is_operational, module_file
+    from trajforge.tasks.pipeline import STAGES
+
+    assert all(module_file(f"trajforge.{op}") for op in OPERATIONAL), "an operational module that does not exist"
+    outside_builds = {"trajforge.tasks.pipeline",  # the graph: which stages run on what (upstream fingerprints)
+                      "trajforge.tasks.envs.corpus",  # `trajforge envs import`, outside a build
+                      "trajforge.schemas.value_sets"}  # value sets of the gate's suites
+    covered = set().union(*(s.code_module_names() for s in STAGES))
+    modules = {m.name for m in pkgutil.walk_packages(trajforge.__path__, "trajforge.")
+               if not m.name.startswith("trajforge.flows")}
+    assert {m for m in modules - covered if not is_operational(m)} == outside_builds
 
 
 def test_source_digest_ignores_comments_docstrings_and_layout():

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from ...schemas.common import Reject
 from ...schemas.config import BuildConfig, fingerprint_view
-from .codeversion import modules_digest
+from .codeversion import closure, modules_digest
 from .store import RunStore
 
 TASKS_PACKAGE = __package__.rsplit(".", 1)[0]  # "trajforge.tasks": `code_modules` are relative to it
@@ -129,9 +129,9 @@ class Stage(ABC):
     services: ClassVar[tuple[str, ...]] = ()  # long-lived services the flow starts first (e.g. "teacher")
     config_sections: ClassVar[tuple[str, ...]] = ()
     output: ClassVar[type[BaseModel]]
-    # Modules (besides the stage's own) whose code decides the output, e.g. the agent harness for
-    # `rollout`: names relative to `trajforge.tasks`; a package name covers all its modules.
-    # Operational code (reapers, progress, process lifecycles) lives in modules no stage lists here.
+    # Modules whose code decides the output that the stage's import closure cannot see (e.g. one
+    # reached only by a name in a string): names relative to `trajforge.tasks`; a package name covers
+    # all its modules. Everything the stage's module imports counts already (`code_module_names`).
     code_modules: ClassVar[tuple[str, ...]] = ()
 
     def config_section(self, config: BuildConfig) -> dict[str, Any]:
@@ -139,20 +139,22 @@ class Stage(ABC):
         return {s: fingerprint_view(getattr(config, s)) for s in self.config_sections}
 
     def code_version(self) -> str:
-        """Digest of the normalised syntax trees of the stage's module and its `code_modules`:
-        a changed expression invalidates the stage's outputs (and so everything downstream); a
-        comment, a docstring or a change in a module not listed does not."""
+        """Digest of the normalised syntax trees of `code_module_names`: a changed expression in any
+        of them invalidates the stage's outputs (and so everything downstream); a comment, a
+        docstring or a change in an operational module (`codeversion.OPERATIONAL`) does not."""
         return modules_digest(self.code_module_names())
 
     def code_module_names(self) -> list[str]:
-        names = [type(self).__module__]
+        """The stage's module, its `code_modules` and everything they import inside the package,
+        transitively (`codeversion.closure`), minus the operational modules. Sorted."""
+        roots = [type(self).__module__]
         for rel in self.code_modules:
             mod = importlib.import_module(f"{TASKS_PACKAGE}.{rel}")
-            names.append(mod.__name__)
+            roots.append(mod.__name__)
             if hasattr(mod, "__path__"):
-                names += [f"{mod.__name__}.{m.name}"
+                roots += [f"{mod.__name__}.{m.name}"
                           for m in sorted(pkgutil.iter_modules(mod.__path__), key=lambda m: m.name)]
-        return names
+        return closure(roots)
 
     def part_path(self, shard: Shard, fingerprint: str) -> str:
         return f"{shard.name}.parquet"

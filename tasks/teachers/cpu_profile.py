@@ -20,7 +20,7 @@ Fingerprints: the dtype changes the sampled text, so the *resolved* dtype is wha
 fingerprint hashes for `dtype: auto` (`VLLMTeacherConfig.fingerprint`): `auto` resolving the same on the
 same (kind of) machine reuses a committed build; a machine that resolves it differently does not.
 Threads, the KV cache and the compile cache only change speed: operational, never fingerprinted (this
-module is in no stage's `code_modules`).
+module is in `engine.codeversion.OPERATIONAL`, so no stage's code version covers it).
 
 `TRAJFORGE_CPU_FLAGS` (space- or comma-separated) replaces the flags read from `/proc/cpuinfo`
 (tests, emulating another CPU).
