@@ -120,7 +120,6 @@ class CalibrateStage(Stage):
     name = "calibrate"
     requires = ("verify", "synthesize")
     config_sections = ("calibrate", "rollout")
-    code_modules = ("difficulty",)
     output = Calibration
 
     def config_section(self, config) -> dict:

@@ -159,7 +159,6 @@ class ExportStage(Stage):
     requires = ("calibrate", "verify", "rollout", "synthesize")
     config_sections = ("export",)
     output = TrajectoryRow
-    code_modules = ("dataset",)
 
     def config_section(self, config: Any) -> dict[str, Any]:
         """`export` plus the scanner's version: a new detect-secrets release (its patterns) re-runs export."""

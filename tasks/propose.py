@@ -49,7 +49,6 @@ def import_items(config: BuildConfig) -> list[dict[str, Any]]:
 class ProposeStage(Stage):
     name = "propose"
     config_sections = ("synthesize",)
-    code_modules = ("envs.families", "envs.formats", "envs.llm_synthesis", "envs.tools", "envs.tools.families")
     output = EnvSpec
 
     def services_for(self, config: BuildConfig) -> tuple[str, ...]:

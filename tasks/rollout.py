@@ -29,11 +29,6 @@ class RolloutStage(Stage):
     name = "rollout"
     requires = ("synthesize",)
     services = ("teacher",)
-    # teachers: what decides the turns (settings models, clients, replay, recorded files, the registry);
-    # not endpoint routing or the vLLM process lifecycle (operational)
-    code_modules = ("agent", "teachers.registry", "teachers.base", "teachers.replay", "teachers.recorded",
-                    "teachers.openai", "teachers.vllm", "sandbox.container", "sandbox.streams", "sandbox.limits",
-                    "sandbox.verifier", "sandbox.changes", "envs.tools.spec", "envs.tools.client")
     config_sections = ("rollout", "teacher", "sandbox")
     output = Rollout
 

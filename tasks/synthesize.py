@@ -40,8 +40,6 @@ class SynthesizeStage(Stage):
     name = "synthesize"
     requires = ("propose",)
     config_sections = ("synthesize", "sandbox")
-    code_modules = ("envs.images", "envs.validator", "envs.families", "envs.catalogue", "envs.tools.client",
-                    "sandbox.container", "sandbox.streams", "sandbox.limits", "sandbox.verifier")
     output = EnvSpec
 
     def retryable(self, rows, rejects: list[Reject]) -> Retryable:

@@ -37,8 +37,6 @@ class VerifyStage(Stage):
     name = "verify"
     requires = ("rollout", "synthesize")
     config_sections = ("verify", "sandbox")
-    code_modules = ("sandbox.container", "sandbox.streams", "sandbox.limits", "sandbox.verifier", "sandbox.hacks",
-                    "sandbox.quality", "sandbox.changes", "envs.catalogue", "envs.images")
     output = Verdict
 
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
