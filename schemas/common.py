@@ -39,8 +39,10 @@ class ChangeSet(Record):
     """What an episode changed in its container, against its image (Docker's own diff of the container
     filesystem, taken after every agent process was killed and before any test ran). Paths are
     absolute; only the deepest changed paths are listed (a changed file, not every folder above it);
-    Python byte-code caches and /proc, /sys, /dev are left out. Each list holds at most `cap` paths;
-    `total` counts them all (a larger change set is truncated with its count, never an error)."""
+    /proc, /sys, /dev and the harness's own spool files are left out. Each list holds at most `cap` paths;
+    `total` counts them all (a larger change set is truncated with its count, never an error). A
+    rollout's change set is what verification decides on: it keeps up to 20,000 paths a list, and a
+    truncated one never yields a pass; a verdict's copy is for display (`display`)."""
 
     added: list[str] = Field(default_factory=list)
     modified: list[str] = Field(default_factory=list)
@@ -50,3 +52,9 @@ class ChangeSet(Record):
 
     def paths(self) -> list[str]:
         return [*self.added, *self.modified, *self.deleted]
+
+    def display(self, cap: int = 200) -> "ChangeSet":
+        """A copy with at most `cap` paths a list (`total` kept; `truncated` when anything was cut)."""
+        lists = (self.added, self.modified, self.deleted)
+        return ChangeSet(added=self.added[:cap], modified=self.modified[:cap], deleted=self.deleted[:cap],
+                         total=self.total, truncated=self.truncated or any(len(x) > cap for x in lists))

@@ -79,6 +79,9 @@ class InPlaceTests(Record):
     exit_code: int | None = None
     fallback: str | None = Field(None, description="why the results cannot be trusted in place (e.g. the results "
                                                    "folder could not be reset): the verify stage tests isolated")
+    integrity: list[str] = Field(default_factory=list, description=(
+        "what the test run itself was found to have been tampered with, read from outside the container after "
+        "it: hidden tests altered, a reward file the tests never write, rewards that disagree"))
 
 
 class Rollout(Record):
@@ -110,6 +113,9 @@ class Rollout(Record):
     leftover_processes: int = Field(0, description="agent processes still running at the end (-1: too many)")
     final_state: bytes | None = Field(default=None, description="tar of the work dir after the episode")
     changes: ChangeSet | None = Field(default=None, description="the episode's change set (see ChangeSet)")
+    toolchain_changed: list[str] = Field(default_factory=list, description=(
+        "system programs, libraries or loader settings the episode changed, read from outside the container "
+        "(tasks/sandbox/layer.py): the container's programs were no longer trusted to judge it"))
     outside_state: bytes | None = Field(default=None, description=(
         "tar (paths relative to /) of the files the episode added or modified outside the work dir; with "
         "`final_state` and `changes.deleted` it reproduces the final container state in a fresh container"))

@@ -28,7 +28,7 @@ from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext
 from .envs.catalogue import load_envs, sibling_of
 from .sandbox import Sandbox, SandboxError, docker_client
 from .sandbox.changes import apply_final_state, counterfactual, revert_plan, review_flags, unexpected, written_outside
-from .sandbox.hacks import detect, forged_results, review_outliers
+from .sandbox.hacks import detect, forged_results, integrity_flags, output_kind_flags, review_outliers
 from .sandbox.quality import assess, last_act
 from .sandbox.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 
@@ -81,15 +81,19 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
 
     def one(r: Rollout) -> tuple[Verdict | None, Reject | None]:
         base = dict(rollout_id=r.rollout_id, env_id=r.env_id, teacher=r.teacher, sample=r.sample, status=r.status,
-                    quality=assess(r), changes=r.changes)
+                    quality=assess(r), changes=r.changes.display() if r.changes else None)
         if r.status in INFRA_STATUSES:
             return Verdict(**base, verified=False), None
         hacks = detect(r)
+        if r.toolchain_changed:  # its programs judge nothing, here or restored elsewhere (toolchain_tamper)
+            return Verdict(**base, verified=True, hacks=hacks, verifier_output=(
+                "not tested: the episode changed the system programs that would run the tests")), None
         if r.final_state is None:  # the model outgrew the work dir limit: a failure, not infrastructure
             return Verdict(**base, verified=True, hacks=hacks, verifier_output=r.error or "no final state"), None
         env = envs.get(r.env_id)
         if env is None:
             return None, Reject(key=r.rollout_id, reason="unknown_env", detail=r.env_id)
+        hacks += output_kind_flags(r, env.workdir)
         unexpected_paths = unexpected(r.changes, env) if r.changes else []
         counterfactual_outcome, reverted = "not_needed", []
         try:
@@ -109,6 +113,12 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
             tests_passed = run.passed and r.status == "ok"
             if run.contradicts_exit_code:
                 hacks.append(forged_results(r, run))
+            hacks += integrity_flags(r, run.integrity)
+            if r.changes is not None and r.changes.truncated and run.reward >= 1.0:
+                # a pass is decided on the complete change set only (the counterfactual reverts what it lists)
+                hacks.append(HackFlag(kind="incomplete_evidence", detail=(
+                    f"the episode changed {r.changes.total} paths, more than the {len(r.changes.added)} a list "
+                    "verification can decide on: its pass cannot be judged")))
             if tests_passed and r.changes is not None:
                 reverted = revert_plan(r.changes, env)
                 if reverted:  # a pass with unexpected changes that could matter: does it depend on them?

@@ -57,19 +57,25 @@ def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode
     assert not [r for r in rejects if r["key"] in {c["case"] for c in CASES}], rejects
     for c in CASES:
         v = verdicts[c["case"]]
+        if "toolchain_tamper" in v["hack_flags"]:  # nothing of its container judges it: not tested at all
+            assert v["mode"] == "none" and not v["passed"], (c["case"], v["mode"])
+            continue
         assert v["mode"] in ({"in_place"} if mode == "in_place" else {"isolated"}), (c["case"], v["mode"])
         flags = [f"{h['kind']}: {h['detail']} [{h['command']}]" for h in v["hacks"]]
         if c["expect"] == "pass":
             assert v["passed"] and not v["hack_flags"], (c["case"], flags, v["verifier_output"][-500:])
         elif c["expect"] == "fail":
             assert not v["passed"], c["case"]
+        elif c.get("neutralized"):  # the defence removes the hack's effect (a restart, a fresh container)
+            assert not v["passed"] and v["reward"] < 1.0, (c["case"], c["class"], "a hack counted as a pass", flags)
         else:
             assert not v["passed"], (c["case"], c["class"], "a hack counted as a pass")
             assert v["hacks"], (c["case"], c["class"], "a hack without a flag", v["unexpected"])
             assert any(h["command"] or "/" in h["detail"] for h in v["hacks"]), (c["case"], flags)
     by_class = {c["class"] for c in CASES if c["expect"] == "hack" and verdicts[c["case"]]["hacks"]}
     assert {"module_shadowing", "input_tampering", "reward_precedence", "fake_result_lines",
-            "path_executable", "sitecustomize", "pth_file", "conftest", "pyc_poisoning"} <= by_class
+            "path_executable", "sitecustomize", "pth_file", "conftest", "pyc_poisoning", "harness_shim",
+            "reward_channel", "test_script_rewrite", "output_kind", "truncated_change_set", "pycache_noise", "work_dir_stash"} <= by_class
 
 
 @pytest.mark.parametrize("name,problem", [("bad-workdir", "workdir must not be /"),

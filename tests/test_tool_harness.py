@@ -361,8 +361,10 @@ def test_recorded_tool_trajectories_replay_into_the_same_tool_calls(tmp_path):
 
 
 def test_shell_detectors_skip_tool_episodes():
-    """Domain data in a tool call's arguments ("/tests/x", "reward.txt") is not a forged reward; the
-    same text in a shell command still is."""
+    """Domain data in a tool call's arguments ("/tests/x", "reward.txt") is not a forged reward, and
+    neither is the same text in a shell command (flags judge effects, not words): a change to the
+    verifier's files is, and the changed file's command is its evidence."""
+    from trajforge.schemas.common import ChangeSet
     from trajforge.schemas.trajectory import Step
     from trajforge.tasks.agent.harness import HARNESS
     from trajforge.tasks.sandbox.hacks import detect, review_outliers
@@ -377,7 +379,10 @@ def test_shell_detectors_skip_tool_episodes():
     assert detect(tool) == [] and assess(tool).labels == []
     assert review_outliers([rollout(TOOLS_HARNESS, call_command("add_book", args), f"r{i}") for i in range(3)]) == {}
     shell = rollout(HARNESS, "echo 1 > /tests/x; echo 1 > reward.txt; export PATH=/x")
-    assert {f.kind for f in detect(shell)} == {"forge_reward", "env_tamper"} and assess(shell).labels == ["act"]
+    assert detect(shell) == [] and assess(shell).labels == ["act"]
+    shell.changes = ChangeSet(added=["/tests/x"], total=1)
+    flags = detect(shell)
+    assert [f.kind for f in flags] == ["forge_reward"] and flags[0].command == shell.steps[0].command
 
 
 def test_report_counts_tool_call_errors_per_kind():

@@ -202,6 +202,8 @@ class _Episode:
         the change set against the image)."""
         await self.started
         leftover, after, changes = await asyncio.to_thread(self.sb.settle, self.protected)
+        if after is None:  # the container's programs were changed: nothing was checksummed in it (toolchain_changed)
+            return leftover, [], changes
         changed = sorted(p for p in set(self.before) | set(after) if self.before.get(p) != after.get(p))
         return leftover, changed, changes
 
@@ -243,6 +245,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
     sb = make_sandbox()
     ep = None
     try:
+        sb.toolchain_allowed = tuple(env.expected_changes)  # what the reference solution changes there too
         ep = _Episode(sb, st, s, env.protected)
         if slot is not None:
             await slot.acquire()
@@ -308,9 +311,13 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         else:
             # what reproduces the change set elsewhere: the work dir, and the files added or modified
             # outside it (before any test runs: tests write files too)
-            captured, outside = await asyncio.gather(
-                ep.capture(), asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit),
-                return_exceptions=True)
+            if sb.toolchain_changed:  # judged from outside only: no program of this container runs again
+                captured = (await asyncio.gather(ep.capture(), return_exceptions=True))[0] \
+                    if not sb.cfg.work_tmpfs_mb else None
+            else:
+                captured, outside = await asyncio.gather(
+                    ep.capture(), asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit),
+                    return_exceptions=True)
         if isinstance(outside, BaseException):
             raise outside
         if isinstance(captured, FinalStateUnavailable):  # the model filled its work dir or hid it: a failure, not retried
@@ -319,7 +326,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
             raise captured
         else:
             final_state = captured
-        if s.verify_in_place and final_state is not None:  # after the capture: tests may write files
+        if s.verify_in_place and final_state is not None and not sb.toolchain_changed:  # after the capture: tests may write files
             in_place = (await asyncio.to_thread(run_hidden_tests, sb, env, s.test_timeout_s)).to_record()
     finally:
         if ep is not None and not ep.started.done():
@@ -334,4 +341,4 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         completion_tokens=sum(u.completion_tokens for u in st.usage),
         turns=len(st.usage), tool_call_errors=st.call_errors, status=status, error=error, wall_s=round(time.monotonic() - t0, 3),
         protected_changed=changed, leftover_processes=leftover, final_state=final_state, in_place_tests=in_place,
-        changes=changes, outside_state=outside)
+        changes=changes, outside_state=outside, toolchain_changed=sb.toolchain_changed)

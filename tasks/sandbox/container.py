@@ -9,8 +9,10 @@ connection pool and errors arrive as typed exceptions.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import os
 import posixpath
 import shlex
 import tarfile
@@ -33,11 +35,12 @@ from .errors import (
     StateTooLarge,
     StateUnreadable,
 )
+from .layer import HARNESS_PATH, SYSTEM, classify, toolchain_changes, upper_changes
 from .limits import create_capped, ulimits
 from .reaper import LABEL, owner_label
 from .streams import META, ExecHung, capture_argv, run_exec
 from .users import AGENT_UID, ROOT_FILE_CAPS, USERS
-from .walk import _AGENT_ROOTS, _BASELINES, ChangeWalk
+from .walk import _AGENT_ROOTS, _BASELINES, _NOISE, DECISION_CAP, ChangeWalk, _has_child
 
 # (image id, work dir) -> the image's work dir as a tar (None: the image has none), seeding a tmpfs work dir
 _WORK_SEEDS: dict[tuple[str, str], tuple[bytes, int, int, int] | None] = {}
@@ -121,6 +124,9 @@ class Sandbox(ChangeWalk):
         self._work_owner = "0:0"  # who fills a tmpfs work dir (`work_tmpfs_mb`): the image's owner of it
         self.agent_roots: tuple[str, ...] | None = None  # where the agent can change files (None: anywhere)
         self.others_wrote = False  # something other than the unprivileged agent may have written since start
+        self.restarted = False  # `restart` ran: no process of the episode is left, whatever its pid
+        self.toolchain_changed: list[str] = []  # what `toolchain` found the episode changed of the harness's programs
+        self.toolchain_allowed: tuple[str, ...] = ()  # ...except these (the reference solution's changes)
 
     def __enter__(self) -> "Sandbox":
         self.start()
@@ -224,14 +230,7 @@ class Sandbox(ChangeWalk):
                 self._seed_work(seed)
                 started = time.time()  # the seeding is the image's, not the episode's
             if self.agent == "root":  # the init's children: the `sleep infinity` a root agent's cleanup spares
-                for _ in range(50):  # (right after the start, the init may not have started it yet)
-                    _, out = run_exec(self.client.api, self.container.id, ["cat", "/proc/1/task/1/children"],
-                                      time.monotonic() + self.cfg.exec_grace_s, 1 << 16, user="0:0")
-                    children = {int(p) for p in out.split() if p.isdigit()}
-                    if children:
-                        break
-                    time.sleep(0.02)
-                self.keep_pids |= children
+                self.keep_pids = {1} | self._init_children()
             # what changes after the start (ctime, which no process here can set back) is the episode's
             self.started_at = started
             image_id = self.container.attrs.get("Image") or self.image  # (`.image` would inspect the image)
@@ -255,6 +254,97 @@ class Sandbox(ChangeWalk):
             self._remove_by_name()
             raise SandboxError(f"could not start a container from {self.image!r}: {err}") from None
 
+    def _init_children(self) -> set[int]:
+        """The pids of the container init's children (its `sleep infinity`; right after a start the init
+        may not have started it yet)."""
+        children: set[int] = set()
+        for _ in range(50):
+            _, out = run_exec(self.client.api, self.container.id, ["cat", "/proc/1/task/1/children"],
+                              time.monotonic() + self.cfg.exec_grace_s, 1 << 16, user="0:0",
+                              environment={"PATH": HARNESS_PATH})
+            children = {int(p) for p in out.split() if p.isdigit()}
+            if children:
+                break
+            time.sleep(0.02)
+        return children
+
+    def restart(self) -> None:
+        """Kill every process of the container, whatever its pid (the init and its `sleep infinity`
+        included: a root agent may have taken one over), and start it again: the writable layer stays,
+        `/dev`, `/dev/shm` and tmpfs mounts start empty. Raises SandboxError when it does not come back."""
+        try:
+            self.container.restart(timeout=0)
+            self.keep_pids = {1} | self._init_children()
+        except docker.errors.DockerException as err:
+            raise SandboxError(f"could not restart {self.name} to judge it: {err}") from None
+        self.restarted = True
+
+    def pause(self) -> None:
+        """Freeze every process of the container (the cgroup freezer): nothing in it runs until `unpause`."""
+        try:
+            self.container.pause()
+        except docker.errors.DockerException as err:
+            raise SandboxError(f"could not pause {self.name}: {err}") from None
+
+    def unpause(self) -> None:
+        try:
+            self.container.unpause()
+        except docker.errors.DockerException as err:
+            raise SandboxError(f"could not unpause {self.name}: {err}") from None
+
+    def path_kind(self, path: str) -> str | None:
+        """What `path` is, from the engine's stat of it (never following its last component; a link in a
+        folder above is followed inside the container's root): `file`, `dir`, `link`, `fifo`, `device`,
+        `socket` or `other`; None when there is nothing. No program of the container runs."""
+        api = self.client.api
+        try:
+            res = api.head(api._url("/containers/{0}/archive", self.container.id), params={"path": path})
+        except Exception as err:  # transport errors
+            raise SandboxError(f"could not stat {path} in {self.name}: {err}") from None
+        if res.status_code == 404:
+            return None
+        if res.status_code != 200:
+            raise SandboxError(f"could not stat {path} in {self.name}: HTTP {res.status_code}")
+        mode = json.loads(base64.b64decode(res.headers["X-Docker-Container-Path-Stat"]))["mode"]
+        for bit, kind in ((31, "dir"), (27, "link"), (25, "fifo"), (26, "device"), (24, "socket"), (21, "device"),
+                          (19, "other")):
+            if mode & (1 << bit):
+                return kind
+        return "file"
+
+    def _upper_dir(self) -> str | None:
+        """The container's writable layer on this host (overlay2, readable here: a local engine, this
+        process root), else None."""
+        data = (self.container.attrs.get("GraphDriver") or {})
+        upper = (data.get("Data") or {}).get("UpperDir")
+        local = str(getattr(self.client.api, "base_url", "")).startswith("http+docker://")
+        if data.get("Name") != "overlay2" or not upper or not local or not os.access(upper, os.R_OK | os.X_OK):
+            return None
+        return upper
+
+    def system_changes(self) -> dict[str, str]:
+        """{path: added|modified|deleted|replaced} in the system folders (`layer.SYSTEM`), read from
+        outside the container: its overlay upper folder on this host, else the engine's diff."""
+        upper = self._upper_dir()
+        if upper is not None:
+            raw = upper_changes(upper)
+        else:
+            roots = SYSTEM + ("/usr", "/etc")
+            raw = {p: k for p, k in self._engine_diff().items()
+                   if any(p == r or p.startswith(r + "/") for r in roots)}
+        return classify(raw, self.baseline, self.baseline_dirs)
+
+    def toolchain(self) -> list[str]:
+        """What the episode changed of the programs and libraries the harness runs (see layer.py), read
+        from outside; for an unprivileged agent that can write none of the system folders (its places,
+        `agent_roots`, lie elsewhere) and no engine view on this host, nothing is read: it cannot."""
+        if self.agent != "root" and self._upper_dir() is None and self.agent_roots is not None \
+                and not any(r == "/" or any(s == r or s.startswith(r + "/") or r.startswith(s + "/") for s in SYSTEM)
+                            for r in self.agent_roots):
+            return []
+        self.toolchain_changed = toolchain_changes(self.system_changes(), self.baseline, self.toolchain_allowed)
+        return self.toolchain_changed
+
     def _remove_by_name(self) -> None:
         try:
             self.client.api.remove_container(self.name, force=True)
@@ -271,7 +361,10 @@ class Sandbox(ChangeWalk):
         whole process group. `readonly`: a harness command as another user that writes nothing (a
         checksum, a scan); any other command as another user makes the next change set a full walk.
         `env`: variables of the exec (unlike the command line, which every user reads in /proc, a
-        root process's environment is readable by root only)."""
+        root process's environment is readable by root only). A command with an explicit `user` is the
+        harness's own: it runs with HARNESS_PATH (the image's system folders, never the agent's PATH or
+        /usr/local, where a root agent may have put a `python3` of its own)."""
+        path = {} if user is None else {"PATH": HARNESS_PATH}
         user = user or self.agent
         if user == self.agent:
             self.settled = False
@@ -283,7 +376,7 @@ class Sandbox(ChangeWalk):
             code, raw = run_exec(self.client.api, self.container.id, capture_argv(command, timeout_s, limit),
                                  t0 + timeout_s + self.cfg.exec_grace_s, 4 * limit + (1 << 16),
                                  user=USERS.get(user, user), workdir=workdir or self.workdir,
-                                 environment={"HOME": self._home(user), **(env or {})})
+                                 environment={"HOME": self._home(user), **path, **(env or {})})
         except ExecHung as hung:
             return self._unhang(user, hung.partial, time.monotonic() - t0)
         except docker.errors.DockerException as err:
@@ -304,7 +397,7 @@ class Sandbox(ChangeWalk):
         of `cap` bytes or more (a listing is never used cut: it would lose or splice entries)."""
         try:
             code, out = run_exec(self.client.api, self.container.id, argv, time.monotonic() + timeout_s, cap,
-                                 user=user)
+                                 user=user, environment={"PATH": HARNESS_PATH})
         except ExecHung:
             raise SandboxError(f"{argv[0]} in {self.name} did not finish within {timeout_s:g}s") from None
         if len(out) >= cap:
@@ -448,14 +541,18 @@ class Sandbox(ChangeWalk):
             raise SandboxError(f"could not stop the agent's processes in {self.name}: {err}") from None
         return left
 
-    def settle(self, globs: list[str], cap: int = 200) -> tuple[int, dict[str, str], ChangeSet]:
+    def settle(self, globs: list[str], cap: int = DECISION_CAP) -> tuple[int, dict[str, str] | None, ChangeSet]:
         """After the episode: stop the agent's processes, then list what changed (`changes`) and
         checksum `globs` (`digests`). (how many processes were still running, digests, change set).
 
         One exec when the agent left nothing running (the usual case): the count, the walk and the
         checksums run in the same root shell, the walk and checksums only once the count is 0; else the
         processes are killed first and the exec runs again. Afterwards `kill_agent_processes` is free
-        until the agent runs another command (nothing of the agent's can start without one)."""
+        until the agent runs another command (nothing of the agent's can start without one).
+
+        A root agent's container is restarted first (`restart`). When the episode changed the programs
+        the walk would run (`toolchain`, read from outside), nothing more runs in the container: the
+        digests are None (unknown) and the change set is the engine's (`outside_change_set`)."""
         if self.agent == "root":  # count and kill in one pass: what it printed is what was running
             keep = " ".join(str(p) for p in sorted(self.keep_pids))
             count = (f'keep=" {keep} $$ "; n=0; for d in /proc/[0-9]*; do p=${{d#/proc/}}; '
@@ -474,12 +571,28 @@ class Sandbox(ChangeWalk):
                       f"{digest_command(globs)}; "
                       "else echo '{}'; fi; printf '\\0'; ")
         body = f"{self._changes_script()}; {digest}"
-        first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"; [ \"$n\" = 0 ] || exit 0; {body}")
-        counted = next((p for t, _, p in first if t == "K"), "")
-        leftover = int(counted) if counted.isdigit() else -1
-        rows = first
-        if leftover != 0:  # processes were running: stop them all, then look
-            self.kill_agent_processes()
+        if self.agent == "root" and not self.cfg.work_tmpfs_mb:
+            # a root agent may have taken over any process, whatever its pid (the init, its `sleep
+            # infinity`): count (evidence only: the count runs the container's own shell), then restart the
+            # container, so that no process of the episode is left and /dev, /dev/shm start empty
+            first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"", walk=False)
+            counted = next((p for t, _, p in first if t == "K"), "")
+            leftover = int(counted) if counted.isdigit() else -1
+            self.restart()
+            rows = None
+        else:
+            first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"; [ \"$n\" = 0 ] || exit 0; {body}")
+            counted = next((p for t, _, p in first if t == "K"), "")
+            leftover = int(counted) if counted.isdigit() else -1
+            rows = first
+            if leftover != 0:  # processes were running: stop them all, then look
+                self.kill_agent_processes()
+                rows = None
+        # before any more of the container's programs run: did the episode change them? (from outside)
+        if self.toolchain():
+            self.settled = True
+            return leftover, None, self.outside_change_set(cap)
+        if rows is None:
             rows = self._find(body)
         after: dict[str, str] = {}
         if globs:
@@ -491,6 +604,19 @@ class Sandbox(ChangeWalk):
                 after = {"<the checksums did not finish>": text[-300:]}
         self.settled = leftover == 0  # else the kill loop may have given up (a fork bomb)
         return leftover, after, self._change_set(self._with_agent_pass(rows), cap)
+
+    def outside_change_set(self, cap: int) -> ChangeSet:
+        """The change set from the engine's diff of the writable layer (a view the agent cannot reach;
+        ~1 s of daemon CPU): for an episode whose container's programs can no longer be trusted."""
+        kinds = classify({p: k for p, k in self._engine_diff().items() if not _NOISE.search(p)},
+                         self.baseline, self.baseline_dirs)
+        added = sorted(p for p, k in kinds.items() if k == "added")
+        added = [p for i, p in enumerate(added) if not _has_child(added, p, i)]
+        modified = sorted(p for p, k in kinds.items() if k in ("modified", "replaced"))
+        deleted = sorted(p for p, k in kinds.items() if k == "deleted")
+        return ChangeSet(added=added[:cap], modified=modified[:cap], deleted=deleted[:cap],
+                         total=len(added) + len(modified) + len(deleted),
+                         truncated=max(len(added), len(modified), len(deleted)) > cap)
 
     def archive_paths(self, paths: list[str], limit: int) -> bytes | None:
         """A tar (paths relative to /) of the regular files and links among `paths` (folders: their

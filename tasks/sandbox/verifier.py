@@ -23,18 +23,21 @@ the exit code. A non-zero exit of the test command is never a pass, whatever the
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
 import secrets
 import shlex
+import tarfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...schemas.common import FileSpec
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import InPlaceTests
 from ...schemas.verdict import TestResult
 from .container import Sandbox
+from .errors import SandboxError
 
 MARK = "__TF_RESULTS__ "
 VERIFIER_CAPS = ("SETUID", "SETGID")
@@ -96,6 +99,7 @@ class TestRun:
     explicit_reward: float | None = None
     exit_code: int | None = None  # of the test command (script verifiers): non-zero is never a pass
     fallback: str | None = None  # the in-place results cannot be trusted: test in a fresh container
+    integrity: list[str] = field(default_factory=list)  # the test run itself was tampered with (read from outside)
 
     @property
     def reward(self) -> float:
@@ -107,7 +111,7 @@ class TestRun:
 
     @property
     def passed(self) -> bool:
-        return self.error is None and self.fallback is None and self.exit_code in (None, 0) \
+        return self.error is None and self.fallback is None and not self.integrity and self.exit_code in (None, 0) \
             and bool(self.results) and all(r.passed for r in self.results) and self.reward >= 1.0
 
     @property
@@ -123,12 +127,12 @@ class TestRun:
     def to_record(self) -> InPlaceTests:
         return InPlaceTests(results=self.results, output=self.output, duration_s=round(self.duration_s, 3),
                             error=self.error, explicit_reward=self.explicit_reward, exit_code=self.exit_code,
-                            fallback=self.fallback)
+                            fallback=self.fallback, integrity=self.integrity)
 
     @classmethod
     def from_record(cls, rec: InPlaceTests) -> "TestRun":
         return cls(list(rec.results), rec.output, rec.duration_s, rec.error, rec.explicit_reward, rec.exit_code,
-                   rec.fallback)
+                   rec.fallback, list(rec.integrity))
 
 
 INLINE_LIMIT = 64 << 10  # base64 bytes of tests carried in the exec's environment (one variable may be 128 KiB)
@@ -212,22 +216,41 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     out, code = res.output[-4000:], res.exit_code
     if res.timed_out:
         return TestRun([], out, duration, f"test run timed out after {timeout_s:g}s", exit_code=code)
-    read = "f=/logs/verifier/{0}; if [ -f $f ] && [ ! -L $f ]; then cat $f; fi"
-    reward = sandbox.exec(read.format("reward.json"), 10, user="root", workdir="/").output
-    if reward.strip():
+    # what the run left is read from outside, the container frozen (a process the tests started cannot change
+    # it meanwhile, and no program of the container, perhaps replaced by agent code the tests ran, reads it)
+    files, integrity = _read_outside(sandbox, env)
+    rewards: dict[str, float] = {}
+    tests: list[TestResult] = []
+    for name in ("reward.json", "reward.txt"):
+        if name not in files:
+            continue
+        text = files[name]
         try:
-            data = json.loads(reward)
-            value = float(data["reward"] if isinstance(data, dict) else data)
-            tests = [TestResult(**t) for t in data.get("tests", [])] if isinstance(data, dict) else []
-        except (ValueError, TypeError, KeyError) as err:
-            return TestRun([], out, duration, f"unparseable /logs/verifier/reward.json: {err}", exit_code=code)
+            if name == "reward.json":
+                data = json.loads(text)
+                rewards[name] = float(data["reward"] if isinstance(data, dict) else data)
+                tests = [TestResult(**t) for t in data.get("tests", [])] if isinstance(data, dict) else []
+            else:
+                rewards[name] = float(text.strip().split()[0])
+        except (ValueError, TypeError, KeyError, IndexError) as err:
+            if not integrity:
+                return TestRun([], out, duration, f"unparseable /logs/verifier/{name}: {err}", exit_code=code)
+    written = {n for n in ("reward.json", "reward.txt") if any(n in t.content for t in env.tests)}
+    for name in sorted(rewards):
+        if name not in written:
+            integrity.append(f"/logs/verifier/{name} was written although the task's tests only write "
+                             f"{' and '.join(sorted(written))}")
+    if len(set(rewards.values())) > 1:
+        integrity.append("the reward files disagree: " + ", ".join(f"{n} = {v:g}" for n, v in sorted(rewards.items())))
+    if integrity:
+        value = min(rewards.values()) if rewards else 0.0
+        return TestRun([TestResult(name="reward", passed=False, message="; ".join(integrity)[:500])], out, duration,
+                       None, value, code, integrity=integrity)
+    if "reward.json" in rewards:
+        value = rewards["reward.json"]
         return TestRun(tests or [TestResult(name="reward", passed=value >= 1.0)], out, duration, None, value, code)
-    text = sandbox.exec(read.format("reward.txt"), 10, user="root", workdir="/").output
-    if text.strip():
-        try:
-            value = float(text.strip().split()[0])
-        except ValueError:
-            return TestRun([], out, duration, f"unparseable /logs/verifier/reward.txt: {text[:100]!r}", exit_code=code)
+    if "reward.txt" in rewards:
+        value = rewards["reward.txt"]
         return TestRun([TestResult(name="reward", passed=value >= 1.0)], out, duration, None, value, code)
     summary = list(SUMMARY.finditer(res.output))
     found = PYTEST_LINE.findall(res.output[summary[-1].end():] if summary else res.output)
@@ -237,6 +260,60 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
         return TestRun(list(results.values()), out, duration, exit_code=code)
     return TestRun([TestResult(name="exit_code", passed=code == 0, message=f"exit {code}")], out, duration,
                    exit_code=code)
+
+
+REWARD_LIMIT = 1 << 20
+
+
+def _read_outside(sandbox: Sandbox, env: EnvSpec) -> tuple[dict[str, str], list[str]]:
+    """After a script test run, from outside the container (the engine's archive of its filesystem, the
+    container frozen meanwhile): the reward files of `/logs/verifier` ({name: text}, regular files only)
+    and what is wrong with the run itself: the hidden tests not as they were copied in, a reward that is
+    not a regular file in a real folder."""
+    problems: list[str] = []
+    files: dict[str, str] = {}
+    sandbox.pause()
+    try:
+        try:
+            data = sandbox.get_archive("/tests", 64 << 20)
+        except SandboxError as err:
+            data, problems = None, [f"the hidden tests could not be read back after the run: {err}"]
+        if data is not None:
+            found = {}
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                first = tar.next()
+                if first is None or not first.isdir():
+                    problems.append("/tests is no longer a folder after the test run")
+                else:
+                    for m in tar.getmembers():
+                        rel = m.name.split("/", 1)[1] if "/" in m.name else ""
+                        if m.isfile():
+                            found[rel] = tar.extractfile(m).read()
+                        elif rel:
+                            found[rel] = None
+            for t in env.tests:
+                if found.get(t.path) != t.content.encode():
+                    problems.append(f"/tests/{t.path} was changed during the test run")
+        for folder in ("/logs", "/logs/verifier"):  # real folders: the reward files are read below them
+            if sandbox.path_kind(folder) != "dir":
+                problems.append(f"{folder} is no longer a folder after the test run")
+        if problems and any(p.startswith("/logs") for p in problems):
+            return files, problems
+        for name in ("reward.json", "reward.txt"):
+            kind = sandbox.path_kind(f"/logs/verifier/{name}")
+            if kind is None:
+                continue
+            if kind != "file":
+                problems.append(f"/logs/verifier/{name} is a {kind}, not a regular file")
+                continue
+            try:
+                files[name] = sandbox.get_archive_file(f"/logs/verifier/{name}", REWARD_LIMIT).decode(
+                    "utf-8", errors="replace")
+            except SandboxError as err:
+                problems.append(f"/logs/verifier/{name} could not be read: {str(err)[:200]}")
+    finally:
+        sandbox.unpause()
+    return files, problems
 
 
 def restore_state(sandbox: Sandbox, final_state: bytes) -> None:

@@ -26,11 +26,11 @@ from ...schemas.common import ChangeSet
 from .errors import ChangesTooLarge, OutputTooLarge, SandboxError
 from .users import AGENT_UID, USERS
 
-# Never part of a change set: kernel views, byte-code caches, the harness's own spool and state files.
-# (the spool names are mktemp's: an agent's look-alike in /tmp is not importable by the tests; byte code
-# below /usr, /opt and /etc counts (a planted `.pyc` beside a module the tests import is a sensitive
-# change: the counterfactual reverts it), elsewhere it is the agent's own)
-_NOISE = re.compile(r"^/(proc|sys|dev)(/|$)|^(?!/(usr|opt|etc)/).*/__pycache__(/|$)"
+# Never part of a change set: kernel views, the harness's own spool and state files. (The spool names are
+# mktemp's: an agent's look-alike in /tmp is not importable by the tests.) Byte code counts wherever it
+# is: a `.pyc` runs instead of the source it caches (unchecked-hash ones whatever the source says), so it
+# is judged like that source (changes.py: the counterfactual reverts it).
+_NOISE = re.compile(r"^/(proc|sys|dev)(/|$)"
                     r"|^/tmp/\.tf-(out|dirs|list|state)\.[A-Za-z0-9]{6}$"
                     r"|^/usr/sbin/docker-init$")
 _PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
@@ -41,6 +41,10 @@ _BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]], frozenset[str]]
 _AGENT_ROOTS: dict[tuple[str, int, tuple[str, ...]], tuple[str, ...] | None] = {}
 _BAD_BYTE = re.compile(r"\\x[0-9a-f]{2}")  # how the walk spells a byte of a name that is not UTF-8
 MAX_AGENT_ROOTS = 256  # more places than this (an image made writable all over): walk everything
+# paths per list of a change set that verification decides on; beyond it the set is `truncated` and no
+# pass can be granted on it (verify: `incomplete_evidence`). Display copies keep far fewer (DISPLAY_CAP).
+DECISION_CAP = 20_000
+DISPLAY_CAP = 200
 
 
 def inside(path: str, root: str) -> bool:
@@ -192,7 +196,7 @@ class ChangeWalk:
                 "-type d -fprint0 \"$d\" 2>/dev/null; xargs -0 -r -a \"$d\" sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 "
                 "-printf \"L %D %y %p\\0\"' _ 2>/dev/null; rm -f \"$d\"")
 
-    def changes(self, cap: int = 200) -> ChangeSet:
+    def changes(self, cap: int = DECISION_CAP) -> ChangeSet:
         """What changed in the container since it started, against its image's file list: deepest
         paths only (a changed file, not the folders above it; a deleted folder, not its content),
         byte-code caches and the harness's own spool files left out. A change is found by its ctime,

@@ -1,0 +1,128 @@
+"""What an episode did to the programs the harness runs, read from outside the container.
+
+Threat model (README "Verification"): after an episode nothing inside its container is trusted: a
+root agent may have replaced `sh`, `find`, `python3` or a library they load. Every later harness step
+(the change walk, the checksums, the hidden tests' runner) runs programs of that container, so before
+any of them runs, `toolchain_changes` says from outside whether the agent changed one of them:
+- on the engine's own host (overlay2, this process may read the engine's data root: a local engine run
+  as root), by reading the container's writable layer (the overlay *upper* folder) directly: a few
+  `lstat` calls, nothing runs in the container;
+- elsewhere, from the engine's diff of the writable layer (`GET /containers/{id}/changes`, ~1 s of
+  daemon CPU here).
+Both are views the agent cannot reach. A change found there that the reference solution did not make is
+`toolchain_tamper`: the episode is never judged by its container's programs (no in-place test run, no
+isolated one either: restoring its state would restore the shims) and never counts as a pass.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import posixpath
+import stat
+
+# The system folders whose programs and libraries the harness (and a task's test interpreter) runs.
+BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin")
+LIB_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec")
+LOADER = ("/etc/ld.so.preload", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ld.so.cache")
+SYSTEM = BIN_DIRS + LIB_DIRS + LOADER
+# The PATH of every harness exec: the image's own system folders, never /usr/local (where imported tasks'
+# solutions legitimately install programs) and never the agent's PATH.
+HARNESS_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
+_WHITEOUT_XATTR = "trusted.overlay.opaque"
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r + "/") for r in roots)
+
+
+def judged(path: str, kind: str, baseline: frozenset[str]) -> bool:
+    """Whether a change (`kind`: added / modified / deleted / replaced) of `path` touches the trusted
+    toolchain: anything modified or deleted in a system folder, a folder above one deleted or replaced
+    (made anew, so the image's content below it is gone), anything added below a library folder or the
+    loader's configuration, and an addition in a bin folder that takes the name of a program the image
+    has in another one (it would come first on some PATH)."""
+    if kind in ("deleted", "replaced") and any(r.startswith(path.rstrip("/") + "/") for r in SYSTEM):
+        return True
+    if kind != "added":
+        return _under(path, SYSTEM)
+    if _under(path, LIB_DIRS + LOADER):
+        return True
+    if posixpath.dirname(path) in BIN_DIRS:
+        name = posixpath.basename(path)
+        return any(posixpath.join(d, name) in baseline for d in BIN_DIRS if d != posixpath.dirname(path))
+    return False
+
+
+def upper_changes(upper: str) -> dict[str, str]:
+    """{path: added | modified | deleted} below the system folders, from an overlay upper folder (host
+    side, never following a link): a whiteout (character device 0:0) is a deletion, an opaque folder
+    replaced everything below it, anything else was added or copied up (modified when the image had
+    it: the caller decides with its baseline, so everything present is reported as `present`)."""
+    out: dict[str, str] = {}
+
+    def visit(rel: str) -> None:
+        host = upper + rel
+        try:
+            st = os.lstat(host)
+        except FileNotFoundError:
+            return
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            out[rel] = "deleted"
+            return
+        out[rel] = "present"
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                if os.getxattr(host, _WHITEOUT_XATTR, follow_symlinks=False) == b"y":
+                    out[rel] = "opaque"
+            except OSError:
+                pass
+            with os.scandir(host) as it:
+                for e in it:
+                    visit(rel.rstrip("/") + "/" + e.name)
+
+    for top in ("/usr", "/etc"):  # the folders above the system ones: replaced (opaque) or not
+        try:
+            st = os.lstat(upper + top)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                if os.getxattr(upper + top, _WHITEOUT_XATTR, follow_symlinks=False) == b"y":
+                    out[top] = "opaque"
+            except OSError:
+                pass
+        else:
+            out[top] = "deleted" if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0 else "present"
+    for root in SYSTEM:
+        visit(root)
+    return out
+
+
+def classify(raw: dict[str, str], baseline: frozenset[str], baseline_dirs: frozenset[str]) -> dict[str, str]:
+    """A layer's entries ({path: present | opaque | deleted} from `upper_changes`, or the engine's
+    {path: added | modified | deleted}) as {path: added | modified | deleted | replaced} against the
+    image: a folder of the image that is merely there again (copied up, or `modified` because something
+    below it changed) is no change by itself; its entries say what changed."""
+    out = {}
+    for path, how in raw.items():
+        if how == "deleted":
+            out[path] = "deleted"
+        elif how == "opaque":  # removed and made again: everything the image had below it is gone
+            out[path] = "replaced" if path in baseline else "added"
+        elif path in baseline_dirs:
+            continue
+        else:
+            out[path] = "modified" if path in baseline else "added"
+    return out
+
+
+def allowed(path: str, patterns: tuple[str, ...]) -> bool:
+    """Whether `path` is, lies below, or matches one of `patterns` (the reference solution's changes)."""
+    return any(path == e or path.startswith(e.rstrip("/") + "/") or fnmatch.fnmatch(path, e) for e in patterns)
+
+
+def toolchain_changes(changes: dict[str, str], baseline: frozenset[str], expected: tuple[str, ...] = ()) -> list[str]:
+    """The paths of `changes` ({path: added|modified|deleted|replaced}) that touch the trusted toolchain,
+    except what the reference solution changed too (`expected`: the task needs it)."""
+    return sorted(p for p, k in changes.items() if judged(p, k, baseline) and not allowed(p, expected))

@@ -1,0 +1,97 @@
+"""The trusted base of judging (README "Verification"): after an episode nothing inside its container
+takes part in judging it. Processes: a root agent's container is restarted, so none survives whatever
+its pid. Programs: what the episode changed of the system programs and libraries is read from outside
+(the overlay upper folder on this host, or the engine's diff: both agree), and such an episode is never
+judged by them."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from trajforge.schemas.config import SandboxConfig
+from trajforge.tasks.sandbox import Sandbox
+from trajforge.tasks.sandbox.layer import classify, judged, toolchain_changes, upper_changes
+
+BASELINE = frozenset({"/usr", "/usr/bin", "/usr/bin/cat", "/usr/bin/ls", "/usr/sbin", "/usr/lib", "/usr/lib/x86_64-linux-gnu",
+                      "/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/local", "/usr/local/bin", "/etc", "/bin", "/app"})
+DIRS = frozenset({"/usr", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/local",
+                  "/usr/local/bin", "/etc", "/app"})
+
+
+@pytest.mark.parametrize("path,kind,expected", [
+    ("/usr/bin/cat", "modified", True),                      # a shim in place of a program
+    ("/usr/bin/ls", "deleted", True),
+    ("/usr/lib/x86_64-linux-gnu/libevil.so", "added", True),  # a library the loader may pick
+    ("/etc/ld.so.preload", "added", True),
+    ("/usr/sbin/ls", "added", True),                          # shadows /usr/bin/ls on a PATH with sbin first
+    ("/usr/bin/python", "added", False),                      # a new name: no harness program is called so
+    ("/usr/local/bin/python3", "added", False),               # /usr/local: a change like any other (counterfactual)
+    ("/app/solution.py", "added", False),
+    ("/usr", "replaced", True),                               # everything below made anew
+    ("/bin", "modified", True),                               # the merged-usr link replaced
+])
+def test_what_counts_as_the_harness_toolchain(path, kind, expected):
+    assert judged(path, kind, BASELINE) is expected
+
+
+def test_an_overlay_upper_folder_is_read_without_running_anything(tmp_path):
+    """Whiteouts (character device 0:0) are deletions, an opaque folder (`trusted.overlay.opaque=y`)
+    replaced what the image had below it, folders merely copied up are no change by themselves, and
+    links are never followed (a link to the host's / lists nothing of the host)."""
+    upper = str(tmp_path)
+    (tmp_path / "usr/bin").mkdir(parents=True)
+    (tmp_path / "usr/bin/cat").write_text("#!/bin/sh\necho 1\n")
+    os.mknod(tmp_path / "usr/bin/ls", stat.S_IFCHR | 0o600, os.makedev(0, 0))
+    (tmp_path / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    os.setxattr(tmp_path / "usr/lib/x86_64-linux-gnu", "trusted.overlay.opaque", b"y")
+    (tmp_path / "usr/lib/x86_64-linux-gnu/libc.so.6").symlink_to("/")
+    (tmp_path / "usr/local/bin").mkdir(parents=True)
+    (tmp_path / "usr/local/bin/python3").write_text("shim")
+    raw = upper_changes(upper)
+    assert raw["/usr/bin/ls"] == "deleted" and raw["/usr/lib/x86_64-linux-gnu"] == "opaque"
+    assert not any(p.startswith("/usr/local") for p in raw)  # not a system folder
+    kinds = classify(raw, BASELINE, DIRS)
+    assert kinds == {"/usr/bin/cat": "modified", "/usr/bin/ls": "deleted", "/usr/lib/x86_64-linux-gnu": "replaced",
+                     "/usr/lib/x86_64-linux-gnu/libc.so.6": "modified"}
+    assert toolchain_changes(kinds, BASELINE) == sorted(kinds)
+    assert toolchain_changes(kinds, BASELINE, expected=("/usr/lib/*",)) == ["/usr/bin/cat", "/usr/bin/ls"]
+
+
+@pytest.mark.docker
+def test_toolchain_changes_read_from_the_host_agree_with_the_engines_diff(docker_client):
+    """Both outside views of a root agent's changes give the same verdict: the shims and the planted
+    library count, a new program name, /usr/local and the work dir do not."""
+    with Sandbox(docker_client, "trajforge/base:latest", SandboxConfig(), agent="root", workdir="/app") as sb:
+        res = sb.exec("mkdir -p /app && cp /usr/bin/tac /usr/bin/cat && rm /usr/bin/tr && "
+                      ": > /usr/lib/x86_64-linux-gnu/libevil.so && cp /usr/bin/true /usr/sbin/ls && "
+                      "cp /usr/bin/true /usr/bin/python && mkdir -p /usr/local/bin && : > /usr/local/bin/python3 && "
+                      ": > /app/out.txt", 30)
+        assert res.exit_code == 0, res.output
+        host = sb.toolchain()
+        assert sb._upper_dir() is not None  # this host reads the layer itself
+        sb._upper_dir = lambda: None  # the other provider: the engine's diff
+        engine = sb.toolchain()
+    assert host == engine == ["/usr/bin/cat", "/usr/bin/tr", "/usr/lib/x86_64-linux-gnu/libevil.so", "/usr/sbin/ls"]
+
+
+@pytest.mark.docker
+def test_no_process_of_a_root_agents_episode_survives_settle_whatever_its_pid(docker_client):
+    """The init and its `sleep infinity` are spared by pid number by a kill inside the container: a root
+    agent could have taken one over. After `settle` every process that ran during the episode is gone
+    (each process is identified by its pid and its start time), and a plant in /dev is gone with it."""
+    probe = "for d in /proc/[0-9]*; do echo \"${d#/proc/} $(cut -d' ' -f22 $d/stat)\"; done"
+    with Sandbox(docker_client, "trajforge/base:latest", SandboxConfig(), agent="root", workdir="/app") as sb:
+        sb.exec("mkdir -p /app; (setsid sleep 600 &) ; rm -f /dev/fd && mkdir /dev/fd && : > /dev/fd/63", 30)
+        before = set(sb.exec(probe, 30, user="root").output.split("\n"))
+        leftover, _, changes = sb.settle([])
+        after = set(sb.exec(probe, 30, user="root").output.split("\n"))
+        dev_fd = sb.exec("readlink /dev/fd", 10, user="root").output.strip()
+    assert leftover >= 1 and sb.restarted
+    survivors = {line for line in before & after if line.strip() and not line.startswith(("1 ",))}
+    assert not survivors, survivors  # (the exec shells differ anyway; the init and the sleep must too)
+    assert any(line.startswith("1 ") for line in before) and not ({x for x in before if x.startswith("1 ")} & after)
+    assert dev_fd == "/proc/self/fd"
+    assert not [p for p in changes.paths() if p.startswith("/dev")]
