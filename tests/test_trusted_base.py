@@ -95,3 +95,24 @@ def test_no_process_of_a_root_agents_episode_survives_settle_whatever_its_pid(do
     assert any(line.startswith("1 ") for line in before) and not ({x for x in before if x.startswith("1 ")} & after)
     assert dev_fd == "/proc/self/fd"
     assert not [p for p in changes.paths() if p.startswith("/dev")]
+
+
+@pytest.mark.docker
+def test_a_planted_file_name_cannot_add_or_move_files_in_the_captured_state(docker_client):
+    """The files changed outside the work dir travel as a tar made from a list of their names: names
+    holding newlines, a leading dash, a `-C` line or bytes that are not UTF-8 are carried as they are,
+    and add nothing else (a newline-separated list read `-C /etc` as an option and took all of /etc)."""
+    import io
+    import tarfile
+
+    evil = "/opt/x/a\n-C\netc"  # (one name: as list lines, `-C etc` moves tar into /etc)
+    odd = "/opt/x/\\xff-name"  # the walk's spelling of a byte that is not UTF-8
+    with Sandbox(docker_client, "trajforge/base:latest", SandboxConfig(), agent="root", workdir="/app") as sb:
+        res = sb.exec("mkdir -p /app /opt/x && echo mine > $'/opt/x/a\\n-C\\netc' && echo dash > /opt/x/--help && "
+                      "echo odd > $'/opt/x/\\xff-name' && echo plain > /opt/x/b", 30)
+        assert res.exit_code == 0, res.output
+        data = sb.archive_paths([evil, "/opt/x/--help", odd, "/opt/x/b"], 1 << 20)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    assert got == {evil.lstrip("/"): b"mine\n", "opt/x/--help": b"dash\n", "opt/x/\udcff-name": b"odd\n",
+                   "opt/x/b": b"plain\n"}, sorted(got)

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import posixpath
+import re
 import shlex
 import tarfile
 import time
@@ -44,6 +45,14 @@ from .walk import _AGENT_ROOTS, _BASELINES, _NOISE, DECISION_CAP, ChangeWalk, _h
 
 # (image id, work dir) -> the image's work dir as a tar (None: the image has none), seeding a tmpfs work dir
 _WORK_SEEDS: dict[tuple[str, str], tuple[bytes, int, int, int] | None] = {}
+
+
+def _spellings(path: str) -> list[bytes]:
+    """The names a change-set path may stand for: as written, and, when it holds the walk's `\\xNN`
+    spelling of bytes that are not UTF-8, with those bytes (a literal `\\x41` in a name looks alike)."""
+    raw = path.encode("utf-8", errors="surrogateescape")
+    decoded = re.sub(rb"\\x([0-9a-f]{2})", lambda m: bytes([int(m.group(1), 16)]), raw)
+    return [raw] if decoded == raw else [raw, decoded]
 
 
 def docker_client(pool_size: int = 10) -> docker.DockerClient:
@@ -620,13 +629,23 @@ class Sandbox(ChangeWalk):
 
     def archive_paths(self, paths: list[str], limit: int) -> bytes | None:
         """A tar (paths relative to /) of the regular files and links among `paths` (folders: their
-        whole content); None when it would exceed `limit` bytes."""
+        whole content); None when it would exceed `limit` bytes. Any name is carried as it is: the list
+        reaches `tar` NUL-separated through the engine (`--null --verbatim-files-from`: no line of it is
+        an option), so a name holding a newline or starting with `-` cannot add, move or rename files."""
         if not paths:
             return None
-        listing = "\n".join(p.lstrip("/") for p in paths) + "\n"
-        tar = self.exec("l=$(mktemp /tmp/.tf-list.XXXXXX) && t=$(mktemp /tmp/.tf-state.XXXXXX) && "
-                        f"printf %s {shlex.quote(listing)} > \"$l\" && "
-                        "tar -C / --ignore-failed-read -cf \"$t\" -T \"$l\" 2>/dev/null; rm -f \"$l\"; echo \"$t\"",
+        names = b"".join(n + b"\0" for p in paths for n in _spellings(p.lstrip("/")))
+        spool = f".tf-list.{uuid.uuid4().hex[:6]}"
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            info = tarfile.TarInfo(spool)
+            info.size, info.mode = len(names), 0o600
+            t.addfile(info, io.BytesIO(names))
+        self._put("/tmp", buf.getvalue())
+        listed = f"/tmp/{spool}"
+        tar = self.exec("t=$(mktemp /tmp/.tf-state.XXXXXX) && "
+                        f"tar -C / --ignore-failed-read --null --verbatim-files-from -T {listed} -cf \"$t\" 2>/dev/null; "
+                        f"rm -f {listed}; echo \"$t\"",
                         120, user="root", workdir="/").output.strip().splitlines()[-1:]
         if not tar or not tar[0].startswith("/tmp/.tf-state."):
             raise SandboxError(f"could not archive the changed files in {self.name}")
