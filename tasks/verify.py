@@ -108,6 +108,18 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
                     apply_final_state(sb, r, env)
                     run = run_hidden_tests(sb, env, timeout)
                 mode = "isolated_fallback" if in_place is not None and in_place.fallback else "isolated"
+            if run.error and not run.fallback:
+                # the tests finish on the reference solution's state (the validator ran them): on this one they hung,
+                # crashed or reported nothing, by the episode's doing. An honest failure stays in the dataset
+                # (never a reject that drops it, never infrastructure that retries it), its cause named
+                last = last_act(r)
+                return Verdict(**base, verified=True, reward=0.0, tests_passed=False, mode=mode,
+                               verifier_output=run.output[-1000:], duration_s=round(run.duration_s, 3),
+                               hacks=[*hacks, HackFlag(
+                                   kind="tests_unrunnable", severity="review", turn=last.turn if last else None,
+                                   command=last.command[:500] if last else None,
+                                   detail=f"{run.error} on the episode's final state (they finish on the reference "
+                                          "solution's): a failure the episode caused")]), None
             if run.error or run.fallback:
                 return None, Reject(key=r.rollout_id, reason="verifier_error", detail=run.error or run.fallback)
             tests_passed = run.passed and r.status == "ok"

@@ -116,3 +116,42 @@ def test_a_planted_file_name_cannot_add_or_move_files_in_the_captured_state(dock
         got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     assert got == {evil.lstrip("/"): b"mine\n", "opt/x/--help": b"dash\n", "opt/x/\udcff-name": b"odd\n",
                    "opt/x/b": b"plain\n"}, sorted(got)
+
+
+@pytest.mark.docker
+def test_tests_the_episode_broke_are_its_failure_not_a_reject(tmp_path):
+    """The hidden tests hung on the episode's final state (a FIFO where they read its output): the row
+    stays in the dataset as a verified failure with the cause named (`tests_unrunnable`, and the FIFO
+    itself `output_kind`), never a `verifier_error` reject that drops an honest failure."""
+    import io
+    import tarfile
+    from pathlib import Path
+
+    from trajforge.schemas.common import ChangeSet
+    from trajforge.schemas.config import parse_config
+    from trajforge.schemas.trajectory import InPlaceTests, Rollout, Step
+    from trajforge.tasks.agent.harness import HARNESS
+    from trajforge.tasks.engine import StageContext
+    from trajforge.tasks.envs.formats import import_task
+    from trajforge.tasks.verify import verify_rollouts
+
+    env = import_task(Path(__file__).parent / "fixtures" / "integrity" / "harbor" / "run-script")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, kind in (("app", tarfile.DIRTYPE), ("app/total.txt", tarfile.FIFOTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            tar.addfile(info)
+    r = Rollout(rollout_id="r1", env_id=env.env_id, teacher="t", harness=HARNESS, sample=0, messages=[], status="ok",
+                steps=[Step(turn=1, command="mkfifo /app/total.txt", exit_code=0, duration_s=0.1)],
+                final_state=buf.getvalue(), changes=ChangeSet(added=["/app/total.txt"], total=1),
+                in_place_tests=InPlaceTests(error="test run timed out after 60s", output="..."))
+    cfg = parse_config({"dataset": "t", "runs": str(tmp_path), "synthesize": {"families": [{"name": "log_report"}]},
+                        "teacher": {"backend": "replay"}, "verify": {"replay_on_sibling": False}})
+    out = verify_rollouts(StageContext.create(cfg, "b"), {env.env_id: env}, [r])
+    assert not out.rejects, out.rejects
+    (v,) = out.rows
+    assert v.verified and not v.passed and not v.tests_passed and v.reward == 0.0 and v.mode == "in_place"
+    assert {"tests_unrunnable", "output_kind"} <= set(v.hack_flags), v.hack_flags
+    flag = next(h for h in v.hacks if h.kind == "tests_unrunnable")
+    assert "timed out" in flag.detail and flag.command == "mkfifo /app/total.txt"
