@@ -319,9 +319,11 @@ def run_build_flow(config: dict, build_id: str, from_stage: str | None = None, o
     expectations whose failure is committed on purpose (`--accept-gate`), recorded in build.json.
     Holds the build's lease throughout (re-entrant: the CLI took it already); raises LeaseHeld when
     another live process holds it, before anything is written. `config` may be the redacted one the CLI
-    shows Prefect (`shown_config`): the real one is taken back (`real_config`)."""
+    shows Prefect (`shown_config`): the real one is taken back (`real_config`). A relative `runs` is made
+    absolute here (against the current directory), before any shard payload is built from it."""
     config = real_config(config)
-    cfg = BuildConfig.model_validate(config)
+    cfg = BuildConfig.model_validate(config).with_absolute_runs()
+    config = {**config, "runs": cfg.runs}
     with hold(RunStore(cfg.runs, cfg.dataset), build_id, config_hash(cfg), say=console.print) as lease:
         return _run_build(config, build_id, from_stage, only, force, pipeline, retry, lease, accept)
 

@@ -86,9 +86,11 @@ def run_build(cfg: BuildConfig, build_id: str | None = None, from_stage: str | N
               retry: list[str] | None = None, accept: list[str] | None = None) -> dict:
     """Library entry point used by the CLI and the tests. Takes the build's lease first: a build
     another live process holds raises LeaseHeld before anything is started or reaped. `accept`: gate
-    expectations (`rollout.format_error_share`, or the name in its suite) committed although they fail."""
+    expectations (`rollout.format_error_share`, or the name in its suite) committed although they fail.
+    A relative `runs` is resolved here, against the current directory, before anything reaches a worker."""
     from .build import claim_build
 
+    cfg = cfg.with_absolute_runs()
     store = RunStore(cfg.runs, cfg.dataset)
     build_id, how = _pick_build(store, cfg, build_id)
     with claim_build(store, cfg, build_id, fresh=how == "fresh", say=err_console.print):
@@ -534,7 +536,7 @@ def deploy(config: Path = typer.Argument(..., help="build config (YAML)"),
 
     if not os.environ.get("PREFECT_API_URL"):
         _fail("PREFECT_API_URL is not set: start the stack (`trajforge stack up`) and export the URL it prints")
-    _load(config)
+    cfg = _load(config)
     try:
         dep = deploy_build(config, cron, timezone=timezone, name=name, publish_to=publish_to, pool=pool)
         hook = install_failure_webhook(failure_webhook) if failure_webhook else None
@@ -543,6 +545,8 @@ def deploy(config: Path = typer.Argument(..., help="build config (YAML)"),
     console.print(f"[green]✓[/] deployment {dep} of {config}: {', '.join(cron)} ({timezone})"
                   + (f", published to {publish_to}" if publish_to else "")
                   + (f", failure webhook automation {hook}" if hook else ""))
+    console.print(f"runs:  {cfg.with_absolute_runs().runs}  (a relative `runs:` resolves against this folder, "
+                  "where the worker runs the build)", soft_wrap=True, markup=False, highlight=False)
 
 
 def main() -> None:  # pragma: no cover

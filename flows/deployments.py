@@ -138,7 +138,8 @@ def _build_run_name() -> str:
 @flow(name="trajforge-build", flow_run_name=_build_run_name)
 def build(config: str, build_id: str | None = None, publish_to: str | None = None, dask_address: str | None = None,
           from_stage: str | None = None, only: list[str] | None = None, force: list[str] | None = None) -> dict[str, Any]:
-    """Run (or resume) a build of `config` (a path relative to the working directory). Shards run on
+    """Run (or resume) a build of `config` (a path relative to the working directory, like a relative
+    `runs:` in it: resolved to an absolute run store before any worker sees it). Shards run on
     `dask_address`, else the config's `dask.address`, else `$TRAJFORGE_DASK_ADDRESS` (the stack's
     workers set it), else a LocalCluster. `publish_to`: a Hub repo the committed build is published to."""
     from ..schemas.config import load_config

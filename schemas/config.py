@@ -7,6 +7,7 @@ Every section is one stage's config: the stage fingerprint hashes exactly its se
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -489,12 +490,45 @@ class DaskConfig(Section):
         "the stage fails with the other shards' finished work kept; null: no limit"))
 
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_LOCAL_SCHEMES = ("file", "local")
+
+
+def _local_path(runs: str) -> str | None:
+    """The filesystem path of a local run store (`./runs`, `/abs`, `file:///abs`), None for any other URL
+    (`s3://…`, `memory://…`, a chained `simplecache::s3://…`)."""
+    m = _SCHEME.match(runs)
+    if m:
+        return runs[m.end():] if m.group(1).lower() in _LOCAL_SCHEMES else None
+    return None if "::" in runs else runs
+
+
+def runs_is_relative(runs: str) -> bool:
+    """True for a local run store given as a relative path: it means a different folder in each process
+    whose working directory differs (a Dask worker's is not the driver's)."""
+    path = _local_path(runs)
+    return path is not None and not os.path.isabs(os.path.expanduser(path))
+
+
+def absolute_runs(runs: str, base: str | Path | None = None) -> str:
+    """The run store as the driver hands it to workers: a local path (or `file://` URL) as an absolute
+    path, relative ones resolved against `base` (default: the current directory, as `trajforge build`
+    does); a URL with another scheme unchanged."""
+    path = _local_path(runs)
+    if path is None:
+        return runs
+    path = os.path.expanduser(path)
+    return os.path.normpath(os.path.join(os.path.abspath(base) if base is not None else os.getcwd(), path))
+
+
 class BuildConfig(Section):
     dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     plugins: list[str] = Field(default_factory=list, description=(
         "Python modules imported before the rest of the config is read, in the driver and in every "
         "worker: they register teacher backends, task formats or families of their own"))
-    runs: str = "./runs"
+    runs: str = Field("./runs", description=(
+        "the run store: a local folder (a relative one is resolved against the folder the build or `trajforge "
+        "deploy` is run from, once, by the driver: workers are always given an absolute path) or an fsspec URL"))
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     synthesize: SynthesizeConfig
     teacher: AnyTeacher = Field(default_factory=lambda: teacher_config({}))
@@ -550,6 +584,12 @@ class BuildConfig(Section):
                 raise ValueError(f"{where}: label {t.label!r} is already used by {seen[t.label]}; give it a `name`")
             seen[t.label] = where
         return self
+
+    def with_absolute_runs(self, base: str | Path | None = None) -> "BuildConfig":
+        """This config with `runs` made absolute (`absolute_runs`): what any process other than the driver
+        is given (the same relative path means another folder in a process with another working directory)."""
+        runs = absolute_runs(self.runs, base)
+        return self if runs == self.runs else self.model_copy(update={"runs": runs})
 
     @property
     def teachers(self) -> list[TeacherConfig]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -302,6 +303,34 @@ def test_stage_deployment_reruns_one_stage_and_reuses_the_others(stack, first_bu
     rec = store.read_build(build_id)
     assert rec.stages["verify"].status == "committed"
     assert {rec.stages[s].status for s in ("propose", "synthesize", "rollout")} == {"reused"}
+
+
+def test_a_shipped_config_runs_unchanged_as_a_deployment(stack, tmp_path):
+    """configs/replay.yaml as shipped (`runs: ./runs`, a relative path), deployed with `trajforge deploy` from a
+    folder of its own as README "Scheduled builds" says: the build commits on the stack's Dask workers (which run
+    in the stack's state folder), in the run store of the folder `deploy` ran from, and nothing is written under
+    the workers' folder."""
+    work = tmp_path / "clone"
+    (work / "configs").mkdir(parents=True)
+    shutil.copyfile(ROOT / "configs" / "replay.yaml", work / "configs" / "replay.yaml")
+    assert yaml.safe_load((work / "configs" / "replay.yaml").read_text())["runs"] == "./runs"  # unchanged
+    env = {**os.environ, "PREFECT_API_URL": stack.s.api_url}
+    r = subprocess.run([venv_bin("trajforge"), "deploy", "configs/replay.yaml", "--cron", "0 2 * * *",
+                        "--name", "replay-shipped"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"runs:  {work / 'runs'}  " in r.stdout  # resolved against the folder `deploy` ran from
+    dep = _deployment(stack, "trajforge-build/replay-shipped")
+    for s in dep["schedules"]:  # no 02:00 fire during the tests
+        _api(stack, "PATCH", f"/deployments/{dep['id']}/schedules/{s['id']}", {"active": False})
+    try:
+        run_id = _create_run(stack, "trajforge-build/replay-shipped")
+        r = _run_worker_once(stack)
+        assert _flow_run(stack, run_id)["state_type"] == "COMPLETED", r.stdout[-4000:] + r.stderr[-4000:]
+    finally:
+        _api(stack, "DELETE", f"/deployments/{dep['id']}")
+    store = RunStore(str(work / "runs"), "replay", create=False)
+    assert store.read_build(store.latest()).status == "committed"
+    assert not (stack.home / "runs").exists()
 
 
 def test_failure_webhook_automation_calls_the_receiver(stack):

@@ -10,7 +10,9 @@ flows never touch stage internals.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
+import posixpath
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
@@ -19,7 +21,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from ...schemas.common import Reject
-from ...schemas.config import BuildConfig, fingerprint_view
+from ...schemas.config import BuildConfig, ConfigError, fingerprint_view, runs_is_relative
 from .codeversion import closure, modules_digest
 from .store import RunStore
 
@@ -109,12 +111,23 @@ class StageContext:
         return cls(config, build_id, RunStore(config.runs, config.dataset), dict(runtime or {}))
 
     def payload(self) -> dict[str, Any]:
-        return {"config": self.config.model_dump(mode="json"), "build_id": self.build_id, "runtime": self.runtime}
+        """What a worker rebuilds the context from. Its `runs` is always absolute: the store this (driver)
+        process opened, never a path a worker would resolve against its own working directory."""
+        config = self.config.model_dump(mode="json")
+        if self.store.local:
+            config["runs"] = posixpath.dirname(self.store.root)
+        return {"config": config, "build_id": self.build_id, "runtime": self.runtime}
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> "StageContext":
-        return cls.create(BuildConfig.model_validate(payload["config"]), payload["build_id"],
-                          payload.get("runtime"))
+        """The context in a worker. Refuses a relative run store (ConfigError naming `runs`): it would
+        mean another folder here than in the driver, and the shard's output would land beside the build."""
+        config = BuildConfig.model_validate(payload["config"])
+        if runs_is_relative(config.runs):
+            raise ConfigError(f"runs: the run store {config.runs!r} is a relative path, which a worker would "
+                              f"resolve against its own working directory ({os.getcwd()}), not the driver's; the "
+                              "driver must hand workers an absolute path or URL (BuildConfig.with_absolute_runs)")
+        return cls.create(config, payload["build_id"], payload.get("runtime"))
 
     def report(self, force: bool = False, **counters: Any) -> None:
         if self.reporter is not None:
