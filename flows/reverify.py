@@ -6,7 +6,8 @@ hidden tests, hack detectors, sibling replay, the contrastive check, quality sig
 come from `--envs` (task folders, folders of them, or a JSONL of specs from `envs import --out`), a
 task-folder path in the row itself, or a procedural id (`family-l<L>-s<S>`). A trajectory with an
 unknown environment, a command list that is not a list, or a test run that hangs or prints garbage
-is a reject with its reason; the rest of the batch is verified.
+is a reject with its reason; the rest of the batch is verified. Nothing is written under the config's
+`runs` (a re-verification is not a build): only the caller's `--out` folder.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..schemas.environment import EnvSpec
 from ..schemas.verdict import Verdict
 from ..tasks.agent.driver import run_episodes
 from ..tasks.engine import StageContext
+from ..tasks.engine.store import RunStore
 from ..tasks.envs.catalogue import EnvNotFound, load_paths, resolve
 from ..tasks.envs.formats import TaskFormatError
 from ..tasks.envs.images import ImageBuildError, ensure_image
@@ -78,7 +80,9 @@ def reverify(trajectories: str, env_paths: list[str], config: BuildConfig | None
             used[env.env_id] = env
         groups[env.env_id].append(rec)
     config = _limits_for(config, [r for rs in groups.values() for r in rs])
-    ctx = StageContext.create(config, "reverify")
+    # no build, so no run store: the context's store lives in memory (the caller writes the results to
+    # `--out`); a store under the config's `runs` would leave a dataset `reverify` there
+    ctx = StageContext(config, "reverify", RunStore("memory://trajforge-reverify", config.dataset))
     teacher = ReplayTeacher(config.teacher, {e: [r.commands for r in rs] for e, rs in groups.items()},
                             {e: [r.commands if r.tool_commands is None else r.tool_commands for r in rs]
                              for e, rs in groups.items()})

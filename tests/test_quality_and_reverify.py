@@ -91,3 +91,18 @@ def test_reverify_command_on_each_format(tmp_path, fmt):
     assert rejects["ghost"] == "unknown_env" and rejects["not-a-list"] == "bad_commands"
     if fmt == "jsonl":
         assert "bad_json" in rejects.values()
+
+
+@pytest.mark.docker
+def test_reverify_writes_only_its_out_folder(tmp_path):
+    """`trajforge verify --out X` is no build: it leaves no `runs/reverify` behind in the folder it ran in
+    (which made a bare `trajforge status` / `report` there pick or name a dataset `reverify`)."""
+    lr = get_family("log_report").generate(1, 0)
+    path = tmp_path / "traj.jsonl"
+    path.write_text(json.dumps({"trajectory_id": "solution", "env_id": lr.env_id, "commands": lr.solution}) + "\n")
+    out = run_cli("verify", "--trajectories", str(path), "--out", "X", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert pq.read_table(tmp_path / "X" / "verdicts.parquet").to_pylist()[0]["passed"]
+    assert not (tmp_path / "runs").exists()
+    status = run_cli("status", cwd=tmp_path)
+    assert "reverify" not in status.stdout + status.stderr
