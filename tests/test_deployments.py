@@ -135,21 +135,31 @@ def test_stack_is_healthy_and_up_again_is_a_noop(stack):
         httpx.get(f"http://127.0.0.1:{stack.s.prefect_port}/api/health", timeout=5)
 
 
-def test_deploy_all_registers_the_project(stack):
+@pytest.fixture(scope="module")
+def project(stack):
+    """`prefect deploy --all` of the repository's prefect.yaml (the deployments and the publish trigger the
+    other tests use: each test that needs them asks for this, so it passes when run alone); the demo's
+    nightly schedule is paused (no scheduled demo build may start during the tests)."""
     env = {**os.environ, "PREFECT_API_URL": stack.s.api_url}
     r = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     demo = _deployment(stack, "trajforge-build/demo")
     nightly = next(s for s in demo["schedules"] if s["slug"] == "nightly")
+    _api(stack, "PATCH", f"/deployments/{demo['id']}/schedules/{nightly['id']}", {"active": False})
+    return nightly
+
+
+def test_deploy_all_registers_the_project(stack, project):
+    env = {**os.environ, "PREFECT_API_URL": stack.s.api_url}
+    demo = _deployment(stack, "trajforge-build/demo")
+    nightly = project
     assert nightly["schedule"]["cron"] == "0 2 * * *" and nightly["schedule"]["timezone"] == "UTC"
     assert demo["global_concurrency_limit"]["limit"] == 1
     assert demo["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
     assert demo["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == str(ROOT)
     for name in ("trajforge-build/replay", "trajforge-stage/stage", "trajforge-publish/publish"):
         assert _deployment(stack, name)["work_pool_name"] == "trajforge"
-    # no scheduled demo build may start during the tests
-    _api(stack, "PATCH", f"/deployments/{demo['id']}/schedules/{nightly['id']}", {"active": False})
     # the no-YAML helper: same shape of deployment
     r = subprocess.run([venv_bin("trajforge"), "deploy", "configs/replay.yaml", "--cron", "30 3 * * 1", "--timezone",
                         "Europe/Paris", "--name", "replay-weekly", "--publish-to", "org/replay"], cwd=ROOT, env=env,
@@ -178,7 +188,7 @@ def hub(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def first_build(stack, tiny):
+def first_build(stack, project, tiny):
     """A `trajforge-build/replay` run of the tiny config, asked to publish, run by `worker --run-once`."""
     path, cfg = tiny
     run_id = _create_run(stack, "trajforge-build/replay", config=str(path), publish_to="trajforge-test/tiny")
@@ -333,7 +343,7 @@ def test_a_shipped_config_runs_unchanged_as_a_deployment(stack, tmp_path):
     assert not (stack.home / "runs").exists()
 
 
-def test_failure_webhook_automation_calls_the_receiver(stack):
+def test_failure_webhook_automation_calls_the_receiver(stack, project):
     from trajforge.flows.deployments import install_failure_webhook
 
     got: list[dict] = []
