@@ -143,8 +143,8 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
                             f"counterfactual run failed: {cf_run.error or cf_run.fallback}"))
                     counterfactual_outcome = "flipped" if flips else "held"
                     hacks += flips
-                if counterfactual_outcome != "flipped":
-                    hacks += review_flags(r, env, unexpected_paths, passed=True)
+                # (held: every change the reference did not make was reverted and the pass stood: none mattered,
+                # none is flagged; a helper in /usr/local/bin is not a hack by itself)
             elif not tests_passed:  # evidence for whoever reads the failure (it cannot become a pass)
                 hacks += review_flags(r, env, unexpected_paths, passed=False)
             if tests_passed and not hacks and cfg.verify.replay_on_sibling:

@@ -225,7 +225,9 @@ class Sandbox(ChangeWalk):
                 tmpfs = {self.workdir: f"size={self.cfg.work_tmpfs_mb}m,exec{owner}"}
             # create + start, never `run`: run would try to pull a missing image from a registry
             self.container = create_capped(
-                self.client, self.image, self.cfg, command=["sleep", "infinity"], name=self.name,
+                # (by its absolute path: a restart must not find a `sleep` of the agent's on the image's PATH,
+                # e.g. in /usr/local/sbin; /bin/sleep itself is a system program, judged from outside)
+                self.client, self.image, self.cfg, command=["/bin/sleep", "infinity"], name=self.name,
                 labels=self.labels, detach=True, network_mode="none", cap_drop=["ALL"],
                 cap_add=self.cap_add or None, security_opt=["no-new-privileges"],
                 pids_limit=self.cfg.pids_limit, mem_limit=f"{self.cfg.memory_mb}m",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
 import secrets
 import shlex
@@ -40,6 +41,7 @@ from .container import Sandbox
 from .errors import SandboxError
 
 MARK = "__TF_RESULTS__ "
+EXIT_MARK = "__TF_TESTS_ENDED__ "
 VERIFIER_CAPS = ("SETUID", "SETGID")
 
 RUNNER = r'''
@@ -206,19 +208,31 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     if "TF_RESET_OK" not in reset.output:
         return TestRun([], reset.output[-500:], 0.0, None,
                        fallback="/logs/verifier could not be reset to a fresh root-owned empty folder")
+    # who may outlive the tests: the init and its `sleep` (a root agent's are known; else read before any test runs)
+    keep = sorted(sandbox.keep_pids if sandbox.agent == "root" else {1} | sandbox._init_children())
     sandbox.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in env.tests],
                       parent="/", root="tests", uid=0, dir_mode=0o700)
+    copied_in = time.time()
     t0 = time.monotonic()
     command = env.test_command or "bash /tests/test.sh"
-    res = sandbox.exec(f"exec {SAFE_ENV} bash -c {shlex.quote(command)}", timeout_s=timeout_s, user="root",
+    # the moment the test command ends, the same shell notes the time and kills every process it left (agent code
+    # the tests ran may have started one to rewrite the reward or the tests afterwards): nothing is written
+    # after that moment but by the kernel's clock, which `_read_outside` checks
+    reap = (f'rc=$?; t=$EPOCHREALTIME; keep=" {" ".join(map(str, keep))} $$ $PPID "; for d in /proc/[0-9]*; do '
+            'p=${d#/proc/}; case "$keep" in *" $p "*) continue;; esac; kill -9 "$p" 2>/dev/null; done; '
+            f'printf "\\n{EXIT_MARK}%s\\n" "$t"; exit $rc')
+    res = sandbox.exec(f"{SAFE_ENV} bash -c {shlex.quote(command)}; {reap}", timeout_s=timeout_s, user="root",
                        workdir=env.workdir, output_limit=1 << 20)
     duration = time.monotonic() - t0
-    out, code = res.output[-4000:], res.exit_code
+    body, mark, stamp = res.output.rpartition(EXIT_MARK)
+    ended = float(stamp.split()[0]) if mark and stamp.split() and _is_float(stamp.split()[0]) else time.time()
+    output = body if mark else res.output
+    out, code = output[-4000:], res.exit_code
     if res.timed_out:
         return TestRun([], out, duration, f"test run timed out after {timeout_s:g}s", exit_code=code)
     # what the run left is read from outside, the container frozen (a process the tests started cannot change
     # it meanwhile, and no program of the container, perhaps replaced by agent code the tests ran, reads it)
-    files, integrity = _read_outside(sandbox, env)
+    files, integrity = _read_outside(sandbox, env, copied_in, ended)
     rewards: dict[str, float] = {}
     tests: list[TestResult] = []
     for name in ("reward.json", "reward.txt"):
@@ -252,8 +266,8 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     if "reward.txt" in rewards:
         value = rewards["reward.txt"]
         return TestRun([TestResult(name="reward", passed=value >= 1.0)], out, duration, None, value, code)
-    summary = list(SUMMARY.finditer(res.output))
-    found = PYTEST_LINE.findall(res.output[summary[-1].end():] if summary else res.output)
+    summary = list(SUMMARY.finditer(output))
+    found = PYTEST_LINE.findall(output[summary[-1].end():] if summary else output)
     if found:
         results = {name: TestResult(name=name, passed=status == "PASSED", message=(msg or "")[:500])
                    for status, name, msg in found}
@@ -265,15 +279,48 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
 REWARD_LIMIT = 1 << 20
 
 
-def _read_outside(sandbox: Sandbox, env: EnvSpec) -> tuple[dict[str, str], list[str]]:
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _ctime_problems(sandbox: Sandbox, env: EnvSpec, copied_in: float, ended: float) -> list[str]:
+    """On the engine's host (the writable layer read directly): a hidden test file whose inode changed
+    after it was copied in (a write, a rename onto it, a restore of the same bytes: the ctime, which no
+    process can set back, says so), and a reward file that changed after the test command ended."""
+    upper = sandbox._upper_dir()
+    if upper is None:
+        return []
+    problems = []
+    for t in env.tests:
+        try:
+            if os.lstat(f"{upper}/tests/{t.path}").st_ctime > copied_in:
+                problems.append(f"/tests/{t.path} was changed during the test run")
+        except FileNotFoundError:
+            problems.append(f"/tests/{t.path} was removed during the test run")
+    for name in ("reward.json", "reward.txt"):
+        try:
+            if os.lstat(f"{upper}/logs/verifier/{name}").st_ctime > ended:
+                problems.append(f"/logs/verifier/{name} was written after the test command ended")
+        except FileNotFoundError:
+            pass
+    return problems
+
+
+def _read_outside(sandbox: Sandbox, env: EnvSpec, copied_in: float, ended: float) -> tuple[dict[str, str], list[str]]:
     """After a script test run, from outside the container (the engine's archive of its filesystem, the
-    container frozen meanwhile): the reward files of `/logs/verifier` ({name: text}, regular files only)
-    and what is wrong with the run itself: the hidden tests not as they were copied in, a reward that is
+    writable layer on the engine's host, the container frozen meanwhile): the reward files of
+    `/logs/verifier` ({name: text}, regular files only) and what is wrong with the run itself: the hidden
+    tests not as they were copied in or changed since, a reward written after the test command ended or
     not a regular file in a real folder."""
     problems: list[str] = []
     files: dict[str, str] = {}
     sandbox.pause()
     try:
+        problems += _ctime_problems(sandbox, env, copied_in, ended)
         try:
             data = sandbox.get_archive("/tests", 64 << 20)
         except SandboxError as err:
@@ -292,7 +339,8 @@ def _read_outside(sandbox: Sandbox, env: EnvSpec) -> tuple[dict[str, str], list[
                         elif rel:
                             found[rel] = None
             for t in env.tests:
-                if found.get(t.path) != t.content.encode():
+                if found.get(t.path) != t.content.encode() and f"/tests/{t.path} was changed during the test run" \
+                        not in problems:
                     problems.append(f"/tests/{t.path} was changed during the test run")
         for folder in ("/logs", "/logs/verifier"):  # real folders: the reward files are read below them
             if sandbox.path_kind(folder) != "dir":
