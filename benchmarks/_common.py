@@ -1,7 +1,11 @@
 """Shared set-up for the benchmarks: environments with built images, committed as a `synthesize`
-manifest so stage code can read them, and a plain table printer (pasted into issue notes)."""
+manifest so stage code can read them, a plain table printer (pasted into issue notes), the machine's
+busy CPU seconds and the host line (CPU model, `lscpu` flags, `uptime`) a benchmark prints with its table."""
 
 from __future__ import annotations
+
+import os
+import subprocess
 
 from trajforge.schemas.config import SandboxConfig, parse_config
 from trajforge.schemas.environment import EnvSpec
@@ -45,3 +49,39 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
     for r in rows:
         print(line(r))
     print()
+
+
+def machine_busy_s() -> float:
+    """The whole machine's busy CPU seconds so far (every CPU, /proc/stat: dockerd, containerd, shims, runc,
+    containers and this process alike; idle and iowait left out, guest time already counted in user)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+ISA_FLAGS = ("avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")
+
+
+def _lscpu() -> dict[str, str]:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.splitlines()) if v}
+
+
+def host_lines() -> list[str]:
+    """`cpu: <model>, N CPUs; lscpu flags: avx yes, avx2 yes, avx512f no, ...` and `uptime: ...` (the load
+    average: whether something else was running)."""
+    info = _lscpu()
+    flags = set(info.get("Flags", "").split())
+    source = "lscpu"
+    if not flags:  # no lscpu: the kernel's list is the same one
+        from trajforge.tasks.teachers.cpu_profile import cpu_flags
+        flags, source = set(cpu_flags()[0]), "/proc/cpuinfo"
+    have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ISA_FLAGS)
+    try:
+        up = subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        up = "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return [f"cpu: {info.get('Model name', '?')}, {os.cpu_count()} CPUs; {source} flags: {have}", f"uptime: {up}"]

@@ -7,6 +7,10 @@ time. Target: >= 95% of the tasks whose Dockerfiles only need the package regist
 
     python benchmarks/corpus_import.py DIR --sample 50 [--jobs 2] [--ca-bundle /etc/ssl/certs/ca-certificates.crt]
     python benchmarks/corpus_import.py DIR --generate 220      # first write a fixture corpus there
+    python benchmarks/corpus_import.py                         # the repo's tests/fixtures/corpus (`make bench`)
+
+Without DIR: the repo's own fixture corpus (`tests/fixtures/corpus`, two published-style tasks, what
+tests/test_import_corpus.py imports), or with `--generate N` a fresh temporary folder.
 
 The generated corpus is Harbor-shaped like published ones: most tasks share one Dockerfile shape (`FROM
 ghcr.io/<org>/ubuntu-24-04:<date>`, `apt-get install` of one of three small Debian packages, a gzip data
@@ -35,6 +39,7 @@ from _common import print_table  # noqa: E402
 from trajforge.schemas.config import SandboxConfig, SynthesizeConfig  # noqa: E402
 from trajforge.tasks.envs.corpus import Journal, admit, discover, parse, tally  # noqa: E402
 
+FIXTURE_CORPUS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "corpus"
 PACKAGES = ("bc", "tree", "dc")
 BROKEN = {7: "malformed", 11: "binary_test", 13: "package_not_found", 17: "base_image_missing", 21: "noop_passes"}
 PERIOD = 25  # in every 25 folders, one of each broken kind
@@ -112,8 +117,9 @@ def disk(client, tags: list[str]) -> tuple[int, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dir", type=Path)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", type=Path, nargs="?", default=None,
+                    help=f"a corpus folder (default: {FIXTURE_CORPUS}, or a temporary folder with --generate)")
     ap.add_argument("--sample", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
@@ -121,6 +127,9 @@ def main() -> None:
     ap.add_argument("--data-seed", type=int, default=0, help="seed of the generated data (another seed: new images)")
     ap.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
     args = ap.parse_args()
+    if args.dir is None:  # never generate into the repo's fixtures
+        args.dir = Path(tempfile.mkdtemp(prefix="corpus-")) if args.generate else FIXTURE_CORPUS
+        print(f"corpus: {args.dir}", flush=True)
     if args.generate:
         generate(args.dir, args.generate, args.data_seed)
     from trajforge.tasks.sandbox import docker_client

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import machine_busy_s as busy_s  # noqa: E402
 from _common import print_table  # noqa: E402
 
 from trajforge.schemas.config import SandboxConfig  # noqa: E402
@@ -30,15 +31,6 @@ from trajforge.tasks.envs.families import FAMILIES  # noqa: E402
 from trajforge.tasks.envs.images import ensure_image  # noqa: E402
 from trajforge.tasks.sandbox import Sandbox, docker_client, verifier  # noqa: E402
 from trajforge.tasks.sandbox.verifier import VERIFIER_CAPS, run_hidden_tests  # noqa: E402
-
-HZ = os.sysconf("SC_CLK_TCK")
-
-
-def busy_s() -> float:
-    """The whole machine's busy CPU seconds so far (every CPU; idle and iowait left out)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v) - v[3] - v[4]) / HZ
 
 
 def main() -> None:
