@@ -93,7 +93,10 @@ def unexpected(changes: ChangeSet, env: EnvSpec) -> list[str]:
 def revert_plan(changes: ChangeSet, env: EnvSpec) -> list[str]:
     """The changes a counterfactual run reverts: every change the reference solution did not need
     (see module docstring): a stash, a helper or a cache the pass depends on flips it; one that does
-    not matter holds, and is not flagged."""
+    not matter holds, and is not flagged. Without a reference solution (`oracle: absent`) nothing tells
+    a needed change from another: only those that can change how the tests run are reverted."""
+    if env.oracle == "absent":
+        return [p for p in changes.paths() if sensitive_class(p, env.workdir)]
     return unexpected(changes, env)
 
 
