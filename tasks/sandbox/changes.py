@@ -35,6 +35,7 @@ from ...schemas.trajectory import Rollout, Step
 from ...schemas.verdict import HackFlag
 from .container import Sandbox
 from .errors import SandboxError
+from .hacks import naming
 from .layer import allowed
 from .verifier import TestRun, restore_state, run_hidden_tests
 from .walk import inside
@@ -139,11 +140,7 @@ def _without(tar_bytes: bytes, revert: list[str]) -> bytes:
 
 def _evidence(path: str, steps: list[Step]) -> Step | None:
     """The last command that names the changed path (or its file name), else the last command."""
-    base = posixpath.basename(path.rstrip("/"))
-    for s in reversed(steps):
-        if path in s.command or (base and re.search(rf"(^|[^\w.-]){re.escape(base)}($|[^\w-])", s.command)):
-            return s
-    return steps[-1] if steps else None
+    return naming(steps, path) or (steps[-1] if steps else None)
 
 
 def counterfactual(make_box, r: Rollout, env: EnvSpec, revert: list[str], timeout_s: float

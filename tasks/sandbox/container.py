@@ -36,7 +36,7 @@ from .errors import (
     StateTooLarge,
     StateUnreadable,
 )
-from .layer import HARNESS_PATH, SYSTEM, classify, toolchain_changes, upper_changes
+from .layer import HARNESS_PATH, SYSTEM, classify, toolchain_changes, under, upper_changes
 from .limits import create_capped, ulimits
 from .reaper import LABEL, owner_label
 from .streams import META, ExecHung, capture_argv, run_exec
@@ -340,9 +340,7 @@ class Sandbox(ChangeWalk):
         if upper is not None:
             raw = upper_changes(upper)
         else:
-            roots = SYSTEM + ("/usr", "/etc")
-            raw = {p: k for p, k in self._engine_diff().items()
-                   if any(p == r or p.startswith(r + "/") for r in roots)}
+            raw = {p: k for p, k in self._engine_diff().items() if under(p, SYSTEM + ("/usr", "/etc"))}
         return classify(raw, self.baseline, self.baseline_dirs)
 
     def toolchain(self) -> list[str]:
@@ -586,19 +584,18 @@ class Sandbox(ChangeWalk):
             # a root agent may have taken over any process, whatever its pid (the init, its `sleep
             # infinity`): count (evidence only: the count runs the container's own shell), then restart the
             # container, so that no process of the episode is left and /dev, /dev/shm start empty
+            restart = True
             first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"", walk=False)
-            counted = next((p for t, _, p in first if t == "K"), "")
-            leftover = int(counted) if counted.isdigit() else -1
-            self.restart()
-            rows = None
         else:
+            restart = False
             first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"; [ \"$n\" = 0 ] || exit 0; {body}")
-            counted = next((p for t, _, p in first if t == "K"), "")
-            leftover = int(counted) if counted.isdigit() else -1
-            rows = first
-            if leftover != 0:  # processes were running: stop them all, then look
-                self.kill_agent_processes()
-                rows = None
+        counted = next((p for t, _, p in first if t == "K"), "")
+        leftover = int(counted) if counted.isdigit() else -1
+        rows = None if restart or leftover != 0 else first
+        if restart:
+            self.restart()
+        elif leftover != 0:  # processes were running: stop them all, then look
+            self.kill_agent_processes()
         # before any more of the container's programs run: did the episode change them? (from outside)
         if self.toolchain():
             self.settled = True

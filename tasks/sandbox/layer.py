@@ -21,6 +21,8 @@ import os
 import posixpath
 import stat
 
+from .walk import inside
+
 # The system folders whose programs and libraries the harness (and a task's test interpreter) runs.
 BIN_DIRS = ("/bin", "/sbin", "/usr/bin", "/usr/sbin")
 LIB_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec")
@@ -32,8 +34,9 @@ HARNESS_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
 _WHITEOUT_XATTR = "trusted.overlay.opaque"
 
 
-def _under(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == r or path.startswith(r + "/") for r in roots)
+def under(path: str, roots: tuple[str, ...]) -> bool:
+    """Whether `path` is or lies below one of `roots`."""
+    return any(inside(path, r) for r in roots)
 
 
 def judged(path: str, kind: str, baseline: frozenset[str]) -> bool:
@@ -45,8 +48,8 @@ def judged(path: str, kind: str, baseline: frozenset[str]) -> bool:
     if kind in ("deleted", "replaced") and any(r.startswith(path.rstrip("/") + "/") for r in SYSTEM):
         return True
     if kind != "added":
-        return _under(path, SYSTEM)
-    if _under(path, LIB_DIRS + LOADER):
+        return under(path, SYSTEM)
+    if under(path, LIB_DIRS + LOADER):
         return True
     if posixpath.dirname(path) in BIN_DIRS:
         name = posixpath.basename(path)
@@ -119,7 +122,7 @@ def classify(raw: dict[str, str], baseline: frozenset[str], baseline_dirs: froze
 
 def allowed(path: str, patterns: tuple[str, ...]) -> bool:
     """Whether `path` is, lies below, or matches one of `patterns` (the reference solution's changes)."""
-    return any(path == e or path.startswith(e.rstrip("/") + "/") or fnmatch.fnmatch(path, e) for e in patterns)
+    return any(inside(path, e) or fnmatch.fnmatch(path, e) for e in patterns)
 
 
 def toolchain_changes(changes: dict[str, str], baseline: frozenset[str], expected: tuple[str, ...] = ()) -> list[str]:
