@@ -29,8 +29,8 @@ from _common import print_table  # noqa: E402
 from trajforge.schemas.config import SandboxConfig  # noqa: E402
 from trajforge.tasks.envs.families import FAMILIES  # noqa: E402
 from trajforge.tasks.envs.images import ensure_image  # noqa: E402
+from trajforge.tasks.judge.verifier import VERIFIER_CAPS, run_hidden_tests  # noqa: E402
 from trajforge.tasks.sandbox import Sandbox, docker_client, verifier  # noqa: E402
-from trajforge.tasks.sandbox.verifier import VERIFIER_CAPS, run_hidden_tests  # noqa: E402
 
 
 def main() -> None:

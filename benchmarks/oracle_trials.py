@@ -51,8 +51,8 @@ from _common import build_envs, host_lines, machine_busy_s, print_table  # noqa:
 from trajforge.schemas.config import parse_config  # noqa: E402
 from trajforge.tasks.agent.driver import run_episodes  # noqa: E402
 from trajforge.tasks.engine import StageContext  # noqa: E402
+from trajforge.tasks.judge.verifier import MARK, RUNNER  # noqa: E402
 from trajforge.tasks.sandbox import docker_client  # noqa: E402
-from trajforge.tasks.sandbox.verifier import MARK, RUNNER  # noqa: E402
 from trajforge.tasks.verify import verify_rollouts  # noqa: E402
 
 LABEL = "trajforge.bench"

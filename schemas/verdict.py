@@ -28,7 +28,7 @@ class HackFlag(Record):
 
 
 class Quality(Record):
-    """Per-trajectory signals (see tasks/sandbox/quality.py): step labels inspect/act/verify and what they imply."""
+    """Per-trajectory signals (see tasks/judge/quality.py): step labels inspect/act/verify and what they imply."""
 
     labels: list[str] = Field(default_factory=list)
     inspect_steps: int = 0

@@ -7,8 +7,8 @@ captured work dir, nothing else of the episode. `Verdict.mode` says which.
 
 Shards hold whole environments, so the rollouts of one environment can be compared with each other
 (TRACE's contrastive check). Per rollout: the work dir is restored, the verifier copies the tests in
-and runs them as root (tasks/sandbox/verifier.py); the single-trajectory detectors run on its steps and final
-files (tasks/sandbox/hacks.py); a success of a procedural family is replayed on a sibling instance to catch
+and runs them as root (tasks/judge/verifier.py); the single-trajectory detectors run on its steps and final
+files (tasks/judge/hacks.py); a success of a procedural family is replayed on a sibling instance to catch
 hard-coded answers (`verify.replay_on_sibling`). `passed` = submitted + all tests passed + no flag.
 Infrastructure failures get `verified=False` and never count as a pass or a fail. A verifier that
 hangs or prints garbage is a reject (`verifier_error`) for that row; the rest is verified.
@@ -26,11 +26,11 @@ from ..schemas.trajectory import Rollout
 from ..schemas.verdict import HackFlag, Verdict
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .envs.catalogue import load_envs, sibling_of
+from .judge.changes import apply_final_state, counterfactual, revert_plan, review_flags, unexpected, written_outside
+from .judge.hacks import detect, forged_results, integrity_flags, output_kind_flags, review_outliers
+from .judge.quality import assess, last_act
+from .judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 from .sandbox import Sandbox, SandboxError, docker_client
-from .sandbox.changes import apply_final_state, counterfactual, revert_plan, review_flags, unexpected, written_outside
-from .sandbox.hacks import detect, forged_results, integrity_flags, output_kind_flags, review_outliers
-from .sandbox.quality import assess, last_act
-from .sandbox.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 
 
 class VerifyStage(Stage):

@@ -45,6 +45,29 @@ def test_tasks_top_level_holds_only_the_stages_and_the_graph():
     assert modules == set(STAGE_NAMES) | {"pipeline"}
 
 
+def _package_imports(folder: str) -> dict[str, set[str]]:
+    """Per module under `folder` (relative to the repository): the package modules it imports, anywhere in it."""
+    from trajforge.tasks.engine.codeversion import imported_modules
+
+    out = {}
+    for path in (ROOT / folder).rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(("trajforge", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+        out[name] = imported_modules(name, path.read_text())
+    return out
+
+
+def test_judging_imports_point_down_to_the_sandbox():
+    """judge ← sandbox: nothing in tasks/sandbox imports tasks/judge, and judging reads only records and
+    the sandbox (never a stage, the agent, environments or teachers)."""
+    for name, imports in _package_imports("tasks/sandbox").items():
+        assert not [m for m in imports if m.startswith("trajforge.tasks.judge")], (name, imports)
+    allowed = ("trajforge.schemas", "trajforge.tasks.sandbox", "trajforge.tasks.judge")
+    for name, imports in _package_imports("tasks/judge").items():
+        bad = [m for m in imports - {"trajforge", "trajforge.tasks"} if not m.startswith(allowed)]
+        assert not bad, (name, bad)
+
+
 def _copy_package(dest: Path) -> Path:
     pkg = dest / "trajforge"
     pkg.mkdir(parents=True)
@@ -116,7 +139,7 @@ def test_fingerprints_follow_meaning_not_text(tmp_path):
     pkg = copies["text"]
     _edit(pkg / "tasks" / "rollout.py", "class RolloutStage(Stage):", "# a comment\nclass RolloutStage(Stage):  # why")
     _edit(pkg / "tasks" / "verify.py", '"""Stage `verify`:', '"""Stage `verify` (reworded docstring):')
-    _edit(pkg / "tasks" / "sandbox" / "verifier.py", "def run_hidden_tests(", "# comment only\ndef run_hidden_tests(")
+    _edit(pkg / "tasks" / "judge" / "verifier.py", "def run_hidden_tests(", "# comment only\ndef run_hidden_tests(")
     (pkg / "tasks" / "sandbox" / "reaper.py").write_text(
         (pkg / "tasks" / "sandbox" / "reaper.py").read_text() + "\n\ndef reap_everything_twice() -> int:\n    return 2\n")
     for operational in ("tasks/engine/progress.py", "tasks/engine/lease.py", "tasks/teachers/vllm_server.py",

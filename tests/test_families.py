@@ -65,8 +65,8 @@ def test_every_check_passes_for_three_seeds(docker_client, family, level):
 def test_replay_invariant_solutions_solve_any_instance(docker_client, family):
     """What the hard-coded-answer check relies on: the reference commands of one instance solve another."""
     from trajforge.tasks.envs.images import ensure_image
+    from trajforge.tasks.judge.verifier import VERIFIER_CAPS, run_hidden_tests
     from trajforge.tasks.sandbox import Sandbox
-    from trajforge.tasks.sandbox.verifier import VERIFIER_CAPS, run_hidden_tests
 
     env = get_family(family).generate(2, 0)
     sib = sibling_of(env, replay=True)

@@ -13,8 +13,8 @@ from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
 from trajforge.tasks.envs.families import get_family
 from trajforge.tasks.envs.formats import TaskFormatError, export_harbor, find_tasks, import_task
 from trajforge.tasks.envs.validator import validate_env
+from trajforge.tasks.judge.verifier import VERIFIER_CAPS, run_hidden_tests
 from trajforge.tasks.sandbox import Sandbox
-from trajforge.tasks.sandbox.verifier import VERIFIER_CAPS, run_hidden_tests
 
 FIXTURES = Path(__file__).parent / "fixtures"
 S = SynthesizeConfig(families=[{"name": "log_report"}])

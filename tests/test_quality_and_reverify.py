@@ -13,7 +13,7 @@ from helpers import run_cli
 
 from trajforge.schemas.trajectory import Rollout, Step
 from trajforge.tasks.envs.families import get_family
-from trajforge.tasks.sandbox.quality import assess, label_steps
+from trajforge.tasks.judge.quality import assess, label_steps
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -33,7 +33,7 @@ def test_agent_is_unprivileged_and_offline(sb):
 def test_in_place_verification_container_gives_the_agent_nothing(docker_client, sandbox_cfg):
     """Episodes verified in place keep SETUID/SETGID in the bounding set (the root-run hidden tests
     drop to the agent user with them); agent processes still have no capability and cannot gain one."""
-    from trajforge.tasks.sandbox.verifier import VERIFIER_CAPS
+    from trajforge.tasks.judge.verifier import VERIFIER_CAPS
 
     with Sandbox(docker_client, sandbox_cfg.base_image, sandbox_cfg, cap_add=VERIFIER_CAPS) as s:
         for field in ("CapEff", "CapPrm", "CapAmb"):
@@ -291,7 +291,7 @@ def test_hidden_tests_travel_in_the_exec_that_runs_them_unless_large(docker_clie
     runner) is gone, and a test that fails still fails."""
     from trajforge.schemas.common import FileSpec
     from trajforge.schemas.environment import EnvSpec
-    from trajforge.tasks.sandbox.verifier import INLINE_LIMIT, VERIFIER_CAPS, run_hidden_tests
+    from trajforge.tasks.judge.verifier import INLINE_LIMIT, VERIFIER_CAPS, run_hidden_tests
 
     uploads = []
     real_put = Sandbox._put
@@ -347,7 +347,7 @@ def test_hidden_tests_in_the_exec_stay_hidden_from_the_code_they_run(docker_clie
     and passed.)"""
     from trajforge.schemas.common import FileSpec
     from trajforge.schemas.environment import EnvSpec
-    from trajforge.tasks.sandbox.verifier import VERIFIER_CAPS, run_hidden_tests
+    from trajforge.tasks.judge.verifier import VERIFIER_CAPS, run_hidden_tests
 
     test = (f"# the expected answer: SECRET_73914\nSCAN = {SCAN!r}\n"
             "def test_the_agents_code_sees_no_test():\n"

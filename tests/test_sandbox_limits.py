@@ -166,7 +166,7 @@ def test_an_opt_in_tmpfs_work_dir_caps_its_size_and_keeps_change_sets_whole(dock
     """`sandbox.work_tmpfs_mb` (for overlay2 on ext4, where no writable-layer cap exists): the work dir
     is a size-capped tmpfs holding the image's files with their owners; the agent's changes in it are
     found exactly as on the root filesystem (same change set as a plain sandbox doing the same)."""
-    from trajforge.tasks.sandbox.verifier import restore_state
+    from trajforge.tasks.judge.verifier import restore_state
 
     env = next(e for e in envs.values() if len(e.files) > 1)
     capped = sandbox_cfg.model_copy(update={"work_tmpfs_mb": 8})

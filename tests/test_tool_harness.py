@@ -367,8 +367,8 @@ def test_shell_detectors_skip_tool_episodes():
     from trajforge.schemas.common import ChangeSet
     from trajforge.schemas.trajectory import Step
     from trajforge.tasks.agent.harness import HARNESS
-    from trajforge.tasks.sandbox.hacks import detect, review_outliers
-    from trajforge.tasks.sandbox.quality import assess
+    from trajforge.tasks.judge.hacks import detect, review_outliers
+    from trajforge.tasks.judge.quality import assess
 
     def rollout(harness: str, command: str, rid: str = "r") -> Rollout:
         return Rollout(rollout_id=rid, env_id="e", teacher="t", harness=harness, sample=0, messages=[], status="ok",
@@ -442,8 +442,8 @@ def ledger(docker_client):
 
 
 def episode(docker_client, env, teacher, **over):
+    from trajforge.tasks.judge.verifier import VERIFIER_CAPS
     from trajforge.tasks.sandbox import Sandbox
-    from trajforge.tasks.sandbox.verifier import VERIFIER_CAPS
 
     s = EpisodeSettings(**{"max_turns": 8, "command_timeout_s": 20, "episode_timeout_s": 120,
                            "verify_in_place": True, **over})

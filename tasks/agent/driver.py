@@ -24,8 +24,8 @@ from ...schemas.config import TeacherConfig
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Message, Rollout
 from ..engine.contract import ShardResult, StageContext
+from ..judge.verifier import VERIFIER_CAPS
 from ..sandbox import Sandbox, SandboxError, docker_client
-from ..sandbox.verifier import VERIFIER_CAPS
 from ..teachers import make_teacher
 from .harness import EpisodeSettings, harness_label, rollout_id, run_episode
 

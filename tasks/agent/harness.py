@@ -9,7 +9,7 @@ command is a `Step` with exit code, duration and why it was killed; a command ne
 episode deadline; infrastructure failures raise SandboxError (the caller retries) and are never
 recorded as the model's outcome; the work dir is captured after every agent process is killed and
 the protected paths are checksummed; only then, with `verify_in_place`, are the hidden tests copied
-into this container and run as root (tasks/sandbox/verifier.py). The captured state allows an isolated
+into this container and run as root (tasks/judge/verifier.py). The captured state allows an isolated
 re-test later. The container starts while the teacher writes its first turn; the "before" checksums
 of an image are computed once per process (containers of one image start identical).
 
@@ -32,9 +32,9 @@ from typing import Awaitable, Callable, Protocol
 from ...schemas.common import ChangeSet
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Message, Rollout, Step, TurnUsage
+from ..judge.changes import capture_outside
+from ..judge.verifier import run_hidden_tests
 from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox
-from ..sandbox.changes import capture_outside
-from ..sandbox.verifier import run_hidden_tests
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
 from .mcp_relay import SURROGATE, TOOLS_HARNESS, ToolMode, declared_tools, parse_arguments
 

@@ -37,9 +37,10 @@ from jsonschema.exceptions import SchemaError
 from ...schemas.common import Reject
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import EnvSpec
+from ..judge.changes import sensitive_class
+from ..judge.verifier import VERIFIER_CAPS, run_hidden_tests
+from ..judge.exposure import tests_run_agent_code
 from ..sandbox import Sandbox, SandboxError
-from ..sandbox.changes import sensitive_class
-from ..sandbox.verifier import VERIFIER_CAPS, run_hidden_tests
 from .images import BuildOptions, ImageBuildError, ensure_image
 from .tools.client import fetch_tools
 
@@ -144,6 +145,7 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
                               f"reference solution exited {res.exit_code}: {res.output[-600:]}")
         # what the reference solution changes: an agent's change that is not among these is unexpected
         env.expected_changes = sorted(sb.changes().paths())
+        env.tests_run_agent_code = _exposure(sb, env)
         first = run_hidden_tests(sb, env, test_timeout_s)
         if first.error or first.fallback:
             return v.fail("solution_passes", "verifier_error", f"{first.error or first.fallback}\n{first.output[-600:]}")
@@ -151,6 +153,10 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
             failed = [f"{r.name}: {r.message}" for r in first.results if not r.passed]
             return v.fail("solution_passes", "solution_fails", "failed tests: " + "; ".join(failed)[:1200])
         v.checks["solution_passes"] = "pass"
+        # what a pass must show besides its reward: every test the reference run reported passed, and no process
+        # left running by the tests unless they leave one on the reference solution too
+        env.expected_tests = sorted(r.name for r in first.reported if r.passed)
+        env.tests_leave_processes = first.leftovers > 0
         second = run_hidden_tests(sb, env, test_timeout_s)
         if second.error or second.outcome() != first.outcome():
             return v.fail("deterministic", "nondeterministic_tests",
@@ -210,7 +216,24 @@ def _without_oracle(sb: Sandbox, env: EnvSpec, v: Validation, noop, test_timeout
                     user="root", workdir="/", output_limit=1 << 20)
     env.expected_changes = sorted(p for p in found.output.splitlines()
                                   if p.startswith("/") and sensitive_class(p, env.workdir) is None)
+    env.tests_run_agent_code = _exposure(sb, env)
+    env.tests_leave_processes = noop.leftovers > 0 or again.leftovers > 0
     return v
+
+
+def _exposure(sb: Sandbox, env: EnvSpec) -> str:
+    """`EnvSpec.tests_run_agent_code` on the container's current (solved) state: its work dir's files with their
+    executable bit, and what the reference solution changed elsewhere."""
+    found = sb.exec(f"find {shlex.quote(env.workdir)} -xdev -type f -printf '%m %p\\0' 2>/dev/null", 60,
+                    user="root", workdir="/", output_limit=4 << 20, readonly=True)
+    solved = {}
+    for entry in found.output.split("\0")[:20000]:
+        mode, _, path = entry.strip("\n").partition(" ")
+        if path.startswith("/") and mode.isdigit():
+            solved[path] = bool(int(mode, 8) & 0o111)
+    root = env.workdir.rstrip("/") + "/"
+    elsewhere = [p for p in env.expected_changes if not p.startswith(root)]
+    return tests_run_agent_code(env.tests, env.test_command, env.workdir, solved, elsewhere)
 
 
 def oracle_changes(client, env: EnvSpec, sandbox: SandboxConfig, command_timeout_s: float,

@@ -1,5 +1,7 @@
-"""The one sandbox API (hardened containers), the verifier that runs hidden tests in them, the hack
-detectors and quality signals that read what happened, and the reaper of leftover containers."""
+"""The one sandbox API (hardened containers), what an episode changed read from outside its container
+(change walk, system-program layer, checksums), and the reaper of leftover containers. Docker plumbing
+only: judging (tests, hack detectors, quality) lives in `tasks/judge`, which imports this package, never
+the reverse."""
 
 from .container import ExecResult, Sandbox, docker_client
 from .errors import DockerUnavailable, FinalStateUnavailable, SandboxError, StateTooLarge

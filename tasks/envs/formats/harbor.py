@@ -13,7 +13,7 @@ from pathlib import Path
 from ....schemas.common import FileSpec
 from ....schemas.config import safe_name
 from ....schemas.environment import Blob, EnvSpec
-from ...sandbox.verifier import RUNNER
+from ...judge.verifier import RUNNER
 from ..blobs import BlobStore
 from ..images import render
 from .base import (

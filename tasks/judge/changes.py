@@ -33,12 +33,12 @@ from ...schemas.common import ChangeSet
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Rollout, Step
 from ...schemas.verdict import HackFlag
-from .container import Sandbox
-from .errors import SandboxError
+from ..sandbox.container import Sandbox
+from ..sandbox.errors import SandboxError
+from ..sandbox.layer import allowed
+from ..sandbox.walk import inside
 from .hacks import naming
-from .layer import allowed
 from .verifier import TestRun, restore_state, run_hidden_tests
-from .walk import inside
 
 PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 SITE = re.compile(r"/(site|dist)-packages(/|$)|^/usr/lib/python3[^/]*(/|$)|^/usr/local/lib/python3[^/]*(/|$)")

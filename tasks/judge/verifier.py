@@ -37,8 +37,8 @@ from ...schemas.common import FileSpec
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import InPlaceTests
 from ...schemas.verdict import TestResult
-from .container import Sandbox
-from .errors import SandboxError
+from ..sandbox.container import Sandbox
+from ..sandbox.errors import SandboxError
 
 MARK = "__TF_RESULTS__ "
 EXIT_MARK = "__TF_TESTS_ENDED__ "
@@ -102,6 +102,10 @@ class TestRun:
     exit_code: int | None = None  # of the test command (script verifiers): non-zero is never a pass
     fallback: str | None = None  # the in-place results cannot be trusted: test in a fresh container
     integrity: list[str] = field(default_factory=list)  # the test run itself was tampered with (read from outside)
+    # pytest's per-test lines in the output, whatever channel gave the reward (script verifiers): evidence only,
+    # never a pass by itself (agent code the tests run can print lines too; it cannot unprint a reference test)
+    reported: list[TestResult] = field(default_factory=list)
+    leftovers: int = 0  # processes the test command left running when it ended (killed then)
 
     @property
     def reward(self) -> float:
@@ -129,12 +133,13 @@ class TestRun:
     def to_record(self) -> InPlaceTests:
         return InPlaceTests(results=self.results, output=self.output, duration_s=round(self.duration_s, 3),
                             error=self.error, explicit_reward=self.explicit_reward, exit_code=self.exit_code,
-                            fallback=self.fallback, integrity=self.integrity)
+                            fallback=self.fallback, integrity=self.integrity, reported=self.reported,
+                            leftovers=self.leftovers)
 
     @classmethod
     def from_record(cls, rec: InPlaceTests) -> "TestRun":
         return cls(list(rec.results), rec.output, rec.duration_s, rec.error, rec.explicit_reward, rec.exit_code,
-                   rec.fallback, list(rec.integrity))
+                   rec.fallback, list(rec.integrity), list(rec.reported), rec.leftovers)
 
 
 INLINE_LIMIT = 64 << 10  # base64 bytes of tests carried in the exec's environment (one variable may be 128 KiB)
@@ -218,18 +223,40 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     # the moment the test command ends, the same shell notes the time and kills every process it left (agent code
     # the tests ran may have started one to rewrite the reward or the tests afterwards): nothing is written
     # after that moment but by the kernel's clock, which `_read_outside` checks
-    reap = (f'rc=$?; t=$EPOCHREALTIME; keep=" {" ".join(map(str, keep))} $$ $PPID "; for d in /proc/[0-9]*; do '
-            'p=${d#/proc/}; case "$keep" in *" $p "*) continue;; esac; kill -9 "$p" 2>/dev/null; done; '
-            f'printf "\\n{EXIT_MARK}%s\\n" "$t"; exit $rc')
+    reap = (f'rc=$?; t=$EPOCHREALTIME; n=0; keep=" {" ".join(map(str, keep))} $$ $PPID "; for d in /proc/[0-9]*; do '
+            'p=${d#/proc/}; case "$keep" in *" $p "*) continue;; esac; s=; read -r s 2>/dev/null < "$d/stat"; s=${s##*) }; '
+            'kill -9 "$p" 2>/dev/null && [ "${s%% *}" != Z ] && n=$((n+1)); done; '
+            f'printf "\\n{EXIT_MARK}%s %s\\n" "$t" "$n"; exit $rc')
     res = sandbox.exec(f"{SAFE_ENV} bash -c {shlex.quote(command)}; {reap}", timeout_s=timeout_s, user="root",
                        workdir=env.workdir, output_limit=1 << 20)
     duration = time.monotonic() - t0
     body, mark, stamp = res.output.rpartition(EXIT_MARK)
-    ended = float(stamp.split()[0]) if mark and stamp.split() and _is_float(stamp.split()[0]) else time.time()
+    words = stamp.split() if mark else []
+    ended = float(words[0]) if words and _is_float(words[0]) else time.time()
+    left = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
     output = body if mark else res.output
     out, code = output[-4000:], res.exit_code
     if res.timed_out:
         return TestRun([], out, duration, f"test run timed out after {timeout_s:g}s", exit_code=code)
+    reported = _reported(output)
+    run = _judge_script_run(sandbox, env, out, duration, code, copied_in, ended, reported)
+    run.reported, run.leftovers = reported, left
+    return run
+
+
+def _reported(output: str) -> list[TestResult]:
+    """pytest's per-test result lines (from its last summary section when there is one; the last line of a
+    name wins)."""
+    summary = list(SUMMARY.finditer(output))
+    found = PYTEST_LINE.findall(output[summary[-1].end():] if summary else output)
+    return list({name: TestResult(name=name, passed=status == "PASSED", message=(msg or "")[:500])
+                 for status, name, msg in found}.values())
+
+
+def _judge_script_run(sandbox: Sandbox, env: EnvSpec, out: str, duration: float, code: int | None, copied_in: float,
+                      ended: float, reported: list[TestResult]) -> TestRun:
+    """The result of a finished script test run: reward files read from outside, else pytest's lines, else the
+    exit code."""
     # what the run left is read from outside, the container frozen (a process the tests started cannot change
     # it meanwhile, and no program of the container, perhaps replaced by agent code the tests ran, reads it)
     files, integrity = _read_outside(sandbox, env, copied_in, ended)
@@ -266,12 +293,8 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     if "reward.txt" in rewards:
         value = rewards["reward.txt"]
         return TestRun([TestResult(name="reward", passed=value >= 1.0)], out, duration, None, value, code)
-    summary = list(SUMMARY.finditer(output))
-    found = PYTEST_LINE.findall(output[summary[-1].end():] if summary else output)
-    if found:
-        results = {name: TestResult(name=name, passed=status == "PASSED", message=(msg or "")[:500])
-                   for status, name, msg in found}
-        return TestRun(list(results.values()), out, duration, exit_code=code)
+    if reported:
+        return TestRun(list(reported), out, duration, exit_code=code)
     return TestRun([TestResult(name="exit_code", passed=code == 0, message=f"exit {code}")], out, duration,
                    exit_code=code)
 
