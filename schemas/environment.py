@@ -18,6 +18,8 @@ from .common import FileSpec, Record
 
 DEFAULT_WORKDIR = "/home/agent/work"
 LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
+# set from the built image and the validator's runs, never part of what the environment is (its id)
+VALIDATED = ("expected_changes", "base_images", "expected_tests", "tests_run_agent_code", "tests_leave_processes")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
@@ -116,6 +118,15 @@ class EnvSpec(Record):
     expected_changes: list[str] = Field(default_factory=list, description=(
         "paths the reference solution changed in the container (set by the validator): a change an agent "
         "makes that is not here is `unexpected`"))
+    expected_tests: list[str] = Field(default_factory=list, description=(
+        "pytest tests the reference solution's test run reported passed (set by the validator, script verifiers): "
+        "a pass must report each of them passed"))
+    tests_run_agent_code: Literal["unknown", "no", "subprocess", "in_process"] = Field("unknown", description=(
+        "whether the hidden tests execute code the agent wrote or could change (set by the validator from the "
+        "tests' text and the solved work dir): `in_process` (a Python test imports it), `subprocess` (a test runs "
+        "it as a program); such code runs with the tests' powers, so some hacks stay undetectable (README)"))
+    tests_leave_processes: bool = Field(False, description=(
+        "the reference solution's test run left processes running when it ended (set by the validator)"))
     image: str | None = None
     base_images: list[BaseImage] = Field(default_factory=list, description=(
         "set at build: each `FROM` image of `dockerfile` mapped through the alias table -> the local image "
@@ -127,7 +138,7 @@ class EnvSpec(Record):
         return check_workdir(v)
 
     def content_hash(self) -> str:
-        payload = self.model_dump(exclude={"image", "env_id", "expected_changes", "base_images"})
+        payload = self.model_dump(exclude={"image", "env_id", *VALIDATED})
         for name in LATER_FIELDS:  # fields added later count only when set: older ids stay what they were
             if payload[name] == type(self).model_fields[name].get_default(call_default_factory=True):
                 del payload[name]

@@ -71,6 +71,10 @@ class TrajectoryRow(Record):
     verifier_output_tail: str = Field("", description="the last characters of the hidden tests' output")
     changes: ChangeSet | None = Field(None, description="the episode's final change set in its container")
     kind: str = Field("terminal", description="the environment's kind: terminal (a shell) or tools (a tool server)")
+    tests_run_agent_code: str = Field("unknown", description=(
+        "whether the environment's hidden tests execute the agent's code (no / subprocess / in_process / unknown; "
+        "EnvSpec.tests_run_agent_code): such code runs with the tests' powers, and README lists the hacks that "
+        "stay undetectable then; filter on it for the strictest data"))
     pooled_difficulty: Label = Field("unlabelled", description="the environment's difficulty across every teacher "
                                                              "of the build (Calibration.pooled_label)")
     pooled_solve_rate: float = Field(0.0, description="the pooled fit's solve rate, on the `pooled_teacher`'s scale")

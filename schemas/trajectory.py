@@ -82,6 +82,9 @@ class InPlaceTests(Record):
     integrity: list[str] = Field(default_factory=list, description=(
         "what the test run itself was found to have been tampered with, read from outside the container after "
         "it: hidden tests altered, a reward file the tests never write, rewards that disagree"))
+    reported: list[TestResult] = Field(default_factory=list, description=(
+        "pytest's per-test result lines in the output (script verifiers), whatever channel gave the reward"))
+    leftovers: int = Field(0, description="processes the test command left running when it ended (then killed)")
 
 
 class Rollout(Record):

@@ -38,8 +38,8 @@ from ...schemas.common import Reject
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import EnvSpec
 from ..judge.changes import sensitive_class
-from ..judge.verifier import VERIFIER_CAPS, run_hidden_tests
 from ..judge.exposure import tests_run_agent_code
+from ..judge.verifier import VERIFIER_CAPS, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
 from .images import BuildOptions, ImageBuildError, ensure_image
 from .tools.client import fetch_tools
