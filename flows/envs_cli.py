@@ -155,7 +155,9 @@ def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Ben
                 sample: Optional[int] = typer.Option(None, help="try a seeded sample of N task folders first"),
                 seed: int = typer.Option(0, help="seed of --sample"),
                 ca_bundle: Optional[Path] = typer.Option(None, help="host CA bundle for networked builds "
-                                                                     "(overrides synthesize.build.ca_bundle)"),
+                                                                     "(overrides synthesize.build.ca_bundle; "
+                                                                     "default: the host's SSL_CERT_FILE / "
+                                                                     "PIP_CERT / REQUESTS_CA_BUNDLE)"),
                 state: Optional[Path] = typer.Option(None, help="journal of outcomes (resume); default "
                                                                  ".trajforge/import-<hash of FOLDER>.jsonl"),
                 fresh: bool = typer.Option(False, help="ignore the journal: check every task again"),
@@ -169,10 +171,14 @@ def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Ben
 
     from ..tasks.envs.corpus import Journal, admit, discover, parse, tally
     from ..tasks.envs.formats import TaskFormatError
+    from ..tasks.envs.images import CA_HINT, CERT_ERROR, HOST_CA_VARS, host_ca_bundle
 
     s, sandbox = _settings(config)
     if ca_bundle:
         s = s.model_copy(update={"build": s.build.model_copy(update={"ca_bundle": str(ca_bundle)})})
+    elif not s.build.ca_bundle and (host := host_ca_bundle()):
+        console.print(f"networked builds use the host's CA bundle {host} (from {'/'.join(HOST_CA_VARS)}; "
+                      "--ca-bundle overrides)")
     t0 = time.monotonic()
     try:
         folders = discover(folder, sample, seed)
@@ -219,6 +225,8 @@ def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Ben
         if not o.kept:
             console.print(f"[red]✗[/] {o.key}: {o.outcome}: {o.detail[:400]}")
     _yield_table(tally([*outcomes, *malformed]))
+    if tls := sum(not o.kept and bool(CERT_ERROR.search(o.detail)) for o in outcomes):
+        err_console.print(f"[red]{tls} image build(s) failed a certificate check[/]: {CA_HINT}")
     if out:
         kept = [by_id[e.env_id].spec for e in unique if by_id.get(e.env_id) and by_id[e.env_id].kept]
         out.write_text("".join(k + "\n" for k in kept if k))

@@ -31,9 +31,8 @@ ADMISSION = ("image_aliases", "dedup_threshold", "validate_envs", "solution_time
 
 
 def build_options(s) -> BuildOptions:
-    """`synthesize.build` as the image builder's options."""
-    return BuildOptions(network=s.build.network, ca_bundle=s.build.ca_bundle, proxies=s.build.proxies(),
-                        timeout_s=s.build.timeout_s)
+    """`synthesize.build` as the image builder's options (the host's CA bundle unless one is set)."""
+    return BuildOptions.from_config(s.build)
 
 
 class SynthesizeStage(Stage):

@@ -19,9 +19,12 @@ from trajforge.schemas.environment import EnvSpec
 from trajforge.tasks.envs.blobs import BlobStore
 from trajforge.tasks.envs.formats import TaskFormatError, export_harbor, import_task
 from trajforge.tasks.envs.images import (
+    CA_HINT,
     BuildOptions,
+    ImageBuildError,
     base_mapping,
     classify,
+    ensure_image,
     image_tag,
     render,
     with_ca,
@@ -101,6 +104,48 @@ def test_build_failure_causes():
     assert classify('Get "https://registry.example.com/v2/": dial tcp: lookup registry.example.com') == \
         "base_image_missing"
     assert classify("The command '/bin/sh -c exit 3' returned a non-zero code: 3") == "build_step_failed"
+    assert classify("curl: (60) SSL certificate problem: self-signed certificate in certificate chain") == \
+        "build_fetch_failed"
+
+
+def test_host_ca_bundle_is_the_default_for_networked_builds(tmp_path, monkeypatch):
+    """Without `ca_bundle` (or `--ca-bundle`), builds take the host's own: the first of SSL_CERT_FILE,
+    PIP_CERT, REQUESTS_CA_BUNDLE that names a file (issue 28)."""
+    from trajforge.tasks.synthesize import build_options
+
+    bundle = tmp_path / "proxy-ca.crt"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    for var in ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "missing.crt"))  # set, but no such file: skipped
+    monkeypatch.setenv("PIP_CERT", str(bundle))
+    s = SynthesizeConfig(imports=["x"])
+    assert build_options(s).ca_bundle == str(bundle)  # what a build's synthesize stage uses
+    assert BuildOptions.from_config(s.build).ca_bundle == str(bundle)  # what `envs import` uses
+    explicit = SynthesizeConfig(imports=["x"], build={"ca_bundle": CA})
+    assert BuildOptions.from_config(explicit.build).ca_bundle == CA  # the configured one wins
+    assert BuildOptions.from_config(s.build, environ={}).ca_bundle is None
+
+
+@pytest.mark.docker
+def test_certificate_failure_names_ca_bundle(tmp_path, docker_client):
+    """A build whose step fails a certificate check says to pass --ca-bundle: in the error, the reject
+    detail and the import's report."""
+    task = tmp_path / "corpus" / "pip-behind-proxy"
+    shutil.copytree(CORPUS / "tally-words", task)
+    (task / "environment" / "nonce.txt").write_text(str(tmp_path))
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM debian:bookworm\nCOPY nonce.txt /nonce.txt\nRUN echo 'Could not fetch URL https://pypi.org/simple/x/: "
+        "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate' && exit 1\n")
+    env = import_task(task)
+    with pytest.raises(ImageBuildError) as err:
+        ensure_image(docker_client, "trajforge/base:latest", env, SynthesizeConfig(imports=["x"]).image_aliases)
+    assert err.value.hint == CA_HINT and "--ca-bundle" in str(err.value).splitlines()[0]
+    assert err.value.cause == "build_fetch_failed"
+    out = run_cli("envs", "import", str(tmp_path / "corpus"), "--fresh", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "1 image build(s) failed a certificate check" in out.stderr and "--ca-bundle" in out.stderr, out.stderr
+    assert "pass --ca-bundle" in out.stdout  # the environment's own line says so too
 
 
 def test_config_marks_operational_build_settings():

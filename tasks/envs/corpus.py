@@ -99,8 +99,7 @@ def admit(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs
     from .catalogue import sibling_of
     from .validator import validate_env
 
-    options = BuildOptions(network=s.build.network, ca_bundle=s.build.ca_bundle, proxies=s.build.proxies(),
-                           timeout_s=s.build.timeout_s)
+    options = BuildOptions.from_config(s.build)
     client = client or docker_client(pool_size=2 * jobs + 4)
 
     def keep_log(tag: str, text: str) -> None:

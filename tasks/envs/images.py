@@ -9,9 +9,11 @@ neither aliased nor present locally fails (`base_image_missing`). Build-time net
 (`BuildOptions.network`) is for imported Dockerfiles only (their `apt-get`/`pip` steps); agent-time
 network stays none. With a CA bundle, it is copied into every stage and named by `PIP_CERT`,
 `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, ... as build args (never persisted in the image config, never
-part of the tag); proxies go in as Docker's predefined proxy build args. Each step's container is
-limited (memory without swap, a CPU quota, file size and open files: `sandbox.build_*`; the build API
-has no pids limit) and a build past its timeout (the task's `build_timeout_s`, else the default) is
+part of the tag); without one configured, the host's own (`host_ca_bundle`: the first of `SSL_CERT_FILE`,
+`PIP_CERT`, `REQUESTS_CA_BUNDLE` naming a file) is used, and a build that fails a certificate check says
+to pass `--ca-bundle` (`CA_HINT`). Proxies go in as Docker's predefined proxy build args. Each step's
+container is limited (memory without swap, a CPU quota, file size and open files: `sandbox.build_*`; the
+build API has no pids limit) and a build past its timeout (the task's `build_timeout_s`, else the default) is
 cancelled. Every failure carries a cause code (`ImageBuildError.cause`) and the log is handed to
 `log_sink` (kept per image by the caller).
 """
@@ -22,17 +24,18 @@ import fnmatch
 import hashlib
 import io
 import json
+import os
 import re
 import tarfile
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import docker
 import docker.errors
 
 from ...schemas.common import FileSpec
-from ...schemas.config import SandboxConfig
+from ...schemas.config import BuildImagesConfig, SandboxConfig
 from ...schemas.environment import BaseImage, EnvSpec
 from ..sandbox import AGENT_UID, DockerUnavailable
 from ..sandbox.limits import build_params
@@ -66,6 +69,10 @@ CA_PATH = "/usr/local/share/trajforge-build-ca.crt"
 CA_NAME = ".trajforge-build-ca.crt"
 CA_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS",
            "UV_NATIVE_TLS_CERT")
+HOST_CA_VARS = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE")  # the host's own bundle, in this order
+CERT_ERROR = re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSL certificate problem", re.I)
+CA_HINT = ("a TLS certificate check failed during the build: behind a TLS-intercepting proxy, pass --ca-bundle "
+           "PATH (e.g. /etc/ssl/certs/ca-certificates.crt) or set synthesize.build.ca_bundle")
 # cause codes of a failed build, first match in the log wins (else `build_step_failed`)
 CAUSES = (
     ("base_image_missing", re.compile(r"pull access denied|manifest unknown|repository does not exist|"
@@ -73,6 +80,7 @@ CAUSES = (
                                       r"Get \"https?://[^\"]+/v2/", re.I)),  # pulling a FROM image no alias maps
     ("build_fetch_failed", re.compile(r"Temporary failure resolving|Could not resolve|Failed to fetch|"
                                       r"Name or service not known|Network is unreachable|CERTIFICATE_VERIFY_FAILED|"
+                                      r"certificate verify failed|SSL certificate problem|"
                                       r"Could not fetch URL|ConnectionError|Connection refused|SSL: ", re.I)),
     ("package_not_found", re.compile(r"Unable to locate package|has no installation candidate|"
                                      r"No matching distribution found|Could not find a version", re.I)),
@@ -82,9 +90,14 @@ CAUSES = (
 class ImageBuildError(RuntimeError):
     """A Dockerfile that failed to build; `log_tail` holds the last lines of the build log, `cause` a code:
     base_image_missing | build_fetch_failed | package_not_found | build_timeout | blob_missing |
-    build_step_failed."""
+    build_step_failed; `hint` the fix when the log shows one (a certificate check: `CA_HINT`), also
+    leading the message's first line."""
 
     def __init__(self, message: str, log_tail: str, cause: str | None = None):
+        self.hint = CA_HINT if CERT_ERROR.search(f"{message}\n{log_tail}") else None
+        if self.hint and self.hint not in message:
+            head, _, rest = message.partition(": ")
+            message = f"{head}: {self.hint}; {rest}" if rest else f"{message}: {self.hint}"
         super().__init__(f"{message}\n{log_tail}")
         self.log_tail = log_tail
         self.cause = cause or classify(f"{message}\n{log_tail}")
@@ -111,6 +124,22 @@ class BuildOptions:
 
     def networked(self, env: EnvSpec) -> bool:
         return self.network == "imports" and env.dockerfile is not None
+
+    @classmethod
+    def from_config(cls, build: BuildImagesConfig, environ: Mapping[str, str] | None = None) -> "BuildOptions":
+        """`synthesize.build` as options; its `ca_bundle`, else the host's own (`host_ca_bundle(environ)`)."""
+        return cls(network=build.network, ca_bundle=build.ca_bundle or host_ca_bundle(environ),
+                   proxies=build.proxies(), timeout_s=build.timeout_s)
+
+
+def host_ca_bundle(environ: Mapping[str, str] | None = None) -> str | None:
+    """The host's own CA bundle: the first of `HOST_CA_VARS` that is set and names a file (default: os.environ)."""
+    environ = os.environ if environ is None else environ
+    for var in HOST_CA_VARS:
+        path = environ.get(var)
+        if path and os.path.isfile(path):
+            return path
+    return None
 
 
 def base_image_id(client: docker.DockerClient, base: str) -> str:
