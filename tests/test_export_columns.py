@@ -36,9 +36,10 @@ def messages(i: int, output: str = "") -> list[Message]:
 
 
 def build_export(tmp: Path, overrides: dict | None = None, n: int = 6, output=lambda i: "",
-                 env_files: list[FileSpec] | None = None, verifier_output=lambda i: "") -> tuple:
-    """Upstream parts for `n` rollouts over two environments (even: passed), every export shard run, then
-    `finalize` (derived configs, their gates, the card). Returns (ctx, export dir, stats, shard infos)."""
+                 env_files: list[FileSpec] | None = None, verifier_output=lambda i: "", passed=None) -> tuple:
+    """Upstream parts for `n` rollouts over two environments (even: passed, unless `passed(i)` says; then
+    calibration counts what it says), every export shard run, then `finalize` (derived configs, their
+    gates, the card). Returns (ctx, export dir, stats, shard infos)."""
     cfg = load_config(ROOT / "configs/replay.yaml", {"runs": str(tmp), "dataset": "cols", **(overrides or {})})
     ctx = StageContext.create(cfg, "b")
     teacher = cfg.teachers[0].label
@@ -53,9 +54,10 @@ def build_export(tmp: Path, overrides: dict | None = None, n: int = 6, output=la
                         messages=messages(i, output(i)), status="ok" if i % 2 == 0 else "max_turns", turns=2,
                         usage=usage if i < 2 else [], prompt_tokens=10, completion_tokens=5, wall_s=1.0)
                 for i in range(n)]
+    won = [passed(i) if passed else i % 2 == 0 for i in range(n)]
     verdicts = [Verdict(rollout_id=r.rollout_id, env_id=r.env_id, teacher=teacher, sample=r.sample, status=r.status,
-                        verified=True, passed=i % 2 == 0, reward=1.0 if i % 2 == 0 else 0.0,
-                        tests=[TestResult(name="a", passed=i % 2 == 0)], verifier_output=verifier_output(i),
+                        verified=True, passed=won[i], reward=1.0 if won[i] else 0.0,
+                        tests=[TestResult(name="a", passed=won[i])], verifier_output=verifier_output(i),
                         quality=Quality(labels=["act"]), mode="in_place",
                         changes=ChangeSet(added=[f"/home/agent/work/out{i}.txt"], total=1))
                 for i, r in enumerate(rollouts)]
@@ -63,6 +65,10 @@ def build_export(tmp: Path, overrides: dict | None = None, n: int = 6, output=la
                          solve_rate=0.5, ci_low=0.1, ci_high=0.9, label="medium", certain=False,
                          pooled_label="hard" if e == "e1" else "medium", pooled_solve_rate=0.2 if e == "e1" else 0.5,
                          pooled_teacher="strong") for e in ("e0", "e1")]
+    if passed:
+        for c in calib:
+            mine = [won[i] for i, r in enumerate(rollouts) if r.env_id == c.env_id]
+            c.attempts, c.passes = len(mine), sum(mine)
     up = {}
     for name, model, rows in [("synthesize", EnvSpec, envs), ("rollout", Rollout, rollouts),
                               ("verify", Verdict, verdicts), ("calibrate", Calibration, calib)]:
@@ -174,6 +180,33 @@ def test_large_export_is_bounded_with_page_index_and_one_schema(tmp_path):
                 assert all(rg.column(c).has_offset_index for c in range(rg.num_columns)), (f, g)
                 assert rg.column(0).has_column_index, (f, g)
             assert sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups)) <= file_bytes * 1.5
+
+
+def test_card_says_why_a_config_is_empty(tmp_path):
+    """Every rollout passed: `rl` (no 0 < p < 1) and `preference` (no failure) are empty, and the card says
+    why with the counts; a filter that removed rollouts is named with its count (issue 28)."""
+    from trajforge.tasks.dataset.card import empty_reasons
+
+    ctx, out, stats, _ = build_export(tmp_path, {"export.configs": ["sft", "rl", "preference"]}, n=6,
+                                      passed=lambda i: True)
+    assert stats["configs"]["rl"] == 0 and stats["configs"]["preference"] == 0 and stats["configs"]["sft"] == 3
+    card = Path(out, "README.md").read_text()
+    assert ("- `rl`: 0 rows: no environment had a solve rate strictly between 0 and 1 for a teacher (of 2 "
+            "environment x teacher pair(s): 2 solved every attempt, 0 solved none, 0 had no verified attempt)."
+            in card), card
+    assert ("- `preference`: 0 rows: no environment had both a verified pass and a verified failure (of 2 "
+            "environment(s): 2 only passed, 0 only failed)." in card), card
+    assert "- `sft`: 0 rows" not in card
+    facts = {"counts": {"verified": 6, "passed": 0, "failed": 6}, "outcomes": {"e0": [0, 4], "e1": [0, 2]}}
+    why = empty_reasons(ctx, {"trajectories": 6, "sft": 0, "rl": 0, "preference": 0},
+                        {"reject_reasons": {"filter_hack": 2, "filter_no_inspect_before_act": 3, "unverified": 1}},
+                        facts)
+    assert why["sft"] == ("no verified rollout passed (6 verified, 0 passed); `export.filters` removed 5 verified "
+                          "rollout(s) before it: `filter_hack` 2, `filter_no_inspect_before_act` 3.")
+    assert "0 only passed, 2 only failed" in why["preference"] and "`filter_hack` 2" in why["preference"]
+    nothing = empty_reasons(ctx, {"trajectories": 0}, {"reject_reasons": {"unverified": 4}}, {"counts": {}})
+    assert nothing["trajectories"] == "no verified rollout was exported (rejected before export: `unverified` 4)."
+    assert nothing["rl"] == nothing["trajectories"]
 
 
 def test_card_defines_every_difficulty_label_with_this_builds_thresholds(export):

@@ -7,7 +7,8 @@ the Hub validates it again when it is published. The header declares only config
 (`datasets` cannot load an empty Parquet file). Provenance is read from the build: the stages'
 fingerprints, the teachers' models and sampling parameters (never their server environment or
 extra arguments), hashes of the system prompts and tool schemas found in the rows, the verifier,
-counts and the difficulty distribution. `hub_usage` rewrites the "How to load" section for a Hub
+counts and the difficulty distribution. A config with no rows is named with the reason (`empty_reasons`).
+`hub_usage` rewrites the "How to load" section for a Hub
 repository and its revisions when the card is published.
 
 Memory: the trajectories are read one part at a time, scalar columns plus the first message.
@@ -24,6 +25,8 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ...schemas.calibration import Calibration
+from ...schemas.common import INFRA_STATUSES
 from ...schemas.hub import LICENSES, SIZE_CATEGORIES, TASK_CATEGORIES, size_category
 from ..engine import Manifest, StageContext
 
@@ -56,12 +59,13 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
     prompts: dict[str, set[str]] = {}
     tools: Counter = Counter()
     envs: set[str] = set()
+    outcomes: dict[str, list[int]] = {}  # env_id -> [verified passes, verified failures `preference` counts]
     for path in parts:
         with store.fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             names = set(pf.schema_arrow.names)
-            want = [c for c in ("env_id", "teacher", "passed", "hack_flags", "difficulty", "verification_mode",
-                                "tools_json", "messages") if c in names]
+            want = [c for c in ("env_id", "teacher", "passed", "status", "hack_flags", "difficulty",
+                                "verification_mode", "tools_json", "messages") if c in names]
             for batch in pf.iter_batches(columns=want, batch_size=1024):
                 n = batch.num_rows
                 passed = pc.sum(batch.column("passed")).as_py() or 0
@@ -73,6 +77,12 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                                                                                          "difficulty"))):
                     difficulty[(env, teacher)] = label
                     envs.add(env)
+                for env, ok, status in zip(*(batch.column(c).to_pylist() for c in ("env_id", "passed", "status"))):
+                    o = outcomes.setdefault(env, [0, 0])
+                    if ok:
+                        o[0] += 1
+                    elif status not in INFRA_STATUSES:
+                        o[1] += 1
                 tools.update(_short(t) for t in batch.column("tools_json").to_pylist())
                 first = pc.list_element(batch.column("messages"), 0)
                 roles, contents = pc.struct_field(first, "role"), pc.struct_field(first, "content")
@@ -82,7 +92,64 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                         prompts.setdefault(teacher, set()).add(_short(content or ""))
     return {"counts": dict(counts), "verification_modes": dict(modes), "tools": dict(tools),
             "prompts": {t: sorted(h) for t, h in sorted(prompts.items())},
-            "difficulty": dict(Counter(difficulty.values())), "envs": envs}
+            "difficulty": dict(Counter(difficulty.values())), "envs": envs, "outcomes": outcomes}
+
+
+def _pairs(ctx: StageContext, upstream: dict[str, Manifest] | None) -> list[tuple[int, int]]:
+    """(passes, attempts) of every (environment, teacher) pair calibrate committed."""
+    if not upstream or "calibrate" not in upstream:
+        return []
+    t = ctx.store.read_table(upstream["calibrate"].parts, Calibration, columns=["passes", "attempts"])
+    return list(zip(t.column("passes").to_pylist(), t.column("attempts").to_pylist()))
+
+
+def empty_reasons(ctx: StageContext, counts: dict[str, int], stats: dict[str, Any], facts: dict[str, Any],
+                  upstream: dict[str, Manifest] | None = None) -> dict[str, str]:
+    """{config: why it has no rows} for each empty config of this export (`trajectories` and
+    `export.configs`), from the rows' facts (`_scan`), calibration and the reject reasons; the
+    `export.filters` that removed rollouts are named with their counts."""
+    reasons = stats.get("reject_reasons") or {}
+    filtered = {k: v for k, v in sorted(reasons.items()) if k.startswith("filter_")}
+    by_filter = (f"; `export.filters` removed {sum(filtered.values())} verified rollout(s) before it: "
+                 + ", ".join(f"`{k}` {v}" for k, v in filtered.items())) if filtered else ""
+    c, outcomes = facts.get("counts", {}), facts.get("outcomes", {})
+    verified, passed = c.get("verified", counts.get("trajectories", 0)), c.get("passed", 0)
+    out: dict[str, str] = {}
+    for name in ["trajectories", *ctx.config.export.configs]:
+        if counts.get(name):
+            continue
+        if not verified:
+            rejected = ", ".join(f"`{k}` {v}" for k, v in sorted(reasons.items()))
+            why = ("no verified rollout was exported" + (f" (rejected before export: {rejected})" if rejected
+                                                          else ": the build produced no rollouts"))
+        elif name == "sft":
+            why = (f"no verified rollout passed ({verified} verified, 0 passed)" if not passed else
+                   f"none of the {passed} verified passes ended with status `ok`") + by_filter
+        elif name == "rl":
+            pairs = _pairs(ctx, upstream)
+            every = sum(a > 0 and p == a for p, a in pairs)
+            never = sum(a > 0 and p == 0 for p, a in pairs)
+            why = (f"no environment had a solve rate strictly between 0 and 1 for a teacher (of {len(pairs)} "
+                   f"environment x teacher pair(s): {every} solved every attempt, {never} solved none, "
+                   f"{len(pairs) - every - never} had no verified attempt)")
+            if between := sum(0 < p < a for p, a in pairs):
+                why = (f"{between} environment x teacher pair(s) had 0 < p < 1, but the secret scan rejected "
+                       f"{(stats.get('secrets') or {}).get('rl_rows_rejected', 0)} row(s)")
+        elif name == "preference":
+            wins = sum(w > 0 and lo == 0 for w, lo in outcomes.values())
+            losses = sum(w == 0 and lo > 0 for w, lo in outcomes.values())
+            both = len(outcomes) - wins - losses
+            why = (f"no environment had both a verified pass and a verified failure (of {len(outcomes)} "
+                   f"environment(s): {wins} only passed, {losses} only failed)" if not both else
+                   f"the {both} environment(s) with both a pass and a failure had no pair with the same prompt "
+                   "and model turns on both sides") + by_filter
+        elif name == "rl_tokens":
+            why = ("no exported rollout carries completion token ids and logprobs (the teacher did not return "
+                   "them)") + by_filter
+        else:
+            why = "no row matched the config" + by_filter
+        out[name] = why + "." if not why.endswith(".") else why
+    return out
 
 
 def _kinds(ctx: StageContext, upstream: dict[str, Manifest] | None, env_ids: set[str]) -> dict[str, int]:
@@ -202,6 +269,7 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
     facts = _scan(ctx, out_dir) if out_dir else {"counts": {}, "difficulty": {}, "prompts": {}, "tools": {},
                                                    "verification_modes": {}}
     c = facts["counts"]
+    empty = empty_reasons(ctx, counts, stats, facts, upstream)
     fps = [[name, m.fingerprint + (f".r{m.revision}" if m.revision else ""), m.build_id]
            for name, m in sorted((upstream or {}).items())] + [["export", fingerprint, ctx.build_id]]
     teachers = [[t["label"], t["model"], t["served_as"], t["temperature"], t["top_p"], t["max_tokens"], t["seed"],
@@ -219,7 +287,8 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
         f"trajforge (build `{ctx.build_id}`): environments with hidden tests, episodes "
         "of teacher models in Docker sandboxes, verified, calibrated for difficulty.", "",
         _table(["config", "rows", "what"], [[n, counts.get(n, 0), DESCRIPTIONS.get(n, "")] for n in configs]), "",
-        "Configs without rows are not declared.", "",
+        "Configs without rows are not declared" + (":" if empty else "."), "",
+        *[f"- `{name}`: 0 rows: {why}" for name, why in empty.items()], *([""] if empty else []),
         _load_section(configs or ["trajectories"], out_dir or "<export folder>"),
         "## Provenance", "",
         f"- build: `{ctx.build_id}`; license: {license_line}",
