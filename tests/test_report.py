@@ -288,3 +288,116 @@ def test_report_texts_are_redacted_and_labels_are_the_schemas(tmp_path):
     text = store.read_text(posixpath.join(store.root, "report", "episodes", "chunk-00000.js"))
     assert hf not in text and key not in text and hf[:20] not in text
     assert "[REDACTED:OpenAI-style Key]" in text and "[REDACTED:Hugging Face Token]" in text
+
+
+# -- the charts show what the tables hold (issue 28) --------------------------------------------------------
+def _two_teacher_build(tmp_path) -> tuple[RunStore, str, dict]:
+    """A committed build written straight to a run store (no Docker): two environments, teacher `model`
+    solves none (both `unsolved`), `reference` solves all (`trivial`); 8 episodes whose teacher calls
+    overlap (summed call time 40 s, rollout wall time 10 s)."""
+    from trajforge.schemas.build import BuildRecord, StageEntry
+    from trajforge.schemas.calibration import Calibration
+    from trajforge.schemas.common import FileSpec
+    from trajforge.schemas.environment import EnvSpec
+    from trajforge.schemas.trajectory import Message, Rollout, TurnUsage
+    from trajforge.schemas.verdict import Verdict
+
+    store, build_id, created = RunStore(str(tmp_path), "d"), "20260101T000000Z-0001", "2026-01-01T00:00:00+00:00"
+    envs = [EnvSpec(env_id=f"e{k}", family="fam", level=1, seed=k, source="procedural:fam", instruction="do it",
+                    tests=[FileSpec(path="test_x.py", content="def test_a(): pass")], solution=["true"])
+            for k in range(2)]
+    rollouts = [Rollout(rollout_id=f"r{i}", env_id=f"e{i % 2}", teacher=t, harness="h", sample=i // 2, status="ok",
+                        turns=1, messages=[Message(role="system", content="s"), Message(role="user", content="do it"),
+                                           Message(role="assistant", content="done")],
+                        usage=[TurnUsage(turn=1, completion_tokens=100, latency_s=5.0)], completion_tokens=100,
+                        wall_s=6.0)
+                for t in ("model", "reference") for i in range(4)]
+    verdicts = [Verdict(rollout_id=r.rollout_id, env_id=r.env_id, teacher=r.teacher, sample=r.sample, status="ok",
+                        verified=True, passed=r.teacher == "reference", reward=float(r.teacher == "reference"))
+                for r in rollouts]
+    calib = [Calibration(env_id=e.env_id, family="fam", level=1, teacher=t, attempts=2, passes=2 * (t == "reference"),
+                         excluded=0, solve_rate=float(t == "reference"), ci_low=0.0, ci_high=1.0,
+                         label="trivial" if t == "reference" else "unsolved", certain=True)
+             for e in envs for t in ("model", "reference")]
+    stats = {"synthesize": {"yield": {"procedural|kept": 2}},
+             "rollout": {"episodes": 8, "status": {"ok": 8}, "completion_tokens": 800, "teacher_seconds": 40.0,
+                         "driver_wall_seconds": 10.0, "turns": 8},
+             "verify": {"verified": 8, "passed": 4},
+             "calibrate": {"labels": {"unsolved": 2, "trivial": 2}, "environments": 4, "certain": 4}}
+    stages = {}
+    for name, model, rows in (("synthesize", EnvSpec, envs), ("rollout", Rollout, rollouts),
+                              ("verify", Verdict, verdicts), ("calibrate", Calibration, calib)):
+        folder = posixpath.join(store.build_dir(build_id), name, "fp")
+        part = posixpath.join(folder, "part-00000.parquet")
+        store.write_records(part, model, rows)
+        store.write_json(posixpath.join(folder, "manifest.json"), {
+            "stage": name, "fingerprint": "fp", "build_id": build_id, "dir": folder, "parts": [part], "rows": len(rows),
+            "rejects": 0, "reject_reasons": {}, "stats": stats[name], "components": {}, "gate": {"success": True},
+            "created_at": created})
+        stages[name] = StageEntry(fingerprint="fp", components={}, status="committed", manifest=folder, rows=len(rows),
+                                  rejects=0)
+    store.write_build(BuildRecord(build_id=build_id, dataset="d", created_at=created, status="committed",
+                                  stages=stages))
+    return store, build_id, stats
+
+
+def _plot_data(html: str, name: str) -> list[dict]:
+    """The traces of figure `plot-<name>` as the page passes them to Plotly.newPlot."""
+    call = html.index(f'"plot-{name}"', html.index(f'id="plot-{name}"') + 1)  # Plotly.newPlot("plot-<name>", [...]
+    return json.JSONDecoder().raw_decode(html[html.index("[", call):])[0]
+
+
+def test_report_charts_show_every_label_and_the_aggregate_throughput(tmp_path):
+    """The labels chart holds every label of the difficulty table (`unsolved` as well as `trivial`), and
+    the throughput chart's aggregate is completion tokens over the rollout wall time (the figure the build
+    prints), shown beside the per-call figure, each named."""
+    from trajforge.flows.report import write_report
+    from trajforge.flows.report.plots import AGGREGATE, PER_CALL
+    from trajforge.tasks.teachers.cpu_profile import throughput_line
+
+    store, build_id, stats = _two_teacher_build(tmp_path)
+    html = Path(write_report(store, build_id)).read_text()
+    totals: dict[str, int] = {}
+    for trace in _plot_data(html, "labels"):
+        for label, n in zip(trace["x"], trace["y"]):
+            totals[label] = totals.get(label, 0) + n
+    assert {k: v for k, v in totals.items() if v} == stats["calibrate"]["labels"] == {"unsolved": 2, "trivial": 2}
+    traces = {t["name"]: dict(zip(t["x"], t["y"])) for t in _plot_data(html, "throughput")}
+    assert traces[AGGREGATE] == {"all teachers": 80.0, "model": 40.0, "reference": 40.0}  # 800 tok / 10 s wall
+    assert "80.0 completion tokens/s" in throughput_line(stats["rollout"])  # what the build printed
+    assert traces[PER_CALL] == {"model": 20.0, "reference": 20.0}  # 400 tok / 20 s of one teacher's calls
+
+
+def test_report_layout_charts_fit_their_columns_in_chromium(tmp_path):
+    """In a real headless Chromium: every figure is drawn at its box's width (the first of two side by
+    side is not drawn at the full row and clipped under the second), no table overlaps a figure, and no
+    title runs under its figure's mode bar."""
+    from playwright.sync_api import sync_playwright
+
+    from trajforge.flows.report import write_report
+
+    store, build_id, _ = _two_teacher_build(tmp_path)
+    page_path = write_report(store, build_id)
+    overlap = """([a, b]) => !(a.right <= b.left || b.right <= a.left || a.bottom <= b.top || b.bottom <= a.top)"""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(Path(page_path).as_uri())
+            page.wait_for_load_state("load")
+            boxes = page.evaluate("""() => [...document.querySelectorAll('.plotly-graph-div')].map(d => {
+                const r = d.getBoundingClientRect(), box = e => e && e.getBoundingClientRect().toJSON();
+                return {id: d.id, drawn: d._fullLayout.width, box: r.width, rect: r.toJSON(),
+                        title: box(d.querySelector('.gtitle')), modebar: box(d.querySelector('.modebar'))}; })""")
+            assert {"plot-labels", "plot-solve-rates", "plot-status", "plot-throughput", "plot-funnel"} <= {
+                b["id"] for b in boxes}
+            for b in boxes:
+                assert abs(b["drawn"] - b["box"]) <= 1, b  # drawn at its own width: nothing clipped
+                if b["title"] and b["modebar"] and b["modebar"]["width"]:
+                    assert not page.evaluate(overlap, [b["title"], b["modebar"]]), b
+            tables = page.evaluate("() => [...document.querySelectorAll('table')].map(t => t.getBoundingClientRect().toJSON())")
+            for b in boxes:
+                for t in tables:
+                    assert not page.evaluate(overlap, [b["rect"], t]), (b["id"], t)
+        finally:
+            browser.close()

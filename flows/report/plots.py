@@ -13,16 +13,23 @@ from collections import defaultdict
 from typing import Any, get_args
 
 from ...schemas.calibration import Label
+from ...tasks.teachers.cpu_profile import aggregate_throughput
 from .gather import Breakdowns, BuildFacts
 
 LABELS = list(get_args(Label))
 STATUSES = ["ok", "max_turns", "agent_timeout", "context_overflow", "format_error", "infra_error", "teacher_error"]
 CONFIG = {"displaylogo": False, "responsive": True}
 
+TITLE_TOP = 34  # px from the figure's top to its title: below the mode bar (the toolbar, top right)
+
 
 def _html(fig, name: str, height: int = 320) -> str:
-    fig.update_layout(height=height, margin={"l": 50, "r": 20, "t": 40, "b": 50}, template="plotly_white",
-                      legend={"orientation": "h", "y": -0.25})
+    """The figure as a div + script. Its title sits below the mode bar, never under it; the page's grid
+    gives each figure its final width before it is drawn (report.css `.cols`)."""
+    fig.update_layout(height=height, margin={"l": 50, "r": 20, "t": TITLE_TOP + 40, "b": 50}, template="plotly_white",
+                      legend={"orientation": "h", "y": -0.25},
+                      title={"x": 0, "xref": "paper", "xanchor": "left", "y": 1, "yref": "container",
+                             "yanchor": "top", "pad": {"t": TITLE_TOP}})
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{name}", config=CONFIG)
 
 
@@ -138,15 +145,32 @@ def distribution(values: dict[str, list[int]], name: str, title: str, axis: str)
     return _html(fig, name)
 
 
-def throughput(b: Breakdowns) -> str:
+AGGREGATE, PER_CALL = "aggregate: tokens ÷ rollout wall time", "per call: tokens ÷ summed teacher call time"
+
+
+def throughput(facts: BuildFacts, b: Breakdowns) -> str:
+    """Two measures side by side, each labelled: the aggregate (completion tokens over the rollout
+    stage's wall time, its shards' `driver_wall_seconds`: what the build prints; `all teachers` and
+    each teacher's share) and tokens over the summed time of each teacher's own calls (one request's
+    speed: concurrent calls overlap, so it is far below the aggregate on a batching server)."""
     import plotly.graph_objects as go
 
-    rows = {t: v for t, v in b.throughput.items() if v["teacher_seconds"] > 0}
-    if not rows:
+    tokens, wall = facts.figure(("rollout", "completion_tokens")), facts.figure(("rollout", "driver_wall_seconds"))
+    total = aggregate_throughput(tokens, wall)
+    calls = {t: v for t, v in b.throughput.items() if v["teacher_seconds"] > 0}
+    if total is None and not calls:
         return ""
-    fig = go.Figure(go.Bar(x=list(rows), y=[v["tokens_per_s"] for v in rows.values()],
-                           text=[f"{v['completion_tokens']:.0f} tok / {v['teacher_seconds']:.0f} s" for v in rows.values()]))
-    fig.update_layout(title="teacher throughput: completion tokens per second of teacher calls", yaxis_title="tokens/s")
+    fig = go.Figure()
+    if total is not None:
+        teachers = [t for t, v in b.throughput.items() if v["completion_tokens"]]
+        fig.add_bar(name=AGGREGATE, x=["all teachers", *teachers],
+                    y=[round(total, 2), *[round(b.throughput[t]["completion_tokens"] / wall, 2) for t in teachers]],
+                    text=[f"{tokens:.0f} tok / {wall:.0f} s", *[f"{b.throughput[t]['completion_tokens']:.0f} tok / "
+                                                               f"{wall:.0f} s" for t in teachers]])
+    if calls:
+        fig.add_bar(name=PER_CALL, x=list(calls), y=[v["tokens_per_s"] for v in calls.values()],
+                    text=[f"{v['completion_tokens']:.0f} tok / {v['teacher_seconds']:.0f} s" for v in calls.values()])
+    fig.update_layout(title="teacher throughput (completion tokens/s)", yaxis_title="tokens/s", barmode="group")
     return _html(fig, "throughput")
 
 
@@ -182,7 +206,7 @@ def all_plots(facts: BuildFacts, b: Breakdowns) -> dict[str, Any]:
         "solve_rates": solve_rates(b), "family_levels": family_levels(b), "status": status_by_teacher(b),
         "turns": distribution(b.turns, "turns", "turns per episode", "turns"),
         "tokens": distribution(b.completion_tokens, "tokens", "completion tokens per episode", "completion tokens"),
-        "throughput": throughput(b),
+        "throughput": throughput(facts, b),
         "hacks": counts(facts, "verify", "hacks", "hacks", "hack flags by kind (verified rollouts)"),
         "modes": counts(facts, "verify", "modes", "modes", "where the hidden tests ran (verification mode)"),
         "step_shares": step_shares(b),

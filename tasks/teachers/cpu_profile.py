@@ -227,11 +227,20 @@ def resolve(v: "VLLMServerConfig", env: Mapping[str, str] | None = None) -> CpuC
     return choose(this_machine(base), v, seen)
 
 
-def throughput_line(stats: Mapping[str, object]) -> str | None:
-    """The teacher throughput a rollout stage got (completion tokens over the shards' driver wall time),
-    or None when no teacher generated text."""
-    tokens, wall = stats.get("completion_tokens") or 0, stats.get("driver_wall_seconds") or 0
-    if not tokens or not wall:
+def aggregate_throughput(tokens: float | None, wall_s: float | None) -> float | None:
+    """Completion tokens per second of a rollout stage's wall time (its shards' `driver_wall_seconds`):
+    the aggregate the build prints and the report charts; None when no teacher generated text."""
+    if not tokens or not wall_s:
         return None
-    return (f"teacher throughput {float(tokens) / float(wall):.1f} completion tokens/s "  # type: ignore[arg-type]
+    return float(tokens) / float(wall_s)
+
+
+def throughput_line(stats: Mapping[str, object]) -> str | None:
+    """The teacher throughput a rollout stage got (`aggregate_throughput`), or None when no teacher
+    generated text."""
+    tokens, wall = stats.get("completion_tokens") or 0, stats.get("driver_wall_seconds") or 0
+    tps = aggregate_throughput(tokens, wall)  # type: ignore[arg-type]
+    if tps is None:
+        return None
+    return (f"teacher throughput {tps:.1f} completion tokens/s "
             f"({tokens} tokens in {float(wall):.0f}s of rollout)")  # type: ignore[arg-type]
