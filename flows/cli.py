@@ -504,10 +504,15 @@ def stack_down(home: Optional[Path] = STACK_HOME,
 
 @stack_app.command("status")
 def stack_status(home: Optional[Path] = STACK_HOME):
-    """Each part: running, healthy, pids, URL."""
+    """Each part of the stack at HOME: running, healthy, pids, URL (exit 1 unless every part is healthy;
+    a home without a stack fails, whatever else answers on its ports)."""
     from .stack import Stack, load_settings
 
-    st = Stack(load_settings(home)).status()
+    stack = Stack(load_settings(home))
+    if not stack.has_state:
+        _fail(f"no stack at {stack.home}: it holds no stack.json (status reports only the stack of this home, "
+              f"never another one on the same ports; start one with `trajforge stack up --home {stack.home}`)", 1)
+    st = stack.status()
     t = Table(title="trajforge stack")
     for col in ("part", "running", "healthy", "pids", "url", "detail"):
         t.add_column(col, overflow="fold")

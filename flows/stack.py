@@ -9,7 +9,10 @@ Invariants:
 - `down` stops every recorded process and all of its descendants (flow-run subprocesses, Dask nannies):
   nothing it started is left running; the data stays (`purge=True` removes it too);
 - processes the stack starts for other hosts' sake (Prefect workers, Dask workers) get the API URL
-  explicitly (`advertise` address), never the environment of whoever ran `up`.
+  explicitly (`advertise` address), never the environment of whoever ran `up`;
+- `status` reports this home's stack only: a part is healthy when it answers *and* a process this home
+  recorded runs it (the work pool: on this stack's server); a port answered by anything else (another
+  stack on the same ports) is named as such, never counted; a home without `stack.json` has no stack.
 PostgreSQL refuses to run as root: as root it runs as the `postgres` user (Debian's package creates it).
 """
 
@@ -118,6 +121,11 @@ class Stack:
         self.s, self.say = settings, say
         self.home = settings.home.resolve()
         self.run_dir, self.logs = self.home / "run", self.home / "logs"
+
+    @property
+    def has_state(self) -> bool:
+        """Whether `home` holds a stack (`up` writes `stack.json` first)."""
+        return (self.home / "stack.json").exists()
 
     # ---- process bookkeeping -------------------------------------------------------------------
     def _pidfile(self, part: str) -> Path:
@@ -420,17 +428,30 @@ class Stack:
         return out
 
     def status(self) -> list[PartStatus]:
+        """Each part of this home's stack; healthy = answers and runs as a process this home recorded."""
         urls = {"postgres": f"postgresql://127.0.0.1:{self.s.pg_port}/prefect", "prefect-server": self.s.ui_url,
                 "work-pool": f"{self.s.ui_url}/work-pools/work-pool/{self.s.pool}",
                 "dask-scheduler": self.s.dask_address, "dask-workers": self.s.dask_address}
-        out = []
+        out, ours = [], {}
         for name, healthy, _, wanted in self._parts():
             procs = self._procs(name) if name != "work-pool" else []
-            ok = healthy() if wanted else True
             detail = "" if wanted else "not configured"
+            if not wanted:
+                ok = True
+            elif name == "work-pool":  # only this stack's server counts (another one may have the pool)
+                ok = ours.get("prefect-server", False) and healthy()
+                if not ours.get("prefect-server", False):
+                    detail = "this stack's Prefect server is not running"
+            else:
+                answers = healthy()
+                ok = answers and bool(procs)
+                if answers and not procs:
+                    detail = (f"something answers at {urls.get(name, self.s.api_url)}, but no process of this "
+                              f"stack ({self.home}) runs it: another stack's?")
+            ours[name] = ok
             if name == "postgres" and wanted and not (PG_BIN / "pg_isready").exists():
                 detail = f"not installed (no {PG_BIN}; `make setup` installs PostgreSQL 15)"
-            if name == "dask-workers" and wanted:
+            if name == "dask-workers" and wanted and ours.get("dask-scheduler"):
                 info = self.dask_info() or {}
                 detail = f"{info.get('workers', 0)} worker(s), API {sorted(set(info.get('api_urls', {}).values()))}"
             out.append(PartStatus(name=name, running=bool(procs) or name == "work-pool" and ok, healthy=ok,

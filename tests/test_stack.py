@@ -187,9 +187,73 @@ def test_status_without_postgresql_says_not_installed(tmp_path, monkeypatch):
 
 
 def test_cli_stack_status_of_a_stopped_stack(tmp_path):
-    r = run_cli("stack", "status", "--home", str(tmp_path / "none"), cwd=tmp_path, env={"COLUMNS": "250"})
+    home = tmp_path / "stopped"
+    home.mkdir()
+    (home / "stack.json").write_text(StackSettings(home=home, prefect_port=1, dask_port=2, pg_port=3).model_dump_json(
+        exclude={"home"}))  # a stack that was up once (ports nothing listens on)
+    r = run_cli("stack", "status", "--home", str(home), cwd=tmp_path, env={"COLUMNS": "250"})
     assert r.returncode == 1
     assert "prefect-server" in r.stdout and "dask-workers" in r.stdout
+
+
+class _ForeignApi:
+    """Another stack's Prefect API on a loopback port: answers GET /api/health with 200."""
+
+    def __init__(self, port: int = 0):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Health(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                self.send_response(200 if self.path == "/api/health" else 404)
+                self.end_headers()
+                self.wfile.write(b"true")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Health)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_status_never_counts_another_stacks_part(tmp_path):
+    """A port answered by something this home did not start (another stack on the same ports) is named as
+    such and is not healthy; nor is the work pool, which only this stack's server can vouch for."""
+    api = _ForeignApi()
+    try:
+        st = Stack(StackSettings(home=tmp_path / "mine", prefect_port=api.port, dask_port=1, pg_port=2),
+                   say=lambda m: None)
+        assert st._api_healthy()  # the foreign server does answer
+        parts = {p.name: p for p in st.status()}
+    finally:
+        api.close()
+    server = parts["prefect-server"]
+    assert not server.healthy and not server.running and "another stack's" in server.detail, server
+    assert not parts["work-pool"].healthy and "this stack's Prefect server is not running" in parts["work-pool"].detail
+
+
+def test_cli_stack_status_of_an_empty_home_fails_even_with_a_stack_on_the_default_ports(tmp_path):
+    """`stack status --home EMPTY` exits 1 naming the home, while something answers on the default API
+    port (a loopback stand-in for another stack, unless one is up there already)."""
+    try:
+        api = _ForeignApi(StackSettings().prefect_port)
+    except OSError:  # the port is taken: something (another stack) already answers there
+        api = None
+    try:
+        empty = tmp_path / "empty"
+        r = run_cli("stack", "status", "--home", str(empty), cwd=tmp_path, env={"COLUMNS": "250"})
+    finally:
+        if api is not None:
+            api.close()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"no stack at {empty}" in " ".join(r.stderr.split()) and "stack up --home" in r.stderr, r.stderr
+    assert "prefect-server" not in r.stdout  # nothing of the other stack is reported as this one's
 
 
 def test_cli_deploy_needs_an_api_url(tmp_path):
