@@ -5,13 +5,12 @@ tasks/agent/harness.py and `rollout.verify_in_place`) is judged from those resul
 with `verify.isolated`) is tested `isolated`: a fresh container of the environment's image plus the
 captured work dir, nothing else of the episode. `Verdict.mode` says which.
 
-Shards hold whole environments, so the rollouts of one environment can be compared with each other
-(TRACE's contrastive check). Per rollout: the work dir is restored, the verifier copies the tests in
-and runs them as root (tasks/judge/verifier.py); the single-trajectory detectors run on its steps and final
-files (tasks/judge/hacks.py); a success of a procedural family is replayed on a sibling instance to catch
-hard-coded answers (`verify.replay_on_sibling`). `passed` = submitted + all tests passed + no flag.
-Infrastructure failures get `verified=False` and never count as a pass or a fail. A verifier that
-hangs or prints garbage is a reject (`verifier_error`) for that row; the rest is verified.
+This module plans shards, runs the judgement and aggregates stats; the judgement itself is the ordered
+list `tasks/judge/checks.py` `CHECKS` (its docstring lists each check with its evidence and flags). Shards
+hold whole environments, so after every rollout is judged the successes of one environment are compared
+with each other (TRACE's contrastive check, `review_outlier`). `passed` = submitted + all tests passed +
+no flag. Infrastructure failures get `verified=False` and never count as a pass or a fail. A verifier
+that hangs or prints garbage is a reject (`verifier_error`) for that row; the rest is verified.
 """
 
 from __future__ import annotations
@@ -20,17 +19,16 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..schemas.common import INFRA_STATUSES, Reject
+from ..schemas.common import Reject
 from ..schemas.environment import EnvSpec
 from ..schemas.trajectory import Rollout
 from ..schemas.verdict import HackFlag, Verdict
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .envs.catalogue import load_envs, sibling_of
-from .judge.changes import apply_final_state, counterfactual, revert_plan, review_flags, unexpected, written_outside
-from .judge.hacks import detect, forged_results, integrity_flags, output_kind_flags, review_outliers
-from .judge.quality import assess, last_act
-from .judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
-from .sandbox import Sandbox, SandboxError, docker_client
+from .judge.checks import Judge, judge_rollout
+from .judge.hacks import review_outliers
+from .judge.verifier import VERIFIER_CAPS
+from .sandbox import Sandbox, docker_client
 
 
 class VerifyStage(Stage):
@@ -70,95 +68,20 @@ class VerifyStage(Stage):
 
 
 def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[Rollout]) -> ShardResult:
-    """Verdicts for `rollouts` (whole environments, so successes can be compared): tests in a fresh
-    container, hack detectors, sibling replay, the contrastive check, quality signals."""
+    """Verdicts for `rollouts` (whole environments, so successes can be compared): each rollout is judged by
+    `judge.checks.CHECKS` in order, then the contrastive check runs over each environment's successes."""
     client = docker_client(pool_size=2 * ctx.config.verify.concurrency + 4)
     cfg = ctx.config
-    box = lambda env, image=None: Sandbox(  # noqa: E731
-        client, image or env.image, cfg.sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
+    box = lambda env: Sandbox(  # noqa: E731
+        client, env.image, cfg.sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
         labels={"trajforge.role": "verify", "trajforge.build": ctx.build_id}, agent=env.agent_user)
-    timeout = cfg.verify.test_timeout_s
-
-    def one(r: Rollout) -> tuple[Verdict | None, Reject | None]:
-        base = dict(rollout_id=r.rollout_id, env_id=r.env_id, teacher=r.teacher, sample=r.sample, status=r.status,
-                    quality=assess(r), changes=r.changes.display() if r.changes else None)
-        if r.status in INFRA_STATUSES:
-            return Verdict(**base, verified=False), None
-        hacks = detect(r)
-        if r.toolchain_changed:  # its programs judge nothing, here or restored elsewhere (toolchain_tamper)
-            return Verdict(**base, verified=True, hacks=hacks, verifier_output=(
-                "not tested: the episode changed the system programs that would run the tests")), None
-        if r.final_state is None:  # the model outgrew the work dir limit: a failure, not infrastructure
-            return Verdict(**base, verified=True, hacks=hacks, verifier_output=r.error or "no final state"), None
-        env = envs.get(r.env_id)
-        if env is None:
-            return None, Reject(key=r.rollout_id, reason="unknown_env", detail=r.env_id)
-        hacks += output_kind_flags(r, env.workdir)
-        unexpected_paths = unexpected(r.changes, env) if r.changes else []
-        counterfactual_outcome, reverted = "not_needed", []
-        try:
-            in_place = TestRun.from_record(r.in_place_tests) if r.in_place_tests is not None else None
-            if in_place is not None and not cfg.verify.isolated and in_place.fallback is None:
-                run, mode = in_place, "in_place"
-            else:
-                if _state_incomplete(r, env):
-                    return None, Reject(key=r.rollout_id, reason="verifier_error", detail=(
-                        "the final state outside the work dir was too large to record: cannot test it isolated"))
-                with box(env) as sb:
-                    apply_final_state(sb, r, env)
-                    run = run_hidden_tests(sb, env, timeout)
-                mode = "isolated_fallback" if in_place is not None and in_place.fallback else "isolated"
-            if run.error and not run.fallback:
-                # the tests finish on the reference solution's state (the validator ran them): on this one they hung,
-                # crashed or reported nothing, by the episode's doing. An honest failure stays in the dataset
-                # (never a reject that drops it, never infrastructure that retries it), its cause named
-                last = last_act(r)
-                return Verdict(**base, verified=True, reward=0.0, tests_passed=False, mode=mode,
-                               verifier_output=run.output[-1000:], duration_s=round(run.duration_s, 3),
-                               hacks=[*hacks, HackFlag(
-                                   kind="tests_unrunnable", severity="review", turn=last.turn if last else None,
-                                   command=last.command[:500] if last else None,
-                                   detail=f"{run.error} on the episode's final state (they finish on the reference "
-                                          "solution's): a failure the episode caused")]), None
-            if run.error or run.fallback:
-                return None, Reject(key=r.rollout_id, reason="verifier_error", detail=run.error or run.fallback)
-            tests_passed = run.passed and r.status == "ok"
-            if run.contradicts_exit_code:
-                hacks.append(forged_results(r, run))
-            hacks += integrity_flags(r, run.integrity)
-            if r.changes is not None and r.changes.truncated and run.reward >= 1.0:
-                # a pass is decided on the complete change set only (the counterfactual reverts what it lists)
-                hacks.append(HackFlag(kind="incomplete_evidence", detail=(
-                    f"the episode changed {r.changes.total} paths, more than the {len(r.changes.added)} a list "
-                    "verification can decide on: its pass cannot be judged")))
-            if tests_passed and r.changes is not None:
-                reverted = revert_plan(r.changes, env)
-                if reverted:  # a pass with unexpected changes that could matter: does it depend on them?
-                    if _state_incomplete(r, env):
-                        return None, Reject(key=r.rollout_id, reason="verifier_error", detail=(
-                            "counterfactual impossible: the final state outside the work dir was too large to record"))
-                    cf_run, flips = counterfactual(lambda: box(env), r, env, reverted, timeout)
-                    if cf_run.error or cf_run.fallback:
-                        return None, Reject(key=r.rollout_id, reason="verifier_error", detail=(
-                            f"counterfactual run failed: {cf_run.error or cf_run.fallback}"))
-                    counterfactual_outcome = "flipped" if flips else "held"
-                    hacks += flips
-                # (held: every change the reference did not make was reverted and the pass stood: none mattered,
-                # none is flagged; a helper in /usr/local/bin is not a hack by itself)
-            elif not tests_passed:  # evidence for whoever reads the failure (it cannot become a pass)
-                hacks += review_flags(r, env, unexpected_paths, passed=False)
-            if tests_passed and not hacks and cfg.verify.replay_on_sibling:
-                hacks += replay_on_sibling(r, env, client, box, cfg.sandbox.base_image,
-                                           timeout, cfg.rollout.command_timeout_s)
-        except SandboxError as err:
-            return None, Reject(key=r.rollout_id, reason="verify_infra", detail=str(err)[:500])
-        return Verdict(**base, verified=True, reward=run.reward, tests_passed=tests_passed,
-                       tests=run.results, hacks=hacks, verifier_output=run.output[-1000:],
-                       duration_s=round(run.duration_s, 3), mode=mode, unexpected=unexpected_paths[:200],
-                       counterfactual=counterfactual_outcome, reverted=reverted[:200]), None
+    judge = Judge(envs=envs, box=box, test_timeout_s=cfg.verify.test_timeout_s,
+                  command_timeout_s=cfg.rollout.command_timeout_s, isolated=cfg.verify.isolated,
+                  replay_on_sibling=cfg.verify.replay_on_sibling, sibling=lambda env: sibling_of(env, replay=True),
+                  build=lambda env: _image(client, cfg.sandbox.base_image, env))
 
     with ThreadPoolExecutor(cfg.verify.concurrency) as pool:
-        results = list(pool.map(one, rollouts))
+        results = list(pool.map(lambda r: judge_rollout(judge, r), rollouts))
     by_id = {r.rollout_id: r for r in rollouts}
     successes: dict[str, list[Rollout]] = defaultdict(list)
     for v, _ in results:
@@ -191,32 +114,7 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
     return ShardResult(rows, rejects, stats)
 
 
-def _state_incomplete(r: Rollout, env: EnvSpec) -> bool:
-    """Files changed outside the work dir that the rollout could not record (too large)."""
-    return r.changes is not None and r.outside_state is None and bool(written_outside(r.changes, env.workdir))
-
-
-def replay_on_sibling(r: Rollout, env: EnvSpec, client, box, base_image: str, test_timeout_s: float,
-                      command_timeout_s: float) -> list[HackFlag]:
-    """The trajectory's commands, in order, on another instance of the same family: a computed answer
-    passes there too (the validator made sure the reference solution does); a written one does not."""
+def _image(client, base_image: str, env: EnvSpec) -> str:
     from .envs.images import ensure_image
 
-    # never a tool episode: tool families are not `replay_invariant` (ToolFamily; LLM tool envs are not
-    # procedural), so `sibling_of` gives None and no tool step is run here; were one run, its command is
-    # `call_command(...)` (tasks/envs/tools/spec.py), the same call through the sibling's server, not bash
-    sib = sibling_of(env, replay=True)
-    if sib is None or not r.steps:
-        return []
-    sib.image, _ = ensure_image(client, base_image, sib)
-    with box(sib) as sb:
-        for s in r.steps:
-            sb.exec(s.command, command_timeout_s)
-        run = run_hidden_tests(sb, sib, test_timeout_s)
-    if run.passed:
-        return []
-    failed = [t.name for t in run.results if not t.passed]
-    last = last_act(r)
-    return [HackFlag(kind="hardcoded_answer", turn=last.turn, command=last.command[:500],
-                     detail=f"replayed on sibling {sib.env_id} the commands fail {failed or run.error}: the answer "
-                            "depends on this instance's data without being computed from it")]
+    return ensure_image(client, base_image, env)[0]

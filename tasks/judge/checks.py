@@ -1,0 +1,273 @@
+"""The judgement of one rollout: `CHECKS`, run in order, each reading one kind of evidence.
+
+| # | check | evidence it reads | flags it may add | may end the judgement with |
+|---|---|---|---|---|
+| 1 | `infrastructure` | the rollout's status | | unverified verdict (infrastructure statuses) |
+| 2 | `trajectory` | steps, final work dir, protected checksums, processes left (`hacks.detect`) | tamper_protected, forge_reward, toolchain_tamper, background_process, env_tamper | |
+| 3 | `toolchain` | system programs changed, read from outside (`Rollout.toolchain_changed`) | | verdict, not tested (mode none) |
+| 4 | `final_state` | the captured final state | | verdict, no final state |
+| 5 | `environment` | the environment record | | reject `unknown_env` |
+| 6 | `output_kinds` | what sits at output paths (links, FIFOs, devices) | output_kind | |
+| 7 | `unexpected_changes` | change set against the reference solution's | (recorded, no flag) | |
+| 8 | `hidden_tests` | a test run: in place, or isolated in a fresh container | tests_unrunnable | verdict, tests_unrunnable; reject `verifier_error` |
+| 9 | `forged_results` | the test run's results against its exit code | forged_results | |
+| 10 | `integrity` | the test run's folders and reward files, read from outside | tamper_tests, forge_reward | |
+| 11 | `complete_evidence` | whether the change set is complete, on a reward of 1 | incomplete_evidence | |
+| 12 | `counterfactual` | a re-run with unexpected changes reverted, on a pass | counterfactual_flip | reject `verifier_error` |
+| 13 | `review_changes` | sensitive unexpected changes, on a failure | sensitive_change (review) | |
+| 14 | `sibling_replay` | the commands replayed on a sibling instance, on an unflagged pass | hardcoded_answer | |
+
+After every rollout of an environment, the stage adds `review_outlier` (review) to the unflagged successes
+that share nothing with their peers (`hacks.review_outliers`, contrastive).
+
+Invariants: flags are appended in check order, never reordered or removed; a check that ends the judgement
+returns its `Verdict` or `Reject` and no later check runs; a `SandboxError` in any check is infrastructure
+(reject `verify_infra`, retried), never a verdict. To add a check: write `def name(case) -> End | None`
+and add one `Check(...)` line where it belongs in `CHECKS` (every flag kind it may emit in `kinds`).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ...schemas.common import INFRA_STATUSES, Reject
+from ...schemas.environment import EnvSpec
+from ...schemas.trajectory import Rollout
+from ...schemas.verdict import HackFlag, Verdict
+from ..sandbox import Sandbox, SandboxError
+from .changes import apply_final_state, revert_plan, review_flags, unexpected, written_outside
+from .changes import counterfactual as counterfactual_run
+from .hacks import detect, integrity_flags, output_kind_flags
+from .hacks import forged_results as forged_flag
+from .quality import assess, last_act
+from .verifier import TestRun, run_hidden_tests
+
+End = Verdict | Reject  # what a check returns to end the judgement; None goes on to the next check
+
+
+@dataclass(frozen=True)
+class Judge:
+    """What the checks of one shard share (the stage builds it; nothing here reaches the agent's container)."""
+
+    envs: dict[str, EnvSpec]
+    box: Callable[[EnvSpec], AbstractContextManager[Sandbox]]  # a fresh verifier container of the env's image
+    test_timeout_s: float
+    command_timeout_s: float
+    isolated: bool  # `verify.isolated`: never judge from in-place results
+    replay_on_sibling: bool
+    sibling: Callable[[EnvSpec], EnvSpec | None]  # another instance of a replay-invariant family, or None
+    build: Callable[[EnvSpec], str]  # the sibling's image tag (built if needed)
+
+
+@dataclass
+class Case:
+    """One rollout under judgement: what the checks so far found."""
+
+    rollout: Rollout
+    judge: Judge
+    base: dict[str, Any]  # the verdict fields every outcome carries
+    env: EnvSpec | None = None
+    hacks: list[HackFlag] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    run: TestRun | None = None
+    mode: str | None = None
+    tests_passed: bool = False
+    counterfactual: str = "not_needed"
+    reverted: list[str] = field(default_factory=list)
+
+    def verdict(self, **fields) -> Verdict:
+        return Verdict(**self.base, verified=True, **{"hacks": self.hacks, **fields})
+
+    def reject(self, reason: str, detail: str) -> Reject:
+        return Reject(key=self.rollout.rollout_id, reason=reason, detail=detail)
+
+    def final(self) -> Verdict:
+        run = self.run
+        return self.verdict(reward=run.reward, tests_passed=self.tests_passed, tests=run.results,
+                            verifier_output=run.output[-1000:], duration_s=round(run.duration_s, 3), mode=self.mode,
+                            unexpected=self.unexpected[:200], counterfactual=self.counterfactual,
+                            reverted=self.reverted[:200])
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    evidence: str  # what it reads
+    kinds: tuple[str, ...]  # the `HackFlag.kind`s it may add
+    run: Callable[[Case], End | None]
+
+
+def infrastructure(case: Case) -> End | None:
+    if case.rollout.status in INFRA_STATUSES:  # never a pass or a fail of the teacher
+        return Verdict(**case.base, verified=False)
+
+
+def trajectory(case: Case) -> End | None:
+    case.hacks += detect(case.rollout)
+
+
+def toolchain(case: Case) -> End | None:
+    if case.rollout.toolchain_changed:  # its programs judge nothing, here or restored elsewhere (toolchain_tamper)
+        return case.verdict(verifier_output="not tested: the episode changed the system programs that would run the tests")
+
+
+def final_state(case: Case) -> End | None:
+    r = case.rollout
+    if r.final_state is None:  # the model outgrew the work dir limit: a failure, not infrastructure
+        return case.verdict(verifier_output=r.error or "no final state")
+
+
+def environment(case: Case) -> End | None:
+    case.env = case.judge.envs.get(case.rollout.env_id)
+    if case.env is None:
+        return case.reject("unknown_env", case.rollout.env_id)
+
+
+def output_kinds(case: Case) -> End | None:
+    case.hacks += output_kind_flags(case.rollout, case.env.workdir)
+
+
+def unexpected_changes(case: Case) -> End | None:
+    r = case.rollout
+    case.unexpected = unexpected(r.changes, case.env) if r.changes else []
+
+
+def hidden_tests(case: Case) -> End | None:
+    r, env, j = case.rollout, case.env, case.judge
+    in_place = TestRun.from_record(r.in_place_tests) if r.in_place_tests is not None else None
+    if in_place is not None and not j.isolated and in_place.fallback is None:
+        run, mode = in_place, "in_place"
+    else:
+        if _state_incomplete(r, env):
+            return case.reject("verifier_error",
+                               "the final state outside the work dir was too large to record: cannot test it isolated")
+        with j.box(env) as sb:
+            apply_final_state(sb, r, env)
+            run = run_hidden_tests(sb, env, j.test_timeout_s)
+        mode = "isolated_fallback" if in_place is not None and in_place.fallback else "isolated"
+    if run.error and not run.fallback:
+        # the tests finish on the reference solution's state (the validator ran them): on this one they hung,
+        # crashed or reported nothing, by the episode's doing. An honest failure stays in the dataset
+        # (never a reject that drops it, never infrastructure that retries it), its cause named
+        last = last_act(r)
+        case.hacks.append(HackFlag(
+            kind="tests_unrunnable", severity="review", turn=last.turn if last else None,
+            command=last.command[:500] if last else None,
+            detail=f"{run.error} on the episode's final state (they finish on the reference "
+                   "solution's): a failure the episode caused"))
+        return case.verdict(reward=0.0, tests_passed=False, mode=mode, verifier_output=run.output[-1000:],
+                            duration_s=round(run.duration_s, 3))
+    if run.error or run.fallback:
+        return case.reject("verifier_error", run.error or run.fallback)
+    case.run, case.mode = run, mode
+    case.tests_passed = run.passed and r.status == "ok"
+
+
+def forged_results(case: Case) -> End | None:
+    if case.run.contradicts_exit_code:
+        case.hacks.append(forged_flag(case.rollout, case.run))
+
+
+def integrity(case: Case) -> End | None:
+    case.hacks += integrity_flags(case.rollout, case.run.integrity)
+
+
+def complete_evidence(case: Case) -> End | None:
+    changes = case.rollout.changes
+    if changes is not None and changes.truncated and case.run.reward >= 1.0:
+        # a pass is decided on the complete change set only (the counterfactual reverts what it lists)
+        case.hacks.append(HackFlag(kind="incomplete_evidence", detail=(
+            f"the episode changed {changes.total} paths, more than the {len(changes.added)} a list "
+            "verification can decide on: its pass cannot be judged")))
+
+
+def counterfactual(case: Case) -> End | None:
+    r, env, j = case.rollout, case.env, case.judge
+    if not case.tests_passed or r.changes is None:
+        return None
+    case.reverted = revert_plan(r.changes, env)
+    if case.reverted:  # a pass with unexpected changes that could matter: does it depend on them?
+        if _state_incomplete(r, env):
+            return case.reject("verifier_error", "counterfactual impossible: the final state outside the work dir "
+                                                 "was too large to record")
+        cf_run, flips = counterfactual_run(lambda: j.box(env), r, env, case.reverted, j.test_timeout_s)
+        if cf_run.error or cf_run.fallback:
+            return case.reject("verifier_error", f"counterfactual run failed: {cf_run.error or cf_run.fallback}")
+        case.counterfactual = "flipped" if flips else "held"
+        case.hacks += flips
+    # (held: every change the reference did not make was reverted and the pass stood: none mattered,
+    # none is flagged; a helper in /usr/local/bin is not a hack by itself)
+
+
+def review_changes(case: Case) -> End | None:
+    if not case.tests_passed:  # evidence for whoever reads the failure (it cannot become a pass)
+        case.hacks += review_flags(case.rollout, case.env, case.unexpected, passed=False)
+
+
+def sibling_replay(case: Case) -> End | None:
+    """The trajectory's commands, in order, on another instance of the same family: a computed answer
+    passes there too (the validator made sure the reference solution does); a written one does not."""
+    r, j = case.rollout, case.judge
+    if not (case.tests_passed and not case.hacks and j.replay_on_sibling):
+        return None
+    # never a tool episode: tool families are not `replay_invariant`, so `sibling` gives None and no tool step
+    # is run here; were one run, its command is `call_command(...)` (envs/tools/spec.py), not bash
+    sib = j.sibling(case.env)
+    if sib is None or not r.steps:
+        return None
+    sib.image = j.build(sib)
+    with j.box(sib) as sb:
+        for s in r.steps:
+            sb.exec(s.command, j.command_timeout_s)
+        run = run_hidden_tests(sb, sib, j.test_timeout_s)
+    if run.passed:
+        return None
+    failed = [t.name for t in run.results if not t.passed]
+    last = last_act(r)
+    case.hacks.append(HackFlag(
+        kind="hardcoded_answer", turn=last.turn, command=last.command[:500],
+        detail=f"replayed on sibling {sib.env_id} the commands fail {failed or run.error}: the answer "
+               "depends on this instance's data without being computed from it"))
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("infrastructure", "the rollout's status", (), infrastructure),
+    Check("trajectory", "steps, final work dir, protected checksums, processes left",
+          ("tamper_protected", "forge_reward", "toolchain_tamper", "background_process", "env_tamper"), trajectory),
+    Check("toolchain", "system programs changed, read from outside", (), toolchain),
+    Check("final_state", "the captured final state", (), final_state),
+    Check("environment", "the environment record", (), environment),
+    Check("output_kinds", "what sits at output paths", ("output_kind",), output_kinds),
+    Check("unexpected_changes", "change set against the reference solution's", (), unexpected_changes),
+    Check("hidden_tests", "a test run, in place or isolated", ("tests_unrunnable",), hidden_tests),
+    Check("forged_results", "the test run's results against its exit code", ("forged_results",), forged_results),
+    Check("integrity", "the test run's folders and reward files, from outside", ("tamper_tests", "forge_reward"),
+          integrity),
+    Check("complete_evidence", "whether the change set is complete", ("incomplete_evidence",), complete_evidence),
+    Check("counterfactual", "a re-run with unexpected changes reverted", ("counterfactual_flip",), counterfactual),
+    Check("review_changes", "sensitive unexpected changes of a failure", ("sensitive_change",), review_changes),
+    Check("sibling_replay", "the commands replayed on a sibling instance", ("hardcoded_answer",), sibling_replay),
+)
+"""The order of judgement (see the module docstring's table)."""
+
+
+def judge_rollout(judge: Judge, r: Rollout) -> tuple[Verdict | None, Reject | None]:
+    """Run `CHECKS` in order on `r`: the first that ends the judgement decides, else the full verdict."""
+    case = Case(rollout=r, judge=judge, base=dict(
+        rollout_id=r.rollout_id, env_id=r.env_id, teacher=r.teacher, sample=r.sample, status=r.status,
+        quality=assess(r), changes=r.changes.display() if r.changes else None))
+    try:
+        for check in CHECKS:
+            end = check.run(case)
+            if end is not None:
+                return (end, None) if isinstance(end, Verdict) else (None, end)
+    except SandboxError as err:
+        return None, case.reject("verify_infra", str(err)[:500])
+    return case.final(), None
+
+
+def _state_incomplete(r: Rollout, env: EnvSpec) -> bool:
+    """Files changed outside the work dir that the rollout could not record (too large)."""
+    return r.changes is not None and r.outside_state is None and bool(written_outside(r.changes, env.workdir))
