@@ -12,7 +12,7 @@ from trajforge.schemas.environment import EnvSpec
 from trajforge.tasks.engine import Manifest, StageContext
 from trajforge.tasks.envs.families import FAMILIES
 from trajforge.tasks.envs.images import ensure_image
-from trajforge.tasks.envs.validator import oracle_changes
+from trajforge.tasks.envs.validator import profile_reference
 from trajforge.tasks.sandbox import docker_client
 
 
@@ -28,7 +28,7 @@ def build_envs(runs: str, n_per_family: int = 4, families: list[str] | None = No
             env = fam.generate(levels[i % len(levels)], i)
             env.image, _ = ensure_image(client, "trajforge/base:latest", env)
             if oracle:
-                env.expected_changes = oracle_changes(client, env, SandboxConfig(), 120) or []
+                profile_reference(client, env, SandboxConfig(), 120, 120)
             envs.append(env)
     ctx = StageContext.create(parse_config({"dataset": "bench-envs", "runs": runs,
                                             "synthesize": {"families": [{"name": "log_report"}]}}), "bench")

@@ -25,7 +25,7 @@ from ..tasks.engine.store import RunStore
 from ..tasks.envs.catalogue import EnvNotFound, load_paths, resolve
 from ..tasks.envs.formats import TaskFormatError
 from ..tasks.envs.images import ImageBuildError, ensure_image
-from ..tasks.envs.validator import oracle_changes
+from ..tasks.envs.validator import profile_reference
 from ..tasks.sandbox import docker_client
 from ..tasks.teachers import ReplayTeacher
 from ..tasks.teachers.recorded import Recorded, load_recorded
@@ -74,9 +74,10 @@ def reverify(trajectories: str, env_paths: list[str], config: BuildConfig | None
             except ImageBuildError as err:
                 rejects.append(Reject(key=rec.trajectory_id, reason="image_build_failed", detail=err.log_tail[-800:]))
                 continue
-            if not env.expected_changes:  # what the reference solution changes: the yardstick of "unexpected"
-                env.expected_changes = oracle_changes(client, env, config.sandbox,
-                                                      config.synthesize.solution_timeout_s) or []
+            if env.tests_run_agent_code == "unknown":  # not validated: what the reference solution changes (the
+                # yardstick of "unexpected"), what its test run reports, whether the tests run agent code
+                profile_reference(client, env, config.sandbox, config.synthesize.solution_timeout_s,
+                                  config.verify.test_timeout_s)
             used[env.env_id] = env
         groups[env.env_id].append(rec)
     config = _limits_for(config, [r for rs in groups.values() for r in rs])

@@ -122,6 +122,10 @@ class Rollout(Record):
     outside_state: bytes | None = Field(default=None, description=(
         "tar (paths relative to /) of the files the episode added or modified outside the work dir; with "
         "`final_state` and `changes.deleted` it reproduces the final container state in a fresh container"))
+    odd_links: list[str] = Field(default_factory=list, description=(
+        "what the episode left that reads what it never wrote, found in its container after it ended: a symbolic "
+        "link whose target did not exist then (`dangling <path>`), a work-dir file sharing its inode with a file "
+        "elsewhere (`hardlink <path>`)"))
     in_place_tests: InPlaceTests | None = Field(
         default=None, description="the hidden tests run in the episode's own container after it ended "
                                   "(rollout.verify_in_place); the verify stage judges from these")

@@ -33,6 +33,7 @@ from ...schemas.common import ChangeSet
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Message, Rollout, Step, TurnUsage
 from ..judge.changes import capture_outside
+from ..judge.hacks import odd_links
 from ..judge.verifier import run_hidden_tests
 from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
@@ -303,7 +304,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                 break
         if slot is not None:
             slot.release()
-        in_place, outside = None, None
+        in_place, outside, odd = None, None, []
         try:
             leftover, changed, changes = await ep.finish()
         except FinalStateUnavailable as err:  # e.g. more files than the change walk lists: the model's doing
@@ -326,6 +327,8 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
             raise captured
         else:
             final_state = captured
+        if final_state is not None and not sb.toolchain_changed:  # before any test writes a file
+            odd = await asyncio.to_thread(odd_links, sb, final_state, outside, env.workdir)
         if s.verify_in_place and final_state is not None and not sb.toolchain_changed:  # after the capture: tests may write files
             in_place = (await asyncio.to_thread(run_hidden_tests, sb, env, s.test_timeout_s)).to_record()
     finally:
@@ -341,4 +344,4 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         completion_tokens=sum(u.completion_tokens for u in st.usage),
         turns=len(st.usage), tool_call_errors=st.call_errors, status=status, error=error, wall_s=round(time.monotonic() - t0, 3),
         protected_changed=changed, leftover_processes=leftover, final_state=final_state, in_place_tests=in_place,
-        changes=changes, outside_state=outside, toolchain_changed=sb.toolchain_changed)
+        changes=changes, outside_state=outside, toolchain_changed=sb.toolchain_changed, odd_links=odd)

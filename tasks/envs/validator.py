@@ -39,7 +39,8 @@ from ...schemas.config import SandboxConfig
 from ...schemas.environment import EnvSpec
 from ..judge.changes import sensitive_class
 from ..judge.exposure import tests_run_agent_code
-from ..judge.verifier import VERIFIER_CAPS, run_hidden_tests
+from ..judge.guard import guardable, run_guarded
+from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
 from .images import BuildOptions, ImageBuildError, ensure_image
 from .tools.client import fetch_tools
@@ -145,7 +146,6 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
                               f"reference solution exited {res.exit_code}: {res.output[-600:]}")
         # what the reference solution changes: an agent's change that is not among these is unexpected
         env.expected_changes = sorted(sb.changes().paths())
-        env.tests_run_agent_code = _exposure(sb, env)
         first = run_hidden_tests(sb, env, test_timeout_s)
         if first.error or first.fallback:
             return v.fail("solution_passes", "verifier_error", f"{first.error or first.fallback}\n{first.output[-600:]}")
@@ -153,15 +153,14 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
             failed = [f"{r.name}: {r.message}" for r in first.results if not r.passed]
             return v.fail("solution_passes", "solution_fails", "failed tests: " + "; ".join(failed)[:1200])
         v.checks["solution_passes"] = "pass"
-        # what a pass must show besides its reward: every test the reference run reported passed, and no process
-        # left running by the tests unless they leave one on the reference solution too
-        env.expected_tests = sorted(r.name for r in first.reported if r.passed)
-        env.tests_leave_processes = first.leftovers > 0
         second = run_hidden_tests(sb, env, test_timeout_s)
         if second.error or second.outcome() != first.outcome():
             return v.fail("deterministic", "nondeterministic_tests",
                           f"first run {first.outcome()}, second run {second.outcome() or second.error}")
         v.checks["deterministic"] = "pass"
+        # what a pass must show besides its reward: every test the reference runs reported passed, no process left
+        # running by the tests unless they leave one here too, and the guarded run when the tests import agent code
+        _record_reference(sb, env, test_timeout_s, first, second)
         other = sibling(env) if sibling else None
         if other is None:
             v.checks["instance_specific"] = "skip"
@@ -236,20 +235,40 @@ def _exposure(sb: Sandbox, env: EnvSpec) -> str:
     return tests_run_agent_code(env.tests, env.test_command, env.workdir, solved, elsewhere)
 
 
-def oracle_changes(client, env: EnvSpec, sandbox: SandboxConfig, command_timeout_s: float,
-                   labels: dict | None = None) -> list[str] | None:
-    """The reference solution's change set in a fresh container of the built image (what an agent's
-    changes are compared with), for environments that did not go through the validator; None when
-    the solution does not run cleanly, or there is none (`oracle: absent`)."""
-    if env.oracle == "absent":
-        return None
+def profile_reference(client, env: EnvSpec, sandbox: SandboxConfig, command_timeout_s: float, test_timeout_s: float,
+                      labels: dict | None = None) -> bool:
+    """What the validator records of the reference solution (`EnvSpec.VALIDATED` fields: its change set, what its
+    test run reports and leaves, whether the tests run agent code, the guarded run), for environments that did not
+    go through the validator, in a fresh container of the built image. False (nothing recorded but the exposure of
+    the untouched work dir) when the solution does not run cleanly, or there is none (`oracle: absent`)."""
     with Sandbox(client, env.image, sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
                  labels={"trajforge.role": "oracle", **(labels or {})}, agent=env.agent_user) as sb:
+        if env.oracle == "absent":
+            env.tests_run_agent_code = _exposure(sb, env)
+            return False
         for cmd in env.solution:
             res = sb.exec(cmd, command_timeout_s)
             if res.timed_out or res.exit_code != 0:
-                return None
-        return sorted(sb.changes().paths())
+                env.tests_run_agent_code = _exposure(sb, env)
+                return False
+        env.expected_changes = sorted(sb.changes().paths())
+        _record_reference(sb, env, test_timeout_s)
+        return True
+
+
+def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: TestRun) -> None:
+    """On the reference solution's state in `sb`: whether the tests run agent code, what their passing runs
+    (`runs`, else one made here) report and leave, and the guarded run's outcome when the tests import agent code."""
+    env.tests_run_agent_code = _exposure(sb, env)
+    runs = runs or (run_hidden_tests(sb, env, test_timeout_s),)
+    passing = [r for r in runs if r.passed]
+    if passing:
+        env.expected_tests = sorted(set.intersection(*({t.name for t in r.reported if t.passed} for r in passing)))
+    env.tests_leave_processes = any(r.leftovers > 0 for r in runs)
+    if guardable(env):  # the tests import agent code: what trajforge's guarded run shows on the reference
+        guarded = run_guarded(sb, env, test_timeout_s)
+        env.guard_tests = guarded.good() if not guarded.error else []
+        env.guard_compares = bool(guarded.compares())
 
 
 # ------------------------------------------------------------------------------------------------
