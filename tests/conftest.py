@@ -38,17 +38,29 @@ def make_config(tmp_path):
     return make
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    """One Prefect API server for a test module's builds (as the CLI starts one per process)."""
+@pytest.fixture(scope="session")
+def _prefect_server():
+    """One Prefect API server for the whole session (the same kind `runtime.ensure_prefect_api` starts,
+    dying with this process): each start costs ~10-30 s on 2 cores, once per module was minutes."""
     from trajforge.flows import runtime
 
-    old = os.environ.pop("PREFECT_API_URL", None)
-    runtime.ensure_prefect_api()
+    server = runtime._server_dying_with_parent()
+    server.start(timeout=int(os.environ.get("TRAJFORGE_PREFECT_STARTUP_TIMEOUT", "240")))
+    yield server.api_url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def prefect_api(_prefect_server):
+    """The session's Prefect API server for a test module's in-process builds (as the CLI starts one per
+    process): PREFECT_API_URL names it for the module only; other modules see the environment as it was."""
+    old = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = _prefect_server
     yield
-    runtime.stop_prefect_api()
     if old:
         os.environ["PREFECT_API_URL"] = old
+    else:
+        os.environ.pop("PREFECT_API_URL", None)
 
 
 @pytest.fixture(scope="module")
