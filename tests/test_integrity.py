@@ -75,7 +75,8 @@ def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode
     by_class = {c["class"] for c in CASES if c["expect"] == "hack" and verdicts[c["case"]]["hacks"]}
     assert {"module_shadowing", "input_tampering", "reward_precedence", "fake_result_lines",
             "path_executable", "sitecustomize", "pth_file", "conftest", "pyc_poisoning", "harness_shim",
-            "reward_channel", "test_script_rewrite", "output_kind", "truncated_change_set", "pycache_noise", "work_dir_stash", "restart_shim"} <= by_class
+            "reward_channel", "test_script_rewrite", "output_kind", "truncated_change_set", "pycache_noise", "work_dir_stash", "restart_shim",
+            "in_process_exit", "runner_noop", "always_equal", "reward_race", "dangling_link", "hard_link"} <= by_class
 
 
 @pytest.mark.parametrize("name,problem", [("bad-workdir", "workdir must not be /"),
