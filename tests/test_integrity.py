@@ -101,7 +101,7 @@ def test_oracle_pass_rate_equals_a_plain_root_harness(docker_client):
         naive = [naive_reward(t, import_task(t).solution) for t in tasks]
     finally:
         cleanup()
-    kept, outside = [], set()
+    kept, outside, envs = [], set(), {}
     for t in tasks:
         env = import_task(t)
         v = validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", s.image_aliases, 120, 120)
@@ -109,5 +109,17 @@ def test_oracle_pass_rate_equals_a_plain_root_harness(docker_client):
         assert v.ok, (t.name, v.reject)
         assert env.agent_user == "root" and env.expected_changes, t.name
         outside |= {p.split("/")[1] for p in env.expected_changes if not p.startswith(env.workdir + "/")}
+        envs[f"{t.parent.name}/{t.name}"] = env
     assert sum(kept) / len(kept) == sum(r == 1.0 for r in naive) / len(naive) == 1.0
     assert {"data", "etc", "usr"} <= outside, outside  # solutions that write outside their work dir
+    # what a pass must show, recorded on the reference solution: the reward channel, pytest's own lines, whether
+    # the tests run agent code and (when they import it) what trajforge's guarded run sees
+    assert not any(e.tests_leave_processes for e in envs.values())
+    assert {k: e.reward_files for k, e in envs.items() if k.startswith("harbor/")} == {
+        k: ["reward.txt"] for k in envs if k.startswith("harbor/")}
+    assert all(not e.reward_files and e.expected_tests for k, e in envs.items() if k.startswith("tbench/")), envs
+    marks = {k: e.tests_run_agent_code for k, e in envs.items()}
+    assert marks["harbor/py-module"] == "in_process" and marks["harbor/data-dir"] == "no", marks
+    assert marks["harbor/run-script"] == marks["tbench/repair-script"] == marks["tbench/usr-local-tool"] == "subprocess"
+    module = envs["harbor/py-module"]
+    assert len(module.expected_tests) == 2 and len(module.guard_tests) == 2 and not module.guard_compares

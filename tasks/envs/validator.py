@@ -160,7 +160,7 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
         v.checks["deterministic"] = "pass"
         # what a pass must show besides its reward: every test the reference runs reported passed, no process left
         # running by the tests unless they leave one here too, and the guarded run when the tests import agent code
-        _record_reference(sb, env, test_timeout_s, first, second)
+        _record_reference(sb, env, test_timeout_s, first, second, untouched=noop)
         other = sibling(env) if sibling else None
         if other is None:
             v.checks["instance_specific"] = "skip"
@@ -256,11 +256,14 @@ def profile_reference(client, env: EnvSpec, sandbox: SandboxConfig, command_time
         return True
 
 
-def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: TestRun) -> None:
+def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: TestRun,
+                      untouched: TestRun | None = None) -> None:
     """On the reference solution's state in `sb`: whether the tests run agent code, what their passing runs
-    (`runs`, else one made here) report and leave, and the guarded run's outcome when the tests import agent code."""
+    (`runs`, else one made here) report and leave, the reward files they and the `untouched` environment's run
+    wrote, and the guarded run's outcome when the tests import agent code."""
     env.tests_run_agent_code = _exposure(sb, env)
     runs = runs or (run_hidden_tests(sb, env, test_timeout_s),)
+    env.reward_files = sorted({f for r in (*runs, *([untouched] if untouched else [])) for f in r.reward_files})
     passing = [r for r in runs if r.passed]
     if passing:
         env.expected_tests = sorted(set.intersection(*({t.name for t in r.reported if t.passed} for r in passing)))

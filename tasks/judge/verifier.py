@@ -106,6 +106,7 @@ class TestRun:
     # never a pass by itself (agent code the tests run can print lines too; it cannot unprint a reference test)
     reported: list[TestResult] = field(default_factory=list)
     leftovers: int = 0  # processes the test command left running when it ended (killed then)
+    reward_files: list[str] = field(default_factory=list)  # the reward files the run left (script verifiers)
 
     @property
     def reward(self) -> float:
@@ -239,8 +240,12 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     if res.timed_out:
         return TestRun([], out, duration, f"test run timed out after {timeout_s:g}s", exit_code=code)
     reported = _reported(output)
-    run = _judge_script_run(sandbox, env, out, duration, code, copied_in, ended, reported)
+    # what the run left is read from outside, the container frozen (a process the tests started cannot change
+    # it meanwhile, and no program of the container, perhaps replaced by agent code the tests ran, reads it)
+    files, integrity = _read_outside(sandbox, env, copied_in, ended)
+    run = _judge_script_run(env, files, integrity, out, duration, code, reported)
     run.reported, run.leftovers = reported, left
+    run.reward_files = sorted(n for n in REWARD_FILES if n in files)
     return run
 
 
@@ -253,16 +258,14 @@ def _reported(output: str) -> list[TestResult]:
                  for status, name, msg in found}.values())
 
 
-def _judge_script_run(sandbox: Sandbox, env: EnvSpec, out: str, duration: float, code: int | None, copied_in: float,
-                      ended: float, reported: list[TestResult]) -> TestRun:
+def _judge_script_run(env: EnvSpec, files: dict[str, str], integrity: list[str], out: str, duration: float,
+                      code: int | None, reported: list[TestResult]) -> TestRun:
     """The result of a finished script test run: reward files read from outside, else pytest's lines, else the
-    exit code."""
-    # what the run left is read from outside, the container frozen (a process the tests started cannot change
-    # it meanwhile, and no program of the container, perhaps replaced by agent code the tests ran, reads it)
-    files, integrity = _read_outside(sandbox, env, copied_in, ended)
+    exit code. The reward channel is the one the reference solution's runs used (`EnvSpec.reward_files`, set by
+    the validator), else the files the tests' text names: any other reward file is tampering."""
     rewards: dict[str, float] = {}
     tests: list[TestResult] = []
-    for name in ("reward.json", "reward.txt"):
+    for name in REWARD_FILES:
         if name not in files:
             continue
         text = files[name]
@@ -276,11 +279,11 @@ def _judge_script_run(sandbox: Sandbox, env: EnvSpec, out: str, duration: float,
         except (ValueError, TypeError, KeyError, IndexError) as err:
             if not integrity:
                 return TestRun([], out, duration, f"unparseable /logs/verifier/{name}: {err}", exit_code=code)
-    written = {n for n in ("reward.json", "reward.txt") if any(n in t.content for t in env.tests)}
+    written = set(env.reward_files) or {n for n in REWARD_FILES if any(n in t.content for t in env.tests)}
     for name in sorted(rewards):
         if name not in written:
             integrity.append(f"/logs/verifier/{name} was written although the task's tests only write "
-                             f"{' and '.join(sorted(written))}")
+                             f"{' and '.join(sorted(written)) or 'none'}")
     if len(set(rewards.values())) > 1:
         integrity.append("the reward files disagree: " + ", ".join(f"{n} = {v:g}" for n, v in sorted(rewards.items())))
     if integrity:
@@ -300,6 +303,7 @@ def _judge_script_run(sandbox: Sandbox, env: EnvSpec, out: str, duration: float,
 
 
 REWARD_LIMIT = 1 << 20
+REWARD_FILES = ("reward.json", "reward.txt")  # in the order they are read
 
 
 def _is_float(text: str) -> bool:
