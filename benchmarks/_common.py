@@ -1,9 +1,14 @@
 """Shared set-up for the benchmarks: environments with built images, committed as a `synthesize`
 manifest so stage code can read them, a plain table printer (pasted into issue notes), the machine's
-busy CPU seconds and the host line (CPU model, `lscpu` flags, `uptime`) a benchmark prints with its table."""
+busy CPU seconds and the host line (CPU model, `lscpu` flags, `uptime`) a benchmark prints with its table,
+and the contract every benchmark keeps with `benchmarks/_run.py` (`make bench`, `make bench-quick`):
+`--quick` (tiny sizes, same code path), `host_report` at start and end, one `target(...)` line per target,
+exit code 0 (ran; targets met, not judged or none), `MISSED` (ran; a target missed) or anything else (broken)."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import subprocess
 
@@ -85,3 +90,39 @@ def host_lines() -> list[str]:
     except (OSError, subprocess.SubprocessError):
         up = "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return [f"cpu: {info.get('Model name', '?')}, {os.cpu_count()} CPUs; {source} flags: {have}", f"uptime: {up}"]
+
+
+MISSED = 3  # exit code: the benchmark ran and printed its figures, and a target was missed (not broken)
+QUICK_NOTE = "quick mode: figures not comparable to targets"
+
+
+def add_quick(ap: argparse.ArgumentParser, sizes: str) -> None:
+    """`--quick`: tiny sizes (`sizes`, what it sets) through the same code path end to end (`make bench-quick`,
+    CI): a benchmark that breaks fails there; its figures are printed but not judged."""
+    ap.add_argument("--quick", action="store_true",
+                    help=f"tiny sizes, same code path ({sizes}); {QUICK_NOTE}")
+
+
+def host_report(when: str, quick: bool = False) -> None:
+    """The host lines (`lscpu` flags, load) at the `start` or `end` of a benchmark, and the quick-mode note."""
+    for line in host_lines():
+        print(f"host at {when}: {line}")
+    if quick:
+        print(QUICK_NOTE)
+    print(flush=True)
+
+
+def target(figure: str, value: float, op: str, bound: float, quick: bool = False, peer: str = "") -> int:
+    """Print `target: FIGURE = VALUE (target OP BOUND[, peer PEER]): met|MISSED` (quick mode: `not judged`) and
+    return the exit code it calls for (0 or `MISSED`). A NaN value is a missed target. `op`: `>=` or `<=`."""
+    ok = not math.isnan(value) and (value >= bound if op == ">=" else value <= bound)
+    verdict = f"not judged ({QUICK_NOTE})" if quick else "met" if ok else "MISSED"
+    peer = f"; peer: {peer}" if peer else ""
+    print(f"target: {figure} = {value:.2f} (target {op} {bound:g}{peer}): {verdict}", flush=True)
+    return 0 if quick or ok else MISSED
+
+
+def no_target(what: str) -> int:
+    """Print `target: none (WHAT)` for a benchmark whose figures are for the record; return 0."""
+    print(f"target: none ({what})", flush=True)
+    return 0
