@@ -18,7 +18,12 @@ column is the ratio of an allocation that is *told* which environments are deter
 k0 rollouts each, always labelled right) and gives the others the same fixed k: what skipping the sure
 environments alone can save on that population.
 
+The first row of each table is the shipped defaults (`calibrate.adaptive: {}`: `AdaptiveConfig()`, k0 =
+`rollout.samples_per_env`'s default): the target is judged there, under the default (`new`) definitions, on
+both populations; the other rows are tuned settings for comparison.
+
 Usage: python benchmarks/adaptive_calibration.py [--envs 2000] [--seed 7] [--repeats 3] [--definitions new old]
+       [--quick]
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_table  # noqa: E402
+from _common import add_quick, host_report, print_table, target  # noqa: E402
 
-from trajforge.schemas.config import AdaptiveConfig, CalibrateConfig  # noqa: E402
+from trajforge.schemas.config import AdaptiveConfig, CalibrateConfig, RolloutConfig  # noqa: E402
 from trajforge.tasks.calibrate import difficulty_label, label_of_rate, next_rollouts  # noqa: E402
 from trajforge.tasks.difficulty.posterior import loglik  # noqa: E402
 
@@ -50,11 +55,14 @@ POPULATIONS = {
     "spread (30% never, 10% always, 60% uniform)":
         lambda r: 0.0 if (u := r.random()) < 0.3 else 1.0 if u < 0.4 else r.random(),
 }
-# (rule, threshold, k0, batch, max_samples, budget per environment or None)
-SETTINGS = [("gain", 0.01, 4, 2, 48, None), ("gain", 0.005, 4, 2, 64, None), ("gain", 0.003, 4, 4, 80, None),
+# (rule, threshold, k0, batch, max_samples, budget per environment or None, max_rounds); the first: the defaults
+_D = AdaptiveConfig()
+DEFAULTS = (_D.rule, _D.min_gain if _D.rule == "gain" else _D.target, RolloutConfig.model_fields["samples_per_env"].default,
+            _D.batch, _D.max_samples, _D.budget, _D.max_rounds)
+SETTINGS = [DEFAULTS] + [(*s, 30) for s in [("gain", 0.01, 4, 2, 48, None), ("gain", 0.005, 4, 2, 64, None), ("gain", 0.003, 4, 4, 80, None),
             ("gain", 0.002, 4, 4, 96, None), ("gain", 0.001, 4, 4, 160, None), ("gain", 0.0005, 4, 8, 200, None),
             ("gain", 0.001, 4, 4, 160, 14), ("posterior", 0.9, 4, 2, 32, None), ("posterior", 0.95, 3, 3, 64, None),
-            ("wilson", 0.95, 4, 2, 32, None)]
+            ("wilson", 0.95, 4, 2, 32, None)]]
 
 
 def accuracy(cfg: CalibrateConfig, rates: list[float], passes: list[int], attempts: list[int]) -> float:
@@ -72,9 +80,10 @@ def fixed(cfg: CalibrateConfig, rates: list[float], k: int) -> float:
     return float((pmf * right).sum(axis=1).mean())
 
 
-def adaptive(cfg: CalibrateConfig, rates: list[float], k0: int, rng: random.Random,
-             max_rounds: int = 30) -> tuple[float, float, int, str]:
-    """Rounds as the flow runs them: the stage's own `next_rollouts` decides who gets how many more."""
+def adaptive(cfg: CalibrateConfig, rates: list[float], k0: int, rng: random.Random) -> tuple[float, float, int, str]:
+    """Rounds as the flow runs them (at most `adaptive.max_rounds`): the stage's own `next_rollouts` decides who
+    gets how many more."""
+    max_rounds = cfg.adaptive.max_rounds
     passes = [sum(rng.random() < p for _ in range(k0)) for p in rates]
     attempts = [k0] * len(rates)
     rounds = 0
@@ -100,7 +109,13 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="adaptive runs averaged per setting (rollout draws)")
     ap.add_argument("--definitions", nargs="+", default=list(DEFINITIONS), choices=list(DEFINITIONS),
                     help="label definitions to measure under (default: all)")
+    add_quick(ap, "--envs 300 --repeats 1, the defaults and two tuned settings, `new` definitions")
     args = ap.parse_args()
+    settings = SETTINGS
+    if args.quick:
+        args.envs, args.repeats, args.definitions, settings = 300, 1, ["new"], SETTINGS[:3]
+    host_report("start", args.quick)
+    codes = []
     for name, draw in POPULATIONS.items():
         rng = random.Random(args.seed)
         rates = [draw(rng) for _ in range(args.envs)]
@@ -109,10 +124,10 @@ def main() -> int:
             base = DEFINITIONS[definition]
             curve = [(k, fixed(base, rates, k)) for k in range(2, 81)]
             rows = []
-            for rule, target, k0, batch, max_samples, budget in SETTINGS:
-                thresholds = {"min_gain": target} if rule == "gain" else {"target": target}
+            for n, (rule, threshold, k0, batch, max_samples, budget, max_rounds) in enumerate(settings):
+                thresholds = {"min_gain": threshold} if rule == "gain" else {"target": threshold}
                 cfg = base.model_copy(update={"adaptive": AdaptiveConfig(
-                    rule=rule, batch=batch, max_samples=max_samples, max_rounds=30,
+                    rule=rule, batch=batch, max_samples=max_samples, max_rounds=max_rounds,
                     budget=budget * args.envs if budget else None, **thresholds)})
                 runs = [adaptive(cfg, rates, k0, random.Random(args.seed + 99 + r)) for r in range(args.repeats)]
                 acc, used = (sum(x[i] for x in runs) / len(runs) for i in (0, 1))
@@ -121,7 +136,12 @@ def main() -> int:
                 # reference: an allocation told which environments are deterministic (p = 0 or 1, always
                 # labelled right from k0 rollouts) that gives k0 to those and the fixed k to the rest
                 oracle = f"{(det * k0 + (1 - det) * k) / k:.2f}" if k else "-"
-                setting = f"{rule} {target} k0={k0} batch={batch} max={max_samples}"
+                setting = ("defaults: " if n == 0 else "") + f"{rule} {threshold} k0={k0} batch={batch} " \
+                    f"max={max_samples} rounds={max_rounds}"
+                if n == 0 and definition == "new":
+                    codes.append(target(f"adaptive ÷ fixed k at equal accuracy, defaults, {name.split(' (')[0]}",
+                                        used / k if k else float("nan"), "<=", 0.6, args.quick,
+                                        peer=f"fixed k={k if k else '> 80'} at accuracy {a or 0:.3f} vs {acc:.3f}"))
                 rows.append([setting + (f" budget={budget}/env" if budget else ""), f"{acc:.3f}",
                              f"{used:.1f}", where, str(rounds), str(k) if k else "> 80", f"{a:.3f}" if a else "-",
                              f"{used / k:.2f}" if k else "< " + f"{used / 80:.2f}", oracle])
@@ -130,7 +150,8 @@ def main() -> int:
                          "fixed k at ≥ accuracy", "its accuracy", "ratio (target ≤ 0.6)", "p∈{0,1}-oracle ratio"],
                         rows)
             print(f"fixed-k accuracy ({definition}): " + ", ".join(f"k={k}: {a:.3f}" for k, a in curve[::8]))
-    return 0
+    host_report("end")
+    return max(codes, default=0)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ time. Target: >= 95% of the tasks whose Dockerfiles only need the package regist
     python benchmarks/corpus_import.py DIR --sample 50 [--jobs 2] [--ca-bundle /etc/ssl/certs/ca-certificates.crt]
     python benchmarks/corpus_import.py DIR --generate 220      # first write a fixture corpus there
     python benchmarks/corpus_import.py                         # the repo's tests/fixtures/corpus (`make bench`)
+    python benchmarks/corpus_import.py --quick                 # the same, one task (`make bench-quick`)
 
 Without DIR: the repo's own fixture corpus (`tests/fixtures/corpus`, two published-style tasks, what
 tests/test_import_corpus.py imports), or with `--generate N` a fresh temporary folder.
@@ -34,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import print_table  # noqa: E402
+from _common import add_quick, host_report, print_table, target  # noqa: E402
 
 from trajforge.schemas.config import SandboxConfig, SynthesizeConfig  # noqa: E402
 from trajforge.tasks.envs.corpus import Journal, admit, discover, parse, tally  # noqa: E402
@@ -116,7 +117,7 @@ def disk(client, tags: list[str]) -> tuple[int, int]:
     return sum(seen.values()), naive
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", type=Path, nargs="?", default=None,
                     help=f"a corpus folder (default: {FIXTURE_CORPUS}, or a temporary folder with --generate)")
@@ -126,7 +127,11 @@ def main() -> None:
     ap.add_argument("--generate", type=int, default=0, help="first write a fixture corpus of N folders in DIR")
     ap.add_argument("--data-seed", type=int, default=0, help="seed of the generated data (another seed: new images)")
     ap.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
+    add_quick(ap, "--sample 1")
     args = ap.parse_args()
+    if args.quick:
+        args.sample = 1
+    host_report("start", args.quick)
     if args.dir is None:  # never generate into the repo's fixtures
         args.dir = Path(tempfile.mkdtemp(prefix="corpus-")) if args.generate else FIXTURE_CORPUS
         print(f"corpus: {args.dir}", flush=True)
@@ -176,7 +181,11 @@ def main() -> None:
     for o in outcomes:
         if not o.kept:
             print(f"  {o.key}: {o.outcome}: {o.detail.splitlines()[0][:160] if o.detail else ''}")
+    kept = sum(o.kept for o in intended) / len(intended) if intended else float("nan")
+    code = target("buildable-by-design tasks kept", kept, ">=", 0.95, args.quick)
+    host_report("end")
+    return code
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

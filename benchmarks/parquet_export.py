@@ -13,7 +13,7 @@ table ≥ 0.8), side by side in one run on the same rows (trajectories with 14 m
   records: the same table built the record way (pydantic TrajectoryRow rows → model_dump → Arrow),
            which is what the stage did before it joined column-wise
 
-Usage: python benchmarks/parquet_export.py [--rows 20000] [--repeat 3]
+Usage: python benchmarks/parquet_export.py [--rows 20000] [--repeat 5] [--quick]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parent.parent
 
-from _common import print_table  # noqa: E402
+from _common import add_quick, host_report, print_table, target  # noqa: E402
 
 from trajforge.schemas.calibration import Calibration  # noqa: E402
 from trajforge.schemas.config import load_config  # noqa: E402
@@ -100,7 +100,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--repeat", type=int, default=5)
+    add_quick(ap, "--rows 1000 --repeat 1")
     args = ap.parse_args()
+    if args.quick:
+        args.rows, args.repeat = 1000, 1
+    host_report("start", args.quick)
     d = Path(tempfile.mkdtemp(prefix="tf-parquet-"))
     ctx = StageContext.create(load_config(ROOT / "configs/replay.yaml", {"runs": str(d), "dataset": "bench"}), "bench")
     store, stage = ctx.store, ExportStage()
@@ -134,7 +138,10 @@ def main() -> int:
                  row("whole export shard (read inputs, join, scan, write)", whole),
                  row("secret scan alone (part of the shard)", scan),
                  row("record path (pydantic rows → Arrow → write)", via_records)])
-    return 0
+    code = target("export write ÷ raw pyarrow write_table", raw / write, ">=", 0.8, args.quick,
+                  peer=f"raw pyarrow.parquet.write_table {args.rows / raw:,.0f} rows/s")
+    host_report("end")
+    return code
 
 
 if __name__ == "__main__":
