@@ -10,7 +10,9 @@ processes included) while it runs alone. The hidden tests run twice per episode,
 tests carried in the exec's command line (the default) and uploaded by the engine first (the path for
 tests larger than `INLINE_LIMIT`). Run it on a quiet machine: the load average is printed.
 
-Usage: python benchmarks/episode_cpu.py [--rounds 10] [--family log_report] [--level 1]
+No target: the figures price the budget of `teacher_utilization` and `oracle_trials` (for the record).
+
+Usage: python benchmarks/episode_cpu.py [--rounds 10] [--family log_report] [--level 1] [--quick]
 """
 
 from __future__ import annotations
@@ -24,21 +26,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_busy_s as busy_s  # noqa: E402
-from _common import print_table  # noqa: E402
+from _common import add_quick, host_report, no_target, print_table  # noqa: E402
 
 from trajforge.schemas.config import SandboxConfig  # noqa: E402
 from trajforge.tasks.envs.families import FAMILIES  # noqa: E402
 from trajforge.tasks.envs.images import ensure_image  # noqa: E402
+from trajforge.tasks.judge import verifier  # noqa: E402
 from trajforge.tasks.judge.verifier import VERIFIER_CAPS, run_hidden_tests  # noqa: E402
-from trajforge.tasks.sandbox import Sandbox, docker_client, verifier  # noqa: E402
+from trajforge.tasks.sandbox import Sandbox, docker_client  # noqa: E402
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--family", default="log_report")
     ap.add_argument("--level", type=int, default=1)
+    add_quick(ap, "--rounds 2")
     a = ap.parse_args()
+    if a.quick:
+        a.rounds = 2
+    host_report("start", a.quick)
     client = docker_client()
     env = FAMILIES[a.family].generate(a.level, 0)
     env.image, _ = ensure_image(client, "trajforge/base:latest", env)
@@ -83,7 +90,10 @@ def main() -> None:
                 f"load {os.getloadavg()[0]:.2f} at the end",
                 ["operation", "per episode", "machine CPU-s each", "wall s each"], rows)
     print(f"hidden tests in the exec / uploaded first: {inl:.3f} / {upl:.3f} CPU-s = {inl / upl:.2f}")
+    no_target("CPU seconds per sandbox operation, for the record")
+    host_report("end")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
