@@ -25,7 +25,7 @@ figure is the median over `--rounds` (2). CPU-s is the whole machine's busy CPU 
 environment's reference solution once (its change set, as the validator records it: page cache, image
 layers and the sandbox's per-image listings warm), then a few untimed trials per side (`--warmup`, 4).
 
-Usage: python benchmarks/oracle_trials.py [--trials 32] [--parallel 8] [--rounds 2] [--per-family 2]
+Usage: python benchmarks/oracle_trials.py [--trials 32] [--parallel 8] [--rounds 2] [--per-family 2] [--quick]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import build_envs, host_lines, machine_busy_s, print_table  # noqa: E402
+from _common import add_quick, build_envs, host_lines, host_report, machine_busy_s, print_table, target  # noqa: E402
 
 from trajforge.schemas.config import parse_config  # noqa: E402
 from trajforge.tasks.agent.driver import run_episodes  # noqa: E402
@@ -217,7 +217,11 @@ def main() -> int:
     ap.add_argument("--per-family", type=int, default=2, help="environments per task family")
     ap.add_argument("--warmup", type=int, default=4, help="untimed trials per side first (the set-up already ran "
                     "every environment once: its image's layers and the sandbox's per-image listings are warm)")
+    add_quick(ap, "--per-family 1 --trials 12 --parallel 4 --rounds 1 --warmup 0")
     args = ap.parse_args()
+    if args.quick:
+        args.per_family, args.trials, args.parallel, args.rounds, args.warmup = 1, 12, 4, 1, 0
+    host_report("start", args.quick)
     warmup = args.warmup
     t_setup = time.monotonic()
     runs = tempfile.mkdtemp(prefix="tf-bench-")
@@ -280,7 +284,14 @@ def main() -> int:
     print("timed rounds, start: " + "; ".join(before))
     print("timed rounds, end:   " + "; ".join(host_lines()))
     print(f"set-up (images, oracle change sets, warm-up) {t_setup:.0f}s")
-    return 0
+    failed = {k: args.trials - min(x[2] for x in got[k]) for k in "abcd" if any(x[2] < args.trials for x in got[k])}
+    if failed:
+        print("reference solutions that did not pass (fewest passes of a round), by side: "
+              + ", ".join(f"({k}) {n} of {args.trials}" for k, n in failed.items()))
+    peers = f"(c) script {rate['c']:.2f}, (d) SDK loop {rate['d']:.2f} trials/s"
+    code = target("(a) pipeline trials/s ÷ the faster floor max((c), (d))", rate["a"] / floor, ">=", 0.7, args.quick,
+                  peer=peers)
+    return code
 
 
 if __name__ == "__main__":
