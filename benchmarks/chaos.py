@@ -18,7 +18,7 @@ again, up to 3 times. Each resume is audited:
 - resume overhead: kill time + resume wall - T (what the crash cost; T: the median uninterrupted
   build), in seconds and as a ratio to T.
 
-Usage: python benchmarks/chaos.py [--n 20] [--seed 0] [--keep]
+Usage: python benchmarks/chaos.py [--n 20] [--seed 0] [--keep] [--quick]   (quick: --n 1)
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _common import print_table  # noqa: E402
+from _common import add_quick, host_report, print_table, target  # noqa: E402
 from chaos_kit import (  # noqa: E402
     Driver,
     chaos_config,
@@ -117,12 +117,16 @@ def one_kill(folder: Path, at_s: float, ref_ids: dict, ref_export: dict, client)
     return row
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=20, help="kill points")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="keep the runs folders (printed)")
+    add_quick(ap, "--n 1")
     args = ap.parse_args()
+    if args.quick:
+        args.n = 1
+    host_report("start", args.quick)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="trajforge-chaos-"))
     client = docker_client()
@@ -164,7 +168,14 @@ def main() -> None:
                   f"{statistics.mean(overhead):.1f} s ({statistics.mean(ratio):.2f}x)" if killed else "n/a"]])
     if len(killed) < len(rows):
         print(f"({len(rows) - len(killed)} build(s) ended before their kill point; counted, not in the overhead)")
+    peer = f"the uninterrupted build, median {wall:.1f} s"
+    codes = [target("kills survived (share of N)", sum(r["survived"] for r in rows) / len(rows), ">=", 1, args.quick,
+                    peer=peer),
+             target("rows lost + duplicated", sum((r["lost"] or 0) + (r["dup"] or 0) for r in rows), "<=", 0, args.quick),
+             target("orphans left", sum(r["orphans"] for r in rows), "<=", 0, args.quick)]
+    host_report("end")
+    return max(codes)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
