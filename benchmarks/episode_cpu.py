@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_busy_s as busy_s  # noqa: E402
 from _common import add_quick, host_report, no_target, print_table  # noqa: E402
+from _common import machine_busy_s as busy_s  # noqa: E402
 
 from trajforge.schemas.config import SandboxConfig  # noqa: E402
 from trajforge.tasks.envs.families import FAMILIES  # noqa: E402
