@@ -12,13 +12,13 @@ Completion tokens/s of each, from the first request to the last answer (ramp-dow
 Targets: (b)/(a) >= 0.85 and (b)/(c) >= 8 at C=32. CPU seconds of the vLLM server, the Docker
 daemons and this driver during (b) and (a) show where the machine's 2 cores went.
 
-Per dtype (`--dtype bfloat16|float32|both`) and ISA (`--isa native|avx|both`: `avx` emulates a CPU
+Per dtype (`--dtype auto|bfloat16|float32|both`; default `auto`, the product's: resolved for this CPU) and ISA (`--isa native|avx|both`: `avx` emulates a CPU
 without AVX2 for the server's oneDNN and ATen kernels: ONEDNN_MAX_CPU_ISA=AVX, ATEN_CPU_CAPABILITY=default;
 vLLM's own kernels still pick theirs from the real CPU) one server is started and measured; the last
 table has one row per (dtype, ISA) with the server's start-up time and the load average of the machine.
 
 Usage: python benchmarks/teacher_utilization.py [--concurrency 32] [--episodes 96] [--episodes-c1 6]
-       [--dtype both] [--isa native]
+       [--dtype auto] [--isa native] [--only-a0] [--quick]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import build_envs, print_table  # noqa: E402
+from _common import add_quick, build_envs, host_report, print_table, target  # noqa: E402
 
 from trajforge.schemas.config import parse_config  # noqa: E402
 from trajforge.schemas.environment import DEFAULT_WORKDIR  # noqa: E402
@@ -198,8 +198,8 @@ def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, is
     with server:
         start_s = time.monotonic() - t0
         cpu = CPU(server.proc.pid)
-        asyncio.run(single_turn_client(server.url, prompts, 4, 10))  # warm-up (compile, caches)
-        if args.quick:  # (a0) only: no sandboxes
+        asyncio.run(single_turn_client(server.url, prompts, 4, 3 if args.quick else 10))  # warm-up (compile, caches)
+        if args.only_a0:  # (a0) only: no sandboxes
             a0_tok, a0_wall = asyncio.run(single_turn_client(server.url, prompts, C, args.seconds))
             print(f"(a0) plain client, single-turn prompts, C={C}: {a0_tok} tokens in {a0_wall:.1f}s", flush=True)
             nan = float("nan")
@@ -241,15 +241,21 @@ def main() -> int:
     ap.add_argument("--episodes", type=int, default=96)
     ap.add_argument("--episodes-c1", type=int, default=6)
     ap.add_argument("--seconds", type=float, default=45)
-    ap.add_argument("--dtype", choices=["bfloat16", "float32", "both"], default="both")
+    ap.add_argument("--dtype", choices=["auto", "bfloat16", "float32", "both"], default="auto",
+                    help="the server's dtype (auto: the product's default, resolved for this CPU)")
     ap.add_argument("--isa", choices=["native", "avx", "both"], default="native",
                     help="avx: emulate a CPU without AVX2 for the server (oneDNN and ATen kernels)")
     ap.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (no torch.compile)")
-    ap.add_argument("--quick", action="store_true", help="only (a0), the plain single-turn client (no sandboxes)")
+    ap.add_argument("--only-a0", action="store_true", help="only (a0), the plain single-turn client (no sandboxes)")
+    add_quick(ap, "--concurrency 4 --episodes 4 --episodes-c1 1 --seconds 5 --eager, one environment per family")
     args = ap.parse_args()
+    if args.quick:  # --eager: the server starts without compiling (the pipeline's side is the same)
+        args.concurrency, args.episodes, args.episodes_c1, args.seconds, args.eager = 4, 4, 1, 5, True
+    host_report("start", args.quick)
 
     runs = tempfile.mkdtemp(prefix="tf-bench-")
-    envs_manifest, envs = build_envs(runs, n_per_family=4)  # (--quick: only their instructions are used)
+    # (--only-a0: only their instructions are used; the rollout stage never reads the oracle change sets)
+    envs_manifest, envs = build_envs(runs, n_per_family=1 if args.quick else 4, oracle=not args.quick)
     dtypes = ["bfloat16", "float32"] if args.dtype == "both" else [args.dtype]
     isas = ["native", "avx"] if args.isa == "both" else [args.isa]
     results = [measure(args, runs, envs_manifest, envs, d, i) for i in isas for d in dtypes]
@@ -261,7 +267,15 @@ def main() -> int:
                  "(b)/(c)", "load avg"],
                 [[r["dtype"], r["isa"], f"{r['start']:.0f}", f"{r['a']:.1f}", f"{r['b']:.1f}", f"{r['c']:.1f}",
                   f"{r['a0']:.1f}", f"{r['b'] / r['a']:.2f}", f"{r['b'] / r['c']:.2f}", r["load"]] for r in results])
-    return 0
+    codes = []
+    for r in results:
+        at = f"dtype {r['dtype']}, isa {r['isa']}, C={args.concurrency}"
+        codes.append(target(f"(b) rollout stage ÷ (a) plain async client, tokens/s, {at}", r["b"] / r["a"], ">=", 0.85,
+                            args.quick or args.only_a0, peer=f"(a) {r['a']:.1f} tok/s"))
+        codes.append(target(f"(b) at C ÷ (c) rollout stage at C=1, tokens/s, {at}", r["b"] / r["c"], ">=", 8,
+                            args.quick or args.only_a0, peer=f"(c) {r['c']:.1f} tok/s"))
+    host_report("end")
+    return max(codes)
 
 
 if __name__ == "__main__":
