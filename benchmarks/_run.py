@@ -49,6 +49,10 @@ def run_one(path: Path, quick: bool, timeout: float) -> tuple[int | str, float, 
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the benchmark and what it started
         proc.wait()
         code = "timeout"
+    except BaseException:  # the runner interrupted (Ctrl-C, SIGTERM): the benchmark's session goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     reader.join(10)
     return code, time.monotonic() - t0, targets
 
@@ -72,6 +76,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole run: each benchmark gets at most what is left (CI)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run_one, which kills its benchmark
     timeout = args.timeout or (900 if args.quick else 4 * 3600)
     paths = sorted(p for p in HERE.glob("*.py") if not p.name.startswith("_"))
     if args.only:
@@ -83,7 +88,7 @@ def main() -> int:
     t0 = time.monotonic()
     for path in paths:
         left = args.budget - (time.monotonic() - t0) if args.budget else timeout
-        if left < 10:
+        if args.budget and left < 10:
             print(f"\n== {path.stem}: not started, the --budget of {args.budget:.0f}s is spent", flush=True)
             rows.append((path.stem, "skipped", 0.0, "broken", []))
             continue
