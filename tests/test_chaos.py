@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,18 +36,31 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, docker_client):
-    """One uninterrupted CLI build of the chaos config: (rollout ids, export content)."""
+    """One uninterrupted CLI build of the chaos config, started at once in the background (it runs while the
+    first test kills and resumes its own build: they share nothing but the engine); calling the fixture's value
+    waits for it and gives (rollout ids, export content)."""
     folder = tmp_path_factory.mktemp("reference")
     cfg = chaos_config(folder / "runs")
     driver = Driver(write_config(folder, cfg), folder / "build.log")
-    assert driver.wait() == 0, driver.tail()
-    store = RunStore(cfg["runs"], cfg["dataset"])
-    build_id = newest_build(store)
-    assert record(store, build_id)["status"] == "committed"
-    assert driver.alive_descendants(grace_s=10) == [], "a normal build leaves no process behind"
-    ids = rollout_ids(store, build_id)
-    assert len(ids) == 4 and set(ids.values()) == {1}
-    return ids, export_content(store, build_id)
+    pool = ThreadPoolExecutor(1)
+    waited = pool.submit(driver.wait)  # samples the driver's descendants all along, as a foreground wait does
+    done: list[tuple] = []
+
+    def result() -> tuple:
+        if not done:
+            assert waited.result() == 0, driver.tail()
+            store = RunStore(cfg["runs"], cfg["dataset"])
+            build_id = newest_build(store)
+            assert record(store, build_id)["status"] == "committed"
+            assert driver.alive_descendants(grace_s=10) == [], "a normal build leaves no process behind"
+            ids = rollout_ids(store, build_id)
+            assert len(ids) == 4 and set(ids.values()) == {1}
+            done.append((ids, export_content(store, build_id)))
+        return done[0]
+    yield result
+    if driver.running():  # a test failed before it needed the reference
+        driver.kill()
+    pool.shutdown()
 
 
 def _live_sandbox(client, build_id: str, role: str | None = None) -> bool:
@@ -58,7 +72,6 @@ def test_driver_killed_inside_each_stage_then_resumed_loses_and_duplicates_nothi
                                                                                     reference):
     """One build, killed (SIGKILL of the driver alone) once inside each stage, each kill followed by a
     resume with the same command, the last resume running to the end."""
-    ref_ids, ref_export = reference
     cfg = chaos_config(tmp_path / "runs")
     config = write_config(tmp_path, cfg)
     store = RunStore(cfg["runs"], cfg["dataset"])
@@ -99,6 +112,7 @@ def test_driver_killed_inside_each_stage_then_resumed_loses_and_duplicates_nothi
     for p, mtime in rollout_done_before.items():  # shards finished before a kill are never redone
         assert Path(p).stat().st_mtime == mtime
 
+    ref_ids, ref_export = reference()
     ids = rollout_ids(store, build_id)
     assert ids == ref_ids, f"lost {set(ref_ids) - set(ids)}, duplicated {[k for k, n in ids.items() if n > 1]}"
     assert export_content(store, build_id) == ref_export
@@ -112,7 +126,6 @@ def test_driver_killed_inside_each_stage_then_resumed_loses_and_duplicates_nothi
 
 def test_dask_worker_killed_mid_shard_then_the_build_finishes_with_every_rollout_once(tmp_path, docker_client,
                                                                                        reference):
-    ref_ids, ref_export = reference
     cfg = chaos_config(tmp_path / "runs")
     store = RunStore(cfg["runs"], cfg["dataset"])
     driver = Driver(write_config(tmp_path, cfg), tmp_path / "build.log")
@@ -128,6 +141,7 @@ def test_dask_worker_killed_mid_shard_then_the_build_finishes_with_every_rollout
 
     assert driver.wait() == 0, driver.tail()
     assert record(store, build_id)["status"] == "committed"
+    ref_ids, ref_export = reference()
     ids = rollout_ids(store, build_id)
     assert ids == ref_ids, f"lost {set(ref_ids) - set(ids)}, duplicated {[k for k, n in ids.items() if n > 1]}"
     assert export_content(store, build_id) == ref_export
