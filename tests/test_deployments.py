@@ -10,6 +10,7 @@ scheduled build and the stage re-run reuse its committed stages.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -52,7 +53,7 @@ def stack():
     home = Path(tempfile.mkdtemp(prefix="trajforge-stack-", dir="/tmp"))
     home.chmod(0o755)  # the `postgres` user (as root) must reach its cluster folder
     settings = StackSettings(home=home, bind=host, pg_port=_free_port("127.0.0.1"), prefect_port=_free_port(host),
-                             dask_port=_free_port(host), prefect_workers=0, dask_workers=1, dask_threads=2)
+                             dask_port=_free_port(host), prefect_workers=0, dask_workers=1, dask_threads=4)
     st = Stack(settings)
     fast = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",  # the test's schedules are seconds ahead
             "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1"}
@@ -116,7 +117,7 @@ def _until(what: str, fn, timeout: float = WAIT):
         got = fn()
         if got:
             return got
-        time.sleep(1)
+        time.sleep(0.25)
     raise AssertionError(f"{what}: not within {timeout}s")
 
 
@@ -188,8 +189,43 @@ def hub(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def first_build(stack, project, tiny):
-    """A `trajforge-build/replay` run of the tiny config, asked to publish, run by `worker --run-once`."""
+def shipped(stack, tmp_path_factory):
+    """configs/replay.yaml as shipped (`runs: ./runs`, a relative path), deployed with `trajforge deploy` from a
+    folder of its own as README "Scheduled builds" says, and a run of it under way: a `worker --run-once` in the
+    background that has claimed the run (so no other test's worker takes it, and it takes no other run). The
+    biggest build of the module runs beside the others (`first_build` starts it); the test joins it.
+    Yields (the clone folder, `deploy`'s result, the run id, the worker's future)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    work = tmp_path_factory.mktemp("shipped") / "clone"
+    (work / "configs").mkdir(parents=True)
+    shutil.copyfile(ROOT / "configs" / "replay.yaml", work / "configs" / "replay.yaml")
+    assert yaml.safe_load((work / "configs" / "replay.yaml").read_text())["runs"] == "./runs"  # unchanged
+    env = {**os.environ, "PREFECT_API_URL": stack.s.api_url}
+    deployed = subprocess.run([venv_bin("trajforge"), "deploy", "configs/replay.yaml", "--cron", "0 2 * * *",
+                               "--name", "replay-shipped"], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    dep = _deployment(stack, "trajforge-build/replay-shipped")
+    pool = ThreadPoolExecutor(1)
+    try:
+        for s in dep["schedules"]:  # no 02:00 fire during the tests
+            _api(stack, "PATCH", f"/deployments/{dep['id']}/schedules/{s['id']}", {"active": False})
+        run_id = _create_run(stack, "trajforge-build/replay-shipped")
+        worker = pool.submit(_run_worker_once, stack)
+        _until("the shipped run claimed by its worker",
+               lambda: worker.done() or _flow_run(stack, run_id)["state_type"] != "SCHEDULED")
+        yield work, deployed, run_id, worker
+    finally:
+        pool.shutdown(wait=True)  # the build ends before the fixture does
+        with contextlib.suppress(httpx.HTTPError):  # the last test may have taken the stack down already
+            _api(stack, "DELETE", f"/deployments/{dep['id']}")
+
+
+@pytest.fixture(scope="module")
+def first_build(stack, project, shipped, tiny):
+    """A `trajforge-build/replay` run of the tiny config, asked to publish, run by `worker --run-once` (while the
+    shipped config's run, started first, goes on beside it)."""
     path, cfg = tiny
     run_id = _create_run(stack, "trajforge-build/replay", config=str(path), publish_to="trajforge-test/tiny")
     r = _run_worker_once(stack)
@@ -315,29 +351,15 @@ def test_stage_deployment_reruns_one_stage_and_reuses_the_others(stack, first_bu
     assert {rec.stages[s].status for s in ("propose", "synthesize", "rollout")} == {"reused"}
 
 
-def test_a_shipped_config_runs_unchanged_as_a_deployment(stack, tmp_path):
+def test_a_shipped_config_runs_unchanged_as_a_deployment(stack, shipped):
     """configs/replay.yaml as shipped (`runs: ./runs`, a relative path), deployed with `trajforge deploy` from a
-    folder of its own as README "Scheduled builds" says: the build commits on the stack's Dask workers (which run
-    in the stack's state folder), in the run store of the folder `deploy` ran from, and nothing is written under
-    the workers' folder."""
-    work = tmp_path / "clone"
-    (work / "configs").mkdir(parents=True)
-    shutil.copyfile(ROOT / "configs" / "replay.yaml", work / "configs" / "replay.yaml")
-    assert yaml.safe_load((work / "configs" / "replay.yaml").read_text())["runs"] == "./runs"  # unchanged
-    env = {**os.environ, "PREFECT_API_URL": stack.s.api_url}
-    r = subprocess.run([venv_bin("trajforge"), "deploy", "configs/replay.yaml", "--cron", "0 2 * * *",
-                        "--name", "replay-shipped"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert f"runs:  {work / 'runs'}  " in r.stdout  # resolved against the folder `deploy` ran from
-    dep = _deployment(stack, "trajforge-build/replay-shipped")
-    for s in dep["schedules"]:  # no 02:00 fire during the tests
-        _api(stack, "PATCH", f"/deployments/{dep['id']}/schedules/{s['id']}", {"active": False})
-    try:
-        run_id = _create_run(stack, "trajforge-build/replay-shipped")
-        r = _run_worker_once(stack)
-        assert _flow_run(stack, run_id)["state_type"] == "COMPLETED", r.stdout[-4000:] + r.stderr[-4000:]
-    finally:
-        _api(stack, "DELETE", f"/deployments/{dep['id']}")
+    folder of its own as README "Scheduled builds" says (the `shipped` fixture): the build commits on the stack's
+    Dask workers (which run in the stack's state folder), in the run store of the folder `deploy` ran from, and
+    nothing is written under the workers' folder."""
+    work, deployed, run_id, worker = shipped
+    assert f"runs:  {work / 'runs'}  " in deployed.stdout  # resolved against the folder `deploy` ran from
+    r = worker.result()
+    assert _flow_run(stack, run_id)["state_type"] == "COMPLETED", r.stdout[-4000:] + r.stderr[-4000:]
     store = RunStore(str(work / "runs"), "replay", create=False)
     assert store.read_build(store.latest()).status == "committed"
     assert not (stack.home / "runs").exists()
