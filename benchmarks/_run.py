@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,12 @@ def run_one(path: Path, quick: bool, timeout: float) -> tuple[int | str, float, 
     return code, time.monotonic() - t0, targets
 
 
+def short(target_line: str) -> str:
+    """`FIGURE = VALUE (target OP BOUND; peer: ...): VERDICT` -> `FIGURE = VALUE (OP BOUND)` for the summary."""
+    m = re.match(r"(.*?) \(target ([<>]=) ([^;)]+)", target_line)
+    return f"{m[1]} ({m[2]} {m[3]})" if m else target_line
+
+
 def verdict(code: int | str, targets: list[str], quick: bool) -> str:
     if code == 0:
         if not targets or all(t.startswith("none") for t in targets):
@@ -98,7 +105,7 @@ def main() -> int:
         print(f"== {path.stem}: exit {code} in {wall:.0f}s", flush=True)
     total = time.monotonic() - t0
     header = ["benchmark", "exit", "wall s", "target", "figures"]
-    table = [[name, str(code), f"{wall:.0f}", v, "; ".join(t for t in targets if not t.startswith("none")) or "-"]
+    table = [[name, str(code), f"{wall:.0f}", v, "; ".join(short(t) for t in targets if not t.startswith("none")) or "-"]
              for name, code, wall, v, targets in rows]
     widths = [max(len(x) for x in col) for col in zip(header, *table)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
