@@ -108,6 +108,11 @@ def _tar(files: Iterable[FileSpec], root: str, uid: int, dir_mode: int = 0o755) 
     return buf.getvalue()
 
 
+# every sandbox has the same host name: an answer that depends on it (a task that reads /etc/hostname) is the
+# same in the episode's container and in a fresh one that tests its final state isolated
+HOSTNAME = "sandbox"
+
+
 class Sandbox(ChangeWalk):
     """A running container. Use as a context manager; `close()` always removes the container."""
 
@@ -232,7 +237,7 @@ class Sandbox(ChangeWalk):
                 cap_add=self.cap_add or None, security_opt=["no-new-privileges"],
                 pids_limit=self.cfg.pids_limit, mem_limit=f"{self.cfg.memory_mb}m",
                 memswap_limit=f"{self.cfg.memory_mb}m", nano_cpus=int(self.cfg.cpus * 1e9),
-                ulimits=ulimits(self.cfg), working_dir=self.workdir, init=True,
+                ulimits=ulimits(self.cfg), working_dir=self.workdir, init=True, hostname=HOSTNAME,
                 environment={"HOME": self._home(self.agent)}, tmpfs=tmpfs,
             )
             started = time.time()  # the host's clock is the container's: no inspect round-trip
@@ -291,11 +296,17 @@ class Sandbox(ChangeWalk):
         self.restarted = True
 
     def pause(self) -> None:
-        """Freeze every process of the container (the cgroup freezer): nothing in it runs until `unpause`."""
-        try:
-            self.container.pause()
-        except docker.errors.DockerException as err:
-            raise SandboxError(f"could not pause {self.name}: {err}") from None
+        """Freeze every process of the container (the cgroup freezer): nothing in it runs until `unpause`. The
+        freezer gives up when a process does not stop in time (`unable to freeze` on a loaded host): tried three
+        times before it is an infrastructure failure."""
+        for attempt in range(3):
+            try:
+                self.container.pause()
+                return
+            except docker.errors.DockerException as err:
+                if attempt == 2 or "unable to freeze" not in str(err):
+                    raise SandboxError(f"could not pause {self.name}: {err}") from None
+                time.sleep(0.2 * (attempt + 1))
 
     def unpause(self) -> None:
         try:
