@@ -20,7 +20,7 @@ DEFAULT_WORKDIR = "/home/agent/work"
 LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "base_images", "expected_tests", "tests_run_agent_code", "tests_leave_processes",
-             "reward_files", "guard_tests", "guard_compares")
+             "reward_files", "guard_tests", "guard_types")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
@@ -134,8 +134,8 @@ class EnvSpec(Record):
     guard_tests: list[str] = Field(default_factory=list, description=(
         "tests that pass, running their own body, in trajforge's guarded pytest run on the reference solution's "
         "state (set by the validator when the tests import agent code; tasks/judge/guard.py): a pass must show each"))
-    guard_compares: bool = Field(False, description=(
-        "the reference solution's guarded run compared through a method defined in the work dir"))
+    guard_types: list[str] = Field(default_factory=list, description=(
+        "types other than plain Python data that the test code compared in the reference solution's guarded run"))
     image: str | None = None
     base_images: list[BaseImage] = Field(default_factory=list, description=(
         "set at build: each `FROM` image of `dockerfile` mapped through the alias table -> the local image "

@@ -122,4 +122,4 @@ def test_oracle_pass_rate_equals_a_plain_root_harness(docker_client):
     assert marks["harbor/py-module"] == "in_process" and marks["harbor/data-dir"] == "no", marks
     assert marks["harbor/run-script"] == marks["tbench/repair-script"] == marks["tbench/usr-local-tool"] == "subprocess"
     module = envs["harbor/py-module"]
-    assert len(module.expected_tests) == 2 and len(module.guard_tests) == 2 and not module.guard_compares
+    assert len(module.expected_tests) == 2 and len(module.guard_tests) == 2 and module.guard_types == []

@@ -271,7 +271,7 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
     if guardable(env):  # the tests import agent code: what trajforge's guarded run shows on the reference
         guarded = run_guarded(sb, env, test_timeout_s)
         env.guard_tests = guarded.good() if not guarded.error else []
-        env.guard_compares = bool(guarded.compares())
+        env.guard_types = guarded.types()
 
 
 # ------------------------------------------------------------------------------------------------

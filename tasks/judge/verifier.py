@@ -250,12 +250,27 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
 
 
 def _reported(output: str) -> list[TestResult]:
-    """pytest's per-test result lines (from its last summary section when there is one; the last line of a
-    name wins)."""
-    summary = list(SUMMARY.finditer(output))
-    found = PYTEST_LINE.findall(output[summary[-1].end():] if summary else output)
-    return list({name: TestResult(name=name, passed=status == "PASSED", message=(msg or "")[:500])
-                 for status, name, msg in found}.values())
+    """pytest's per-test result lines, from its first summary section on when there is one (a test's own
+    output before it is not read). A name reported both passed and failed counts as failed: pytest reports
+    each test once, so a second, passing line was printed by someone else (e.g. agent text the test command
+    prints after pytest, headed by a forged summary)."""
+    summary = SUMMARY.search(output)
+    results: dict[str, TestResult] = {}
+    for status, name, msg in PYTEST_LINE.findall(output[summary.end():] if summary else output):
+        seen = results.get(name)
+        if seen is not None and (seen.passed != (status == "PASSED") or seen.message.startswith(CONFLICT)):
+            results[name] = TestResult(name=name, passed=False, message=CONFLICT)
+        else:
+            results[name] = TestResult(name=name, passed=status == "PASSED", message=(msg or "")[:500])
+    return list(results.values())
+
+
+CONFLICT = "reported both passed and failed"
+
+
+def conflicting(run: TestRun) -> list[str]:
+    """Tests whose pytest lines disagree (`_reported`): lines printed by someone other than pytest."""
+    return [t.name for t in run.reported if t.message == CONFLICT]
 
 
 def _judge_script_run(env: EnvSpec, files: dict[str, str], integrity: list[str], out: str, duration: float,
