@@ -20,7 +20,7 @@ DEFAULT_WORKDIR = "/home/agent/work"
 LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "base_images", "expected_tests", "tests_run_agent_code", "tests_leave_processes",
-             "reward_files", "guard_tests", "guard_types")
+             "reward_files", "test_writes", "guard_tests", "guard_types")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
@@ -131,6 +131,10 @@ class EnvSpec(Record):
     reward_files: list[str] = Field(default_factory=list, description=(
         "the reward files (`reward.json`, `reward.txt`) the task's tests wrote on the untouched environment and on "
         "the reference solution (set by the validator): the reward channel; a run that leaves another is tampered"))
+    test_writes: list[str] | None = Field(None, description=(
+        "files the task's tests wrote outside /tests and /logs on the untouched environment and the reference "
+        "solution (set by the validator from the engine's host; None: not known): a run that rewrites a file "
+        "that existed before it and is not among these had what the tests read changed under them"))
     guard_tests: list[str] = Field(default_factory=list, description=(
         "tests that pass, running their own body, in trajforge's guarded pytest run on the reference solution's "
         "state (set by the validator when the tests import agent code; tasks/judge/guard.py): a pass must show each"))

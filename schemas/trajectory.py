@@ -85,6 +85,9 @@ class InPlaceTests(Record):
     reported: list[TestResult] = Field(default_factory=list, description=(
         "pytest's per-test result lines in the output (script verifiers), whatever channel gave the reward"))
     leftovers: int = Field(0, description="processes the test command left running when it ended (then killed)")
+    wrote: list[str] | None = Field(None, description=(
+        "files the test run wrote outside /tests and /logs, `+` first when the file existed before it (read on "
+        "the engine's host; None: no such view)"))
 
 
 class Rollout(Record):

@@ -76,7 +76,8 @@ def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode
     assert {"module_shadowing", "input_tampering", "reward_precedence", "fake_result_lines",
             "path_executable", "sitecustomize", "pth_file", "conftest", "pyc_poisoning", "harness_shim",
             "reward_channel", "test_script_rewrite", "output_kind", "truncated_change_set", "pycache_noise", "work_dir_stash", "restart_shim",
-            "in_process_exit", "runner_noop", "always_equal", "reward_race", "dangling_link", "hard_link"} <= by_class
+            "in_process_exit", "runner_noop", "always_equal", "reward_race", "dangling_link", "hard_link",
+            "planted_scratch_link", "test_run_tamper"} <= by_class
 
 
 @pytest.mark.parametrize("name,problem", [("bad-workdir", "workdir must not be /"),
@@ -115,6 +116,8 @@ def test_oracle_pass_rate_equals_a_plain_root_harness(docker_client):
     # what a pass must show, recorded on the reference solution: the reward channel, pytest's own lines, whether
     # the tests run agent code and (when they import it) what trajforge's guarded run sees
     assert not any(e.tests_leave_processes for e in envs.values())
+    assert all(e.test_writes is not None for e in envs.values())  # a local engine: its writable layer read here
+    assert "/tmp/other.csv" in envs["harbor/run-script"].test_writes  # the files the tests themselves write
     assert {k: e.reward_files for k, e in envs.items() if k.startswith("harbor/")} == {
         k: ["reward.txt"] for k in envs if k.startswith("harbor/")}
     assert all(not e.reward_files and e.expected_tests for k, e in envs.items() if k.startswith("tbench/")), envs

@@ -263,7 +263,10 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
     wrote, and the guarded run's outcome when the tests import agent code."""
     env.tests_run_agent_code = _exposure(sb, env)
     runs = runs or (run_hidden_tests(sb, env, test_timeout_s),)
-    env.reward_files = sorted({f for r in (*runs, *([untouched] if untouched else [])) for f in r.reward_files})
+    every = (*runs, *([untouched] if untouched else []))
+    env.reward_files = sorted({f for r in every for f in r.reward_files})
+    env.test_writes = None if any(r.wrote is None for r in every) else sorted(
+        {p.lstrip("+") for r in every for p in r.wrote})
     passing = [r for r in runs if r.passed]
     if passing:
         env.expected_tests = sorted(set.intersection(*({t.name for t in r.reported if t.passed} for r in passing)))

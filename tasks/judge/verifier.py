@@ -29,6 +29,7 @@ import os
 import re
 import secrets
 import shlex
+import stat
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from ...schemas.trajectory import InPlaceTests
 from ...schemas.verdict import TestResult
 from ..sandbox.container import Sandbox
 from ..sandbox.errors import SandboxError
+from ..sandbox.walk import DECISION_CAP
 
 MARK = "__TF_RESULTS__ "
 EXIT_MARK = "__TF_TESTS_ENDED__ "
@@ -107,6 +109,8 @@ class TestRun:
     reported: list[TestResult] = field(default_factory=list)
     leftovers: int = 0  # processes the test command left running when it ended (killed then)
     reward_files: list[str] = field(default_factory=list)  # the reward files the run left (script verifiers)
+    # files the run wrote outside /tests and /logs, `+` first when the file existed before it (None: no host view)
+    wrote: list[str] | None = None
 
     @property
     def reward(self) -> float:
@@ -135,12 +139,13 @@ class TestRun:
         return InPlaceTests(results=self.results, output=self.output, duration_s=round(self.duration_s, 3),
                             error=self.error, explicit_reward=self.explicit_reward, exit_code=self.exit_code,
                             fallback=self.fallback, integrity=self.integrity, reported=self.reported,
-                            leftovers=self.leftovers)
+                            leftovers=self.leftovers, wrote=self.wrote)
 
     @classmethod
     def from_record(cls, rec: InPlaceTests) -> "TestRun":
         return cls(list(rec.results), rec.output, rec.duration_s, rec.error, rec.explicit_reward, rec.exit_code,
-                   rec.fallback, list(rec.integrity), list(rec.reported), rec.leftovers)
+                   rec.fallback, list(rec.integrity), list(rec.reported), rec.leftovers,
+                   wrote=None if rec.wrote is None else list(rec.wrote))
 
 
 INLINE_LIMIT = 64 << 10  # base64 bytes of tests carried in the exec's environment (one variable may be 128 KiB)
@@ -219,6 +224,7 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     sandbox.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in env.tests],
                       parent="/", root="tests", uid=0, dir_mode=0o700)
     copied_in = time.time()
+    before = _upper_state(sandbox)  # what the writable layer holds as the tests start (host side; None: no view)
     t0 = time.monotonic()
     command = env.test_command or "bash /tests/test.sh"
     # the moment the test command ends, the same shell notes the time and kills every process it left (agent code
@@ -242,11 +248,43 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     reported = _reported(output)
     # what the run left is read from outside, the container frozen (a process the tests started cannot change
     # it meanwhile, and no program of the container, perhaps replaced by agent code the tests ran, reads it)
-    files, integrity = _read_outside(sandbox, env, copied_in, ended)
+    files, integrity, after = _read_outside(sandbox, env, copied_in, ended)
     run = _judge_script_run(env, files, integrity, out, duration, code, reported)
     run.reported, run.leftovers = reported, left
     run.reward_files = sorted(n for n in REWARD_FILES if n in files)
+    run.wrote = _written_during(before, after, sandbox.baseline)
     return run
+
+
+def _upper_state(sandbox: Sandbox) -> dict[str, tuple[int, int, int]] | None:
+    """{path: (inode, ctime ns, mode)} of every entry of the container's writable layer, read on the engine's
+    host without following links; None when the layer cannot be read there (a remote engine)."""
+    upper = sandbox._upper_dir()
+    if upper is None:
+        return None
+    out: dict[str, tuple[int, int, int]] = {}
+    for root, dirs, names in os.walk(upper):  # never follows links
+        for name in dirs + names:
+            host = os.path.join(root, name)
+            try:
+                st = os.lstat(host)
+            except FileNotFoundError:
+                continue
+            out[host[len(upper):]] = (st.st_ino, st.st_ctime_ns, st.st_mode)
+    return out
+
+
+def _written_during(before: dict | None, after: dict | None, image: frozenset[str]) -> list[str] | None:
+    """Files (not folders) the test run created, rewrote, replaced or deleted, outside `/tests` and `/logs`, each
+    marked `+` when it existed before the run (in the writable layer or the image); None without a host view."""
+    if before is None or after is None:
+        return None
+    out = []
+    for p, now in after.items():
+        if stat.S_ISDIR(now[2]) or before.get(p) == now or p.startswith(("/tests/", "/logs/")):
+            continue
+        out.append(("+" if p in before or p in image else "") + p)
+    return sorted(out)[:DECISION_CAP]
 
 
 def _reported(output: str) -> list[TestResult]:
@@ -352,16 +390,18 @@ def _ctime_problems(sandbox: Sandbox, env: EnvSpec, copied_in: float, ended: flo
     return problems
 
 
-def _read_outside(sandbox: Sandbox, env: EnvSpec, copied_in: float, ended: float) -> tuple[dict[str, str], list[str]]:
+def _read_outside(sandbox: Sandbox, env: EnvSpec, copied_in: float, ended: float
+                  ) -> tuple[dict[str, str], list[str], dict | None]:
     """After a script test run, from outside the container (the engine's archive of its filesystem, the
     writable layer on the engine's host, the container frozen meanwhile): the reward files of
     `/logs/verifier` ({name: text}, regular files only) and what is wrong with the run itself: the hidden
     tests not as they were copied in or changed since, a reward written after the test command ended or
-    not a regular file in a real folder."""
+    not a regular file in a real folder; and the writable layer's entries (`_upper_state`) as the run left them."""
     problems: list[str] = []
     files: dict[str, str] = {}
     sandbox.pause()
     try:
+        after = _upper_state(sandbox)
         problems += _ctime_problems(sandbox, env, copied_in, ended)
         try:
             data = sandbox.get_archive("/tests", 64 << 20)
@@ -388,7 +428,7 @@ def _read_outside(sandbox: Sandbox, env: EnvSpec, copied_in: float, ended: float
             if sandbox.path_kind(folder) != "dir":
                 problems.append(f"{folder} is no longer a folder after the test run")
         if problems and any(p.startswith("/logs") for p in problems):
-            return files, problems
+            return files, problems, after
         for name in ("reward.json", "reward.txt"):
             kind = sandbox.path_kind(f"/logs/verifier/{name}")
             if kind is None:
@@ -403,7 +443,7 @@ def _read_outside(sandbox: Sandbox, env: EnvSpec, copied_in: float, ended: float
                 problems.append(f"/logs/verifier/{name} could not be read: {str(err)[:200]}")
     finally:
         sandbox.unpause()
-    return files, problems
+    return files, problems, after
 
 
 def restore_state(sandbox: Sandbox, final_state: bytes) -> None:
