@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import posixpath
 import re
+import threading
 from collections.abc import Iterable
 
 from ...schemas.common import FileSpec
@@ -28,10 +29,16 @@ SCRIPT_SUFFIXES = (".sh", ".bash", ".py", ".pl", ".rb", ".js", ".mjs", ".php", "
 LOADS_CODE = re.compile(r"\b(runpy\.|importlib\.|exec\s*\(\s*open\s*\(|__import__\s*\(|SourceFileLoader|spec_from_file)")
 
 
+# CPython 3.11's parser keeps its recursion depth in shared state: `ast.parse` from several threads at once (the
+# validator runs in a thread pool) can fail with "AST constructor recursion depth mismatch"
+_PARSE = threading.Lock()
+
+
 def _imports(source: str) -> set[str]:
     """Top-level module names a Python file imports (syntax tree; a regex when it does not parse)."""
     try:
-        tree = ast.parse(source)
+        with _PARSE:
+            tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return set(re.findall(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", source, re.M))
     names: set[str] = set()
