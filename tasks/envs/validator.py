@@ -42,6 +42,7 @@ from ..judge.exposure import tests_run_agent_code
 from ..judge.guard import guardable, run_guarded
 from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
+from ..sandbox.walk import DECISION_CAP
 from .images import BuildOptions, ImageBuildError, ensure_image
 from .tools.client import fetch_tools
 
@@ -226,7 +227,7 @@ def _exposure(sb: Sandbox, env: EnvSpec) -> str:
     found = sb.exec(f"find {shlex.quote(env.workdir)} -xdev -type f -printf '%m %p\\0' 2>/dev/null", 60,
                     user="root", workdir="/", output_limit=4 << 20, readonly=True)
     solved = {}
-    for entry in found.output.split("\0")[:20000]:
+    for entry in found.output.split("\0")[:DECISION_CAP]:
         mode, _, path = entry.strip("\n").partition(" ")
         if path.startswith("/") and mode.isdigit():
             solved[path] = bool(int(mode, 8) & 0o111)
@@ -243,14 +244,13 @@ def profile_reference(client, env: EnvSpec, sandbox: SandboxConfig, command_time
     the untouched work dir) when the solution does not run cleanly, or there is none (`oracle: absent`)."""
     with Sandbox(client, env.image, sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
                  labels={"trajforge.role": "oracle", **(labels or {})}, agent=env.agent_user) as sb:
-        if env.oracle == "absent":
+        def runs_cleanly(cmd: str) -> bool:
+            res = sb.exec(cmd, command_timeout_s)
+            return not res.timed_out and res.exit_code == 0
+
+        if env.oracle == "absent" or not all(runs_cleanly(c) for c in env.solution):
             env.tests_run_agent_code = _exposure(sb, env)
             return False
-        for cmd in env.solution:
-            res = sb.exec(cmd, command_timeout_s)
-            if res.timed_out or res.exit_code != 0:
-                env.tests_run_agent_code = _exposure(sb, env)
-                return False
         env.expected_changes = sorted(sb.changes().paths())
         _record_reference(sb, env, test_timeout_s)
         return True

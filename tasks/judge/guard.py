@@ -37,7 +37,7 @@ from ...schemas.common import FileSpec
 from ...schemas.environment import EnvSpec
 from ...schemas.verdict import HackFlag
 from ..sandbox.container import Sandbox
-from .verifier import SAFE_ENV
+from .verifier import SAFE_ENV, copy_tests
 
 GUARD_MARK = "__TF_GUARD__ "
 PLUGIN = r'''
@@ -166,8 +166,7 @@ def run_guarded(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> GuardRun:
     sandbox.kill_agent_processes()
     home = f".tf-guard-{secrets.token_hex(8)}"
     sandbox.exec("rm -rf /tests", timeout_s=10, user="root", workdir="/")
-    sandbox.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in env.tests],
-                      parent="/", root="tests", uid=0, dir_mode=0o700)
+    copy_tests(sandbox, env)
     sandbox.put_files([FileSpec(path="tf_guard.py", content=PLUGIN, mode=0o600)], parent="/", root=home, uid=0,
                       dir_mode=0o700)
     main = (f"import sys; sys.path.insert(0, '/{home}'); import pytest; "
