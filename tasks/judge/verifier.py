@@ -26,6 +26,7 @@ import base64
 import io
 import json
 import os
+import posixpath
 import re
 import secrets
 import shlex
@@ -221,8 +222,7 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
                        fallback="/logs/verifier could not be reset to a fresh root-owned empty folder")
     # who may outlive the tests: the init and its `sleep` (a root agent's are known; else read before any test runs)
     keep = sorted(sandbox.keep_pids if sandbox.agent == "root" else {1} | sandbox._init_children())
-    sandbox.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in env.tests],
-                      parent="/", root="tests", uid=0, dir_mode=0o700)
+    copy_tests(sandbox, env)
     copied_in = time.time()
     before = _upper_state(sandbox)  # what the writable layer holds as the tests start (host side; None: no view)
     t0 = time.monotonic()
@@ -230,11 +230,19 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     # the moment the test command ends, the same shell notes the time and kills every process it left (agent code
     # the tests ran may have started one to rewrite the reward or the tests afterwards): nothing is written
     # after that moment but by the kernel's clock, which `_read_outside` checks
-    reap = (f'rc=$?; t=$EPOCHREALTIME; n=0; keep=" {" ".join(map(str, keep))} $$ $PPID "; for d in /proc/[0-9]*; do '
+    # (the tests' own short-lived children, e.g. a process substitution's, get up to 0.2 s to end before the count;
+    # a reward written meanwhile is still after `t`, which the ctime checks read)
+    reap = (f'rc=$?; t=$EPOCHREALTIME; n=0; keep=" {" ".join(map(str, keep))} $$ $PPID "; '
+            'for i in 1 2 3 4 5 6 7 8 9 10; do x=; for d in /proc/[0-9]*; do p=${d#/proc/}; '
+            'case "$keep$pre" in *" $p "*) ;; *) x=1; break;; esac; done; [ -z "$x" ] && break; /bin/sleep 0.02; done; '
+            'for d in /proc/[0-9]*; do '
             'p=${d#/proc/}; case "$keep" in *" $p "*) continue;; esac; s=; read -r s 2>/dev/null < "$d/stat"; s=${s##*) }; '
-            'kill -9 "$p" 2>/dev/null && [ "${s%% *}" != Z ] && n=$((n+1)); done; '
+            'kill -9 "$p" 2>/dev/null && [ "${s%% *}" != Z ] && case "$pre" in *" $p "*) ;; *) n=$((n+1));; esac; done; '
             f'printf "\\n{EXIT_MARK}%s %s\\n" "$t" "$n"; exit $rc')
-    res = sandbox.exec(f"{SAFE_ENV} bash -c {shlex.quote(command)}; {reap}", timeout_s=timeout_s, user="root",
+    # (processes already there when the tests start, e.g. a harness exec still ending, are killed but not counted:
+    # `leftovers` counts what the tests started)
+    pre = 'pre=" "; for d in /proc/[0-9]*; do pre="$pre${d#/proc/} "; done; '
+    res = sandbox.exec(f"{pre}{SAFE_ENV} bash -c {shlex.quote(command)}; {reap}", timeout_s=timeout_s, user="root",
                        workdir=env.workdir, output_limit=1 << 20)
     duration = time.monotonic() - t0
     body, mark, stamp = res.output.rpartition(EXIT_MARK)
@@ -254,6 +262,12 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     run.reward_files = sorted(n for n in REWARD_FILES if n in files)
     run.wrote = _written_during(before, after, sandbox.baseline)
     return run
+
+
+def copy_tests(sandbox: Sandbox, env: EnvSpec) -> None:
+    """The hidden tests into `/tests` (a folder that must not exist yet), root-owned, mode 0700, by the engine."""
+    sandbox.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in env.tests],
+                      parent="/", root="tests", uid=0, dir_mode=0o700)
 
 
 def _upper_state(sandbox: Sandbox) -> dict[str, tuple[int, int, int]] | None:
@@ -367,26 +381,25 @@ def _is_float(text: str) -> bool:
         return False
 
 
-def _ctime_problems(sandbox: Sandbox, env: EnvSpec, copied_in: float, ended: float) -> list[str]:
-    """On the engine's host (the writable layer read directly): a hidden test file whose inode changed
-    after it was copied in (a write, a rename onto it, a restore of the same bytes: the ctime, which no
-    process can set back, says so), and a reward file that changed after the test command ended."""
-    upper = sandbox._upper_dir()
-    if upper is None:
+def _ctime_problems(env: EnvSpec, after: dict[str, tuple[int, int, int]] | None, copied_in: float,
+                    ended: float) -> list[str]:
+    """From the writable layer as the run left it (`_upper_state`, read on the engine's host): a hidden test
+    file whose inode changed after it was copied in (a write, a rename onto it, a restore of the same bytes:
+    the ctime, which no process can set back, says so), and a reward file that changed after the test command
+    ended. Nothing without a host view."""
+    if after is None:
         return []
     problems = []
     for t in env.tests:
-        try:
-            if os.lstat(f"{upper}/tests/{t.path}").st_ctime > copied_in:
-                problems.append(f"/tests/{t.path} was changed during the test run")
-        except FileNotFoundError:
+        entry = after.get(posixpath.normpath(f"/tests/{t.path}"))
+        if entry is None:
             problems.append(f"/tests/{t.path} was removed during the test run")
-    for name in ("reward.json", "reward.txt"):
-        try:
-            if os.lstat(f"{upper}/logs/verifier/{name}").st_ctime > ended:
-                problems.append(f"/logs/verifier/{name} was written after the test command ended")
-        except FileNotFoundError:
-            pass
+        elif entry[1] / 1e9 > copied_in:
+            problems.append(f"/tests/{t.path} was changed during the test run")
+    for name in REWARD_FILES:
+        entry = after.get(f"/logs/verifier/{name}")
+        if entry is not None and entry[1] / 1e9 > ended:
+            problems.append(f"/logs/verifier/{name} was written after the test command ended")
     return problems
 
 
@@ -402,7 +415,7 @@ def _read_outside(sandbox: Sandbox, env: EnvSpec, copied_in: float, ended: float
     sandbox.pause()
     try:
         after = _upper_state(sandbox)
-        problems += _ctime_problems(sandbox, env, copied_in, ended)
+        problems += _ctime_problems(env, after, copied_in, ended)
         try:
             data = sandbox.get_archive("/tests", 64 << 20)
         except SandboxError as err:
