@@ -15,8 +15,11 @@ script as root, and read the reward the usual way:
 It is the baseline the integrity fixtures (tests/fixtures/integrity) are measured against: every
 hack trajectory there scores 1.0 with it. `reset_verifier_dirs=True` makes it do the one hardening
 step most harnesses have (`rm -rf /tests /logs/verifier` before the tests), to show which hacks
-survive it. Images are tagged `tf-naive/<task>:<random>` and removed before returning; containers
-are removed too (`cleanup()` removes anything a crashed run left behind).
+survive it. One image per task folder is built per process (`tf-naive/<task>:<random>`), shared by
+the runs in flight on that folder and removed when the last of them returns: two concurrent builds of
+one folder share the engine's cached layers, so removing one run's image while another build hits
+that cache fails the other ("failed to get digest"). Containers are removed after each run
+(`cleanup()` removes anything a crashed run left behind).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import re
 import shutil
 import tarfile
 import tempfile
+import threading
 import tomllib
 import uuid
 from pathlib import Path
@@ -41,6 +45,8 @@ WORKDIR_LINE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.I | re.M)
 RESULT_LINE = re.compile(r"^(PASSED|FAILED|ERROR)\s+(\S+)", re.M)
 COMMAND_TIMEOUT_S = 120
 TEST_TIMEOUT_S = 180
+_IMAGES_LOCK = threading.Lock()
+_IMAGES: dict[Path, list] = {}  # task folder -> [tag, runs using it, build lock, built]
 
 
 def task_format(task_dir: Path) -> str:
@@ -170,10 +176,9 @@ def run_task(task_dir: Path, commands: list[str], *, reset_verifier_dirs: bool =
     workdir = workdir_of(task_dir)
     client = client or docker.from_env(timeout=300)
     name = re.sub(r"[^a-z0-9._-]+", "-", task_dir.name.lower()).strip("-.") or "task"
-    tag = f"tf-naive/{name}:{uuid.uuid4().hex[:10]}"
+    tag = _acquire_image(client, task_dir, kind, name)
     container = None
     try:
-        _build(client, task_dir, kind, tag)
         container = client.containers.run(tag, ["sleep", "infinity"], detach=True, network_mode="none",
                                           user="root", labels=LABEL, name=f"tf-naive-{name}-{uuid.uuid4().hex[:8]}")
         _exec(container, f"mkdir -p {workdir}", "/", 10)
@@ -195,8 +200,35 @@ def run_task(task_dir: Path, commands: list[str], *, reset_verifier_dirs: bool =
                 container.remove(force=True)
             except docker.errors.APIError:
                 pass
-        try:
-            client.images.remove(tag, force=True, noprune=False)
+        _release_image(client, task_dir)
+
+
+def _acquire_image(client: docker.DockerClient, task_dir: Path, kind: str, name: str) -> str:
+    """The folder's image, built by the first run that needs it; every caller must release it."""
+    with _IMAGES_LOCK:
+        entry = _IMAGES.setdefault(task_dir, [f"tf-naive/{name}:{uuid.uuid4().hex[:10]}", 0, threading.Lock(), False])
+        entry[1] += 1
+    tag, _, build_lock, _ = entry
+    try:
+        with build_lock:
+            if not entry[3]:
+                _build(client, task_dir, kind, tag)
+                entry[3] = True
+    except BaseException:
+        _release_image(client, task_dir)
+        raise
+    return tag
+
+
+def _release_image(client: docker.DockerClient, task_dir: Path) -> None:
+    with _IMAGES_LOCK:
+        entry = _IMAGES[task_dir]
+        entry[1] -= 1
+        if entry[1]:
+            return
+        del _IMAGES[task_dir]
+        try:  # under the lock: a new build of this folder must not start while its cached image goes
+            client.images.remove(entry[0], force=True, noprune=False)
         except docker.errors.APIError:
             pass
 
