@@ -22,8 +22,11 @@ The first row of each table is the shipped defaults (`calibrate.adaptive: {}`: `
 `rollout.samples_per_env`'s default): the target is judged there, under the default (`new`) definitions, on
 both populations; the other rows are tuned settings for comparison.
 
+`--sweep` replaces the settings by a grid around the defaults (k0 = the default `samples_per_env`; min_gain,
+batch, max_samples, max_rounds varied): how the shipped defaults were chosen (issue 28 item 3).
+
 Usage: python benchmarks/adaptive_calibration.py [--envs 2000] [--seed 7] [--repeats 3] [--definitions new old]
-       [--quick]
+       [--quick] [--sweep]
 """
 
 from __future__ import annotations
@@ -63,6 +66,13 @@ SETTINGS = [DEFAULTS] + [(*s, 30) for s in [("gain", 0.01, 4, 2, 48, None), ("ga
             ("gain", 0.002, 4, 4, 96, None), ("gain", 0.001, 4, 4, 160, None), ("gain", 0.0005, 4, 8, 200, None),
             ("gain", 0.001, 4, 4, 160, 14), ("posterior", 0.9, 4, 2, 32, None), ("posterior", 0.95, 3, 3, 64, None),
             ("wilson", 0.95, 4, 2, 32, None)]]
+
+
+def sweep_settings() -> list[tuple]:
+    """A grid around the defaults, the defaults first (the target line still judges them)."""
+    k0 = DEFAULTS[2]
+    return [DEFAULTS] + [("gain", g, k0, b, m, None, r) for g in (0.02, 0.01, 0.005, 0.002) for b in (2, 4)
+                         for m in (16, 24, 32) for r in (4, 6, 8) if k0 + b * r >= m]
 
 
 def accuracy(cfg: CalibrateConfig, rates: list[float], passes: list[int], attempts: list[int]) -> float:
@@ -109,9 +119,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="adaptive runs averaged per setting (rollout draws)")
     ap.add_argument("--definitions", nargs="+", default=list(DEFINITIONS), choices=list(DEFINITIONS),
                     help="label definitions to measure under (default: all)")
+    ap.add_argument("--sweep", action="store_true", help="a grid of `gain` settings around the defaults instead")
     add_quick(ap, "--envs 300 --repeats 1, the defaults and two tuned settings, `new` definitions")
     args = ap.parse_args()
-    settings = SETTINGS
+    settings = sweep_settings() if args.sweep else SETTINGS
     if args.quick:
         args.envs, args.repeats, args.definitions, settings = 300, 1, ["new"], SETTINGS[:3]
     host_report("start", args.quick)

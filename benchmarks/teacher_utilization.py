@@ -12,13 +12,17 @@ Completion tokens/s of each, from the first request to the last answer (ramp-dow
 Targets: (b)/(a) >= 0.85 and (b)/(c) >= 8 at C=32. CPU seconds of the vLLM server, the Docker
 daemons and this driver during (b) and (a) show where the machine's 2 cores went.
 
+Placement (`--placement shared|pinned|both`, default both): `shared` = every process may run on every core (the
+loaded 2-core host); `pinned` = the teacher owns the last core (its OMP threads bound there, every thread of its process
+tree given that core) and this driver, dockerd and containerd (so the sandboxes they start) get the others.
+
 Per dtype (`--dtype auto|bfloat16|float32|both`; default `auto`, the product's: resolved for this CPU) and ISA (`--isa native|avx|both`: `avx` emulates a CPU
 without AVX2 for the server's oneDNN and ATen kernels: ONEDNN_MAX_CPU_ISA=AVX, ATEN_CPU_CAPABILITY=default;
 vLLM's own kernels still pick theirs from the real CPU) one server is started and measured; the last
 table has one row per (dtype, ISA) with the server's start-up time and the load average of the machine.
 
 Usage: python benchmarks/teacher_utilization.py [--concurrency 32] [--episodes 96] [--episodes-c1 6]
-       [--dtype auto] [--isa native] [--only-a0] [--quick]
+       [--dtype auto] [--isa native] [--placement both] [--only-a0] [--quick]
 """
 
 from __future__ import annotations
@@ -185,17 +189,57 @@ def stage_run(runs: str, url: str, envs_manifest: Manifest, concurrency: int, ep
     return sum(r.completion_tokens for r in rows), wall, rows
 
 
-def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, isa: str) -> dict:
-    """One server (dtype, ISA emulation): (a), (b), (a0), (c) as in the module docstring; prints its tables."""
+def _set_affinity(procs, cores: set[int]) -> None:
+    """Every thread of `procs` (psutil processes) on `cores`; processes that ended are skipped."""
+    for p in procs:
+        try:
+            for t in p.threads():
+                try:
+                    os.sched_setaffinity(t.id, cores)
+                except OSError:
+                    pass
+        except Exception:  # noqa: BLE001  (psutil.Error: the process ended)
+            pass
+
+
+class Placement:
+    """`pinned`: the teacher's tree on the last core, this driver and the Docker daemons on the rest; undone on exit."""
+
+    def __init__(self, mode: str, server_pid: int):
+        import psutil
+
+        self.mode, self.psutil, self.server_pid = mode, psutil, server_pid
+        self.cores = sorted(os.sched_getaffinity(0))
+
+    def daemons(self):
+        return [p for p in self.psutil.process_iter(["name"]) if (p.info["name"] or "").startswith(("dockerd", "containerd"))]
+
+    def __enter__(self):
+        if self.mode == "pinned":
+            server = self.psutil.Process(self.server_pid)
+            _set_affinity([server, *server.children(recursive=True)], {self.cores[-1]})
+            _set_affinity([self.psutil.Process(os.getpid()), *self.daemons()], set(self.cores[:-1]))
+        return self
+
+    def __exit__(self, *exc):
+        if self.mode == "pinned":
+            _set_affinity([self.psutil.Process(os.getpid()), *self.daemons()], set(self.cores))
+
+
+def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, isa: str, placement: str) -> dict:
+    """One server (dtype, ISA emulation, placement): (a), (b), (a0), (c) as in the module docstring; prints its tables."""
     C = args.concurrency
     prompts = [e.instruction for e in envs]
-    teacher = {**TEACHER, "vllm": {**TEACHER["vllm"], "dtype": dtype, "env": ISA_ENV[isa], "enforce_eager": args.eager}}
-    tag = f"-{dtype}-{isa}"
+    env = dict(ISA_ENV[isa])
+    if placement == "pinned":  # the server's OMP threads: one, bound to the teacher's core
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": str(sorted(os.sched_getaffinity(0))[-1]), "OMP_NUM_THREADS": "1"}
+    teacher = {**TEACHER, "vllm": {**TEACHER["vllm"], "dtype": dtype, "env": env, "enforce_eager": args.eager}}
+    tag = f"-{dtype}-{isa}-{placement}"
     cfg = parse_config({"dataset": "bench", "synthesize": {"families": [{"name": "log_report"}]}, "teacher": teacher})
-    server = VLLMServer(cfg.teacher, Path(runs) / f"vllm-{dtype}-{isa}.log")
-    print(f"\n[{dtype}, isa {isa}] {server.choice.line()}", flush=True)
+    server = VLLMServer(cfg.teacher, Path(runs) / f"vllm{tag}.log")
+    print(f"\n[{dtype}, isa {isa}, {placement}] {server.choice.line()}", flush=True)
     t0 = time.monotonic()
-    with server:
+    with server, Placement(placement, server.proc.pid if server.proc else 0):
         start_s = time.monotonic() - t0
         cpu = CPU(server.proc.pid)
         asyncio.run(single_turn_client(server.url, prompts, 4, 3 if args.quick else 10))  # warm-up (compile, caches)
@@ -203,7 +247,7 @@ def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, is
             a0_tok, a0_wall = asyncio.run(single_turn_client(server.url, prompts, C, args.seconds))
             print(f"(a0) plain client, single-turn prompts, C={C}: {a0_tok} tokens in {a0_wall:.1f}s", flush=True)
             nan = float("nan")
-            return {"dtype": dtype, "isa": isa, "start": start_s, "a": nan, "b": nan, "c": nan,
+            return {"dtype": dtype, "isa": isa, "placement": placement, "start": start_s, "a": nan, "b": nan, "c": nan,
                     "a0": a0_tok / a0_wall, "load": "/".join(f"{x:.1f}" for x in os.getloadavg())}
         s0 = cpu.sample()
         b_tok, b_wall, b_rows = stage_run(runs, server.url, envs_manifest, C, args.episodes, len(envs), tag, teacher)
@@ -217,7 +261,8 @@ def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, is
     for r in b_rows:
         statuses[r.status] = statuses.get(r.status, 0) + 1
     turns = sum(len(r.usage) for r in b_rows)
-    print_table(f"teacher_utilization: one vllm-cpu server (SmolLM2-135M, max_tokens 128, {dtype}, isa {isa}), C={C}",
+    print_table(f"teacher_utilization: one vllm-cpu server (SmolLM2-135M, max_tokens 128, {dtype}, isa {isa}, "
+                f"{placement}), C={C}",
                 ["run", "completion tokens", "wall s", "tokens/s"],
                 [[f"(a) plain async client, same {turns} requests as (b), C={C}", a_tok, f"{a_wall:.1f}", f"{a:.1f}"],
                  [f"(b) rollout stage, {len(b_rows)} episodes, C={C}", b_tok, f"{b_wall:.1f}", f"{b:.1f}"],
@@ -231,7 +276,7 @@ def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, is
           f"mean request latency: (b) {b_lat / turns:.2f} s, (a) {a_lat / turns:.2f} s")
     print_table(f"CPU seconds by process group ({os.cpu_count()} CPUs; (b) {b_wall:.0f} s, (a) {a_wall:.0f} s)",
                 ["group", "during (b)", "during (a)"], CPU.table(s0, s1, s2))
-    return {"dtype": dtype, "isa": isa, "start": start_s, "a": a, "b": b, "c": c, "a0": a0,
+    return {"dtype": dtype, "isa": isa, "placement": placement, "start": start_s, "a": a, "b": b, "c": c, "a0": a0,
             "load": "/".join(f"{x:.1f}" for x in os.getloadavg())}
 
 
@@ -245,6 +290,8 @@ def main() -> int:
                     help="the server's dtype (auto: the product's default, resolved for this CPU)")
     ap.add_argument("--isa", choices=["native", "avx", "both"], default="native",
                     help="avx: emulate a CPU without AVX2 for the server (oneDNN and ATen kernels)")
+    ap.add_argument("--placement", choices=["shared", "pinned", "both"], default="both",
+                    help="shared: all cores for all; pinned: the teacher alone on the last core (needs >= 2 cores)")
     ap.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (no torch.compile)")
     ap.add_argument("--only-a0", action="store_true", help="only (a0), the plain single-turn client (no sandboxes)")
     add_quick(ap, "--concurrency 4 --episodes 4 --episodes-c1 1 --seconds 5 --eager, one environment per family")
@@ -258,18 +305,24 @@ def main() -> int:
     envs_manifest, envs = build_envs(runs, n_per_family=1 if args.quick else 4, oracle=not args.quick)
     dtypes = ["bfloat16", "float32"] if args.dtype == "both" else [args.dtype]
     isas = ["native", "avx"] if args.isa == "both" else [args.isa]
-    results = [measure(args, runs, envs_manifest, envs, d, i) for i in isas for d in dtypes]
+    placements = ["shared", "pinned"] if args.placement == "both" else [args.placement]
+    if len(os.sched_getaffinity(0)) < 2:
+        placements = [p for p in placements if p != "pinned"] or ["shared"]
+        print("one core: `pinned` not measured (the teacher cannot have its own core)")
+    if args.quick:
+        placements = placements[:1]
+    results = [measure(args, runs, envs_manifest, envs, d, i, pl) for pl in placements for i in isas for d in dtypes]
     flags = cpu_flags()[0]
     have = " ".join(f for f in ("avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
     print_table(f"teacher_utilization by dtype and ISA, C={args.concurrency} (CPU flags: {have}; "
                 f"{len(os.sched_getaffinity(0))} cores; load average 1/5/15 min at the end of each run)",
-                ["dtype", "isa", "start s", "(a) tok/s", "(b) tok/s", "(c) tok/s", "(a0) tok/s", "(b)/(a)",
+                ["dtype", "isa", "placement", "start s", "(a) tok/s", "(b) tok/s", "(c) tok/s", "(a0) tok/s", "(b)/(a)",
                  "(b)/(c)", "load avg"],
-                [[r["dtype"], r["isa"], f"{r['start']:.0f}", f"{r['a']:.1f}", f"{r['b']:.1f}", f"{r['c']:.1f}",
+                [[r["dtype"], r["isa"], r["placement"], f"{r['start']:.0f}", f"{r['a']:.1f}", f"{r['b']:.1f}", f"{r['c']:.1f}",
                   f"{r['a0']:.1f}", f"{r['b'] / r['a']:.2f}", f"{r['b'] / r['c']:.2f}", r["load"]] for r in results])
     codes = []
     for r in results:
-        at = f"dtype {r['dtype']}, isa {r['isa']}, C={args.concurrency}"
+        at = f"dtype {r['dtype']}, isa {r['isa']}, {r['placement']}, C={args.concurrency}"
         codes.append(target(f"(b) rollout stage ÷ (a) plain async client, tokens/s, {at}", r["b"] / r["a"], ">=", 0.85,
                             args.quick or args.only_a0, peer=f"(a) {r['a']:.1f} tok/s"))
         codes.append(target(f"(b) at C ÷ (c) rollout stage at C=1, tokens/s, {at}", r["b"] / r["c"], ">=", 8,
