@@ -39,22 +39,6 @@ def envs_families():
     console.print(t)
 
 
-def tool_view(env: EnvSpec, tests: bool = False) -> dict:
-    """What a tool environment is about, without its files: instruction, the tools its server offers
-    (`.tools/tools.json`), the oracle as tool calls, knobs (and the hidden checks with `tests`)."""
-    from ..tasks.envs.tools.spec import TOOLS_DIR, parse_call_command
-
-    files = {f.path: f.content for f in env.files}
-    oracle = [parse_call_command(c) for c in env.solution]
-    view = {"env_id": env.env_id, "kind": env.kind, "family": env.family, "level": env.level, "seed": env.seed,
-            "instruction": env.instruction, "tools": json.loads(files.get(f"{TOOLS_DIR}/tools.json", "[]")),
-            "oracle": [{"name": o[0], "arguments": o[1]} if o else {"command": c} for o, c in zip(oracle, env.solution)],
-            "knobs": json.loads(env.knobs_json)}
-    if tests:
-        view["tests"] = [f.content for f in env.tests]
-    return view
-
-
 @envs_app.command("sample")
 def envs_sample(family: str, level: int = typer.Option(1, "--level"), seed: int = typer.Option(0, "--seed"),
                 tests: bool = typer.Option(False, "--tests", help="include the hidden tests"),
@@ -62,13 +46,15 @@ def envs_sample(family: str, level: int = typer.Option(1, "--level"), seed: int 
     """Print one generated environment as JSON: instruction, files, solution; for a `tools` family the
     instruction, the tools offered and the oracle calls (`--full`: the whole spec)."""
     from ..tasks.envs.families import get_family
+    from ..tasks.envs.kinds import of as kind_of
 
     try:
         env = get_family(family).generate(level, seed)
     except (KeyError, ValueError) as err:
         fail(str(err).strip("'\""))
-    if env.kind == "tools" and not full:
-        console.print_json(json.dumps(tool_view(env, tests)))
+    view = kind_of(env).view
+    if view is not None and not full:
+        console.print_json(json.dumps(view(env, tests)))
         return
     console.print_json(env.model_dump_json(exclude=None if tests else {"tests"}))
 
@@ -106,7 +92,7 @@ def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConf
     from ..tasks.sandbox import docker_client
 
     try:
-        client = docker_client(pool_size=2 * jobs + 4)
+        client = docker_client(pool_size=2 * jobs + 4, sandbox=sandbox)
     except Exception as err:
         fail(str(err), 1)
 

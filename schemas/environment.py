@@ -23,6 +23,8 @@ VALIDATED = ("expected_changes", "base_images", "expected_tests", "tests_run_age
              "reward_files", "test_writes", "guard_tests", "guard_types")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
+# the environment kinds EnvSpec accepts: filled by registration (tasks/envs/kinds.py), the two built-in ones here
+ENV_KINDS: set[str] = {"terminal", "tools"}
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
                "/sys", "/usr", "/var/lib")
 
@@ -80,9 +82,10 @@ class EnvSpec(Record):
     """
 
     env_id: str
-    kind: Literal["terminal", "tools"] = Field("terminal", description=(
+    kind: str = Field("terminal", description=(
         "`terminal`: the agent has a bash tool in the sandbox; `tools`: the agent has only the tools of the "
-        "environment's MCP server (`.tools/` in the work dir, state in `store.db`; tasks/envs/tools)"))
+        "environment's MCP server (`.tools/` in the work dir, state in `store.db`; tasks/envs/tools); others: "
+        "registered kinds (tasks/envs/kinds.py)"))
     family: str
     level: int
     seed: int
@@ -149,6 +152,13 @@ class EnvSpec(Record):
     @classmethod
     def _workdir(cls, v: str) -> str:
         return check_workdir(v)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in ENV_KINDS:
+            raise ValueError(f"unknown environment kind {v!r}; known: {', '.join(sorted(ENV_KINDS))}")
+        return v
 
     def content_hash(self) -> str:
         payload = self.model_dump(exclude={"image", "env_id", *VALIDATED})

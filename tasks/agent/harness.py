@@ -13,9 +13,10 @@ into this container and run as root (tasks/judge/verifier.py). The captured stat
 re-test later. The container starts while the teacher writes its first turn; the "before" checksums
 of an image are computed once per process (containers of one image start identical).
 
-The mode follows `env.kind`: `terminal` offers `bash` + `submit` (this module); `tools` offers the
-environment's MCP tools + `submit` and relays each call to its server in the sandbox (`ToolMode`,
-tasks/agent/mcp_relay.py). Everything after the turns (settle, capture, in-place tests) is shared.
+The mode follows the environment's kind (tasks/envs/kinds.py, its `agent_mode` a key of `MODES`): `bash`
+offers `bash` + `submit` (this module); `mcp` offers the environment's MCP tools + `submit` and relays
+each call to its server in the sandbox (`ToolMode`, tasks/agent/mcp_relay.py). Everything after the
+turns (settle, capture, in-place tests) is shared.
 """
 
 from __future__ import annotations
@@ -27,19 +28,21 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 from ...schemas.common import ChangeSet
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Message, Rollout, Step, TurnUsage
+from ..envs.kinds import BASH_HARNESS
+from ..envs.kinds import of as kind_of
 from ..judge.changes import capture_outside
 from ..judge.hacks import odd_links
 from ..judge.verifier import run_hidden_tests
 from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
-from .mcp_relay import SURROGATE, TOOLS_HARNESS, ToolMode, declared_tools, parse_arguments
+from .mcp_relay import SURROGATE, ToolMode, declared_tools, parse_arguments
 
-HARNESS = "trajforge-bash-v1"
+HARNESS = BASH_HARNESS
 SYSTEM_PROMPT = (
     "You are an expert at the Linux command line, working in a sandbox with no network access. "
     "Your working directory is {workdir}. Each command runs in a fresh bash shell in that directory "
@@ -61,7 +64,7 @@ MAX_CONSECUTIVE_FORMAT_ERRORS = 3
 
 
 def harness_label(env: EnvSpec) -> str:
-    return TOOLS_HARNESS if env.kind == "tools" else HARNESS
+    return kind_of(env).harness
 
 
 def rollout_id(env_id: str, teacher: str, sample: int) -> str:
@@ -212,6 +215,13 @@ class _Episode:
         return await asyncio.to_thread(self.sb.get_archive, self.sb.workdir, self.s.final_state_limit)
 
 
+# the turn loops an environment kind may name as its `agent_mode` (tasks/envs/kinds.py): (episode, env) -> mode
+MODES: dict[str, Callable[[_Episode, EnvSpec], Any]] = {
+    "bash": lambda ep, env: ep,
+    "mcp": lambda ep, env: ToolMode(ep, declared_tools(env.files)),
+}
+
+
 class ConversationSlot(Protocol):
     """A place among the conversations the teacher is given at once; `release` is idempotent."""
 
@@ -252,7 +262,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
             await slot.acquire()
             t0 = time.monotonic()
             st.deadline = t0 + (env.agent_timeout_s or s.episode_timeout_s)
-        mode = ToolMode(ep, declared_tools(env.files)) if env.kind == "tools" else ep
+        mode = MODES[kind_of(env).agent_mode](ep, env)
         tools = await mode.offered()  # tools mode: the server's tools (waits for the first container of an image)
         st.deadline += time.monotonic() - t0
         st.messages += [Message(role="system", content=mode.system_prompt(env)),

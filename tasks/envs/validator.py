@@ -26,13 +26,9 @@ are `verifier_error`. `solution_passes` and `instance_specific` are `skip`.
 from __future__ import annotations
 
 import hashlib
-import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Callable
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
 from ...schemas.common import Reject
 from ...schemas.config import SandboxConfig
@@ -44,7 +40,7 @@ from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
 from ..sandbox.walk import DECISION_CAP
 from .images import BuildOptions, ImageBuildError, ensure_image
-from .tools.client import fetch_tools
+from .kinds import of as kind_of
 
 CHECKS = ["image", "noop_fails", "no_leak", "tools_serve", "solution_passes", "deterministic", "instance_specific"]
 # where a leaked test or solution could hide; system folders are skipped (they come from the base image)
@@ -130,11 +126,11 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
                 reason = "solution_leaked" if "solution" in secrets[digest] else "tests_leaked"
                 return v.fail("no_leak", reason, f"{path} in the image holds {secrets[digest]}")
         v.checks["no_leak"] = "pass"
-        if env.kind == "tools":
-            broken = tools_serve_error(sb, env, command_timeout_s)
+        for check in kind_of(env).checks:  # what the environment's kind adds (tools: `tools_serve`)
+            broken = check.run(sb, env, command_timeout_s)
             if broken:
-                return v.fail("tools_serve", "tools_broken", broken)
-            v.checks["tools_serve"] = "pass"
+                return v.fail(check.name, check.reason, broken)
+            v.checks[check.name] = "pass"
         if env.oracle == "absent":
             return _without_oracle(sb, env, v, noop, test_timeout_s)
         for cmd in env.solution:
@@ -172,34 +168,6 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
                               f"the solved state of {env.env_id} also passes the tests of {other.env_id}")
             v.checks["instance_specific"] = "pass"
     return v
-
-
-def tools_serve_error(sb: Sandbox, env: EnvSpec, timeout_s: float) -> str | None:
-    """Why the tool server of a `tools` environment is unusable (None: it lists exactly the tools of its
-    `.tools/tools.json`, each with a valid JSON Schema of an object)."""
-    declared = next((f.content for f in env.files if f.path.strip("/") == ".tools/tools.json"), None)
-    try:
-        want = json.loads(declared) if declared is not None else None
-    except ValueError as err:
-        return f".tools/tools.json is not JSON: {err}"
-    if not isinstance(want, list):
-        return "the environment has no .tools/tools.json listing its tools"
-    listed, output = fetch_tools(sb, timeout_s)
-    tail = f"\nserver output: {output[-800:]}"
-    if listed is None:
-        return "the tool server did not answer tools/list" + tail
-    if listed != want:
-        names = sorted(t.get("name", "?") for t in listed)
-        return f"the server lists {names}, not the tools of .tools/tools.json {sorted(t.get('name', '?') for t in want)}" + tail
-    for t in listed:
-        schema = t.get("inputSchema")
-        try:
-            Draft202012Validator.check_schema(schema if isinstance(schema, dict) else {"type": 0})
-        except SchemaError as err:
-            return f"tool {t['name']!r}: inputSchema is not a valid JSON Schema: {err.message}" + tail
-        if schema.get("type") != "object" or t["name"] == "submit":
-            return f"tool {t['name']!r}: inputSchema must have type 'object' (and `submit` is the harness's)" + tail
-    return None
 
 
 def _without_oracle(sb: Sandbox, env: EnvSpec, v: Validation, noop, test_timeout_s: float) -> Validation:

@@ -17,7 +17,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 import fsspec
 from pydantic import Field
@@ -25,7 +25,7 @@ from pydantic import Field
 from ...schemas.config import Section, TeacherConfig
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import FunctionCall, Message, ToolCall
-from ..envs.tools.spec import parse_call_command
+from ..envs.kinds import of as kind_of
 from .base import TeacherBackend, Turn
 
 
@@ -60,10 +60,15 @@ class ReplayTeacherConfig(TeacherConfig):
 class _ReplaySession:
     commands: list[str]
     i: int = field(default=0)
-    tools_env: bool = False  # replay tool-call commands as tool calls (EnvSpec.kind `tools`)
+    # how the environment's kind replays a command as a tool call (its `replay_call`; None: as `bash`)
+    replay_call: Callable[[str], tuple[str, dict[str, Any]] | None] | None = None
+
+    @property
+    def tools_env(self) -> bool:
+        return self.replay_call is not None
 
     def _call(self, command: str) -> tuple[str, dict[str, Any]]:
-        parsed = parse_call_command(command) if self.tools_env else None
+        parsed = self.replay_call(command) if self.replay_call else None
         return parsed or ("bash", {"command": command})
 
     async def next_turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Turn:
@@ -107,11 +112,11 @@ class ReplayTeacher:
                     r.commands if r.tool_commands is None else r.tool_commands)
 
     def session(self, env: EnvSpec, sample: int, rollout_id: str = "") -> _ReplaySession:
-        tools_env = env.kind == "tools"
+        replay_call = kind_of(env).replay_call
         if self.recorded is None:
-            return _ReplaySession(list(env.solution), tools_env=tools_env)
-        runs = (self.recorded_tools if tools_env else self.recorded).get(env.env_id) or [[]]
-        return _ReplaySession(list(runs[sample % len(runs)]), tools_env=tools_env)
+            return _ReplaySession(list(env.solution), replay_call=replay_call)
+        runs = (self.recorded_tools if replay_call else self.recorded).get(env.env_id) or [[]]
+        return _ReplaySession(list(runs[sample % len(runs)]), replay_call=replay_call)
 
     async def aclose(self) -> None:
         return None

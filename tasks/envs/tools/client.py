@@ -25,6 +25,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from ....schemas.environment import EnvSpec
 from .spec import TOOLS_DIR
 
 PROTOCOL = "2025-06-18"  # the MCP revision server.py speaks (its own PROTOCOL; a test keeps them equal)
@@ -185,3 +189,32 @@ def call_tool(sb: Execs, name: str, arguments: dict[str, Any], timeout_s: float)
     shown, truncated = cut(text, sb.cfg.output_limit_bytes)
     return Outcome(kind, shown, code, res.duration_s, res.timed_out, res.killed_by, len(clean(text).encode()),
                    truncated or res.truncated)
+
+
+def serve_error(sb: Execs, env: EnvSpec, timeout_s: float) -> str | None:
+    """The validator's `tools_serve` check: why the tool server of a `tools` environment is unusable
+    (None: it lists exactly the tools of its `.tools/tools.json`, each with a valid JSON Schema of
+    an object)."""
+    declared = next((f.content for f in env.files if f.path.strip("/") == ".tools/tools.json"), None)
+    try:
+        want = json.loads(declared) if declared is not None else None
+    except ValueError as err:
+        return f".tools/tools.json is not JSON: {err}"
+    if not isinstance(want, list):
+        return "the environment has no .tools/tools.json listing its tools"
+    got, output = fetch_tools(sb, timeout_s)
+    shown = f"\nserver output: {output[-800:]}"
+    if got is None:
+        return "the tool server did not answer tools/list" + shown
+    if got != want:
+        names = sorted(t.get("name", "?") for t in got)
+        return f"the server lists {names}, not the tools of .tools/tools.json {sorted(t.get('name', '?') for t in want)}" + shown
+    for t in got:
+        schema = t.get("inputSchema")
+        try:
+            Draft202012Validator.check_schema(schema if isinstance(schema, dict) else {"type": 0})
+        except SchemaError as err:
+            return f"tool {t['name']!r}: inputSchema is not a valid JSON Schema: {err.message}" + shown
+        if schema.get("type") != "object" or t["name"] == "submit":
+            return f"tool {t['name']!r}: inputSchema must have type 'object' (and `submit` is the harness's)" + shown
+    return None

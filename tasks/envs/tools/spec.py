@@ -42,6 +42,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ....schemas.common import FileSpec
+from ....schemas.environment import EnvSpec
 from ..families.base import tests_module
 
 SERVER_SOURCE = Path(__file__).with_name("server.py")
@@ -348,3 +349,17 @@ def compiled_fields(task: ToolTask) -> dict[str, Any]:
         "knobs_json": json.dumps({"domain": task.domain, "tools": len(task.tools), "oracle_calls": len(task.oracle),
                                   **task.knobs}, sort_keys=True),
     }
+
+
+def tool_view(env: EnvSpec, tests: bool = False) -> dict[str, Any]:
+    """What a tool environment is about, without its files (`trajforge envs sample`): instruction, the tools its
+    server offers (`.tools/tools.json`), the oracle as tool calls, knobs (and the hidden checks with `tests`)."""
+    files = {f.path: f.content for f in env.files}
+    oracle = [parse_call_command(c) for c in env.solution]
+    view = {"env_id": env.env_id, "kind": env.kind, "family": env.family, "level": env.level, "seed": env.seed,
+            "instruction": env.instruction, "tools": json.loads(files.get(f"{TOOLS_DIR}/tools.json", "[]")),
+            "oracle": [{"name": o[0], "arguments": o[1]} if o else {"command": c} for o, c in zip(oracle, env.solution)],
+            "knobs": json.loads(env.knobs_json)}
+    if tests:
+        view["tests"] = [f.content for f in env.tests]
+    return view
