@@ -6,7 +6,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export TRAJFORGE_VLLM_PYTHON ?= $(CURDIR)/.venv-vllm/bin/python
 
-.PHONY: setup docker system-packages base-image teacher demo test test-fast bench bench-quick lint clean
+.PHONY: setup docker system-packages base-image teacher demo test test-fast bench bench-quick lint docs clean
 
 setup: $(VENV)/.installed docker base-image system-packages
 
@@ -33,7 +33,7 @@ teacher:
 demo: setup teacher
 	$(VENV)/bin/trajforge build configs/demo.yaml
 
-# Terminal + tool environments (README "Tool environments"): the replay teacher, no model; then the tool
+# Terminal + tool environments (docs/tool-environments.md): the replay teacher, no model; then the tool
 # environments with the embedded model (fenced ```json tool calls).
 .PHONY: demo-tools demo-tools-model
 demo-tools: setup
@@ -62,10 +62,15 @@ bench-quick: setup teacher
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
+# The docs site (mkdocs.yml: docs/ plus the READMEs it includes) into build/site/. Strict: a broken link or anchor,
+# a missing include or a page left out of the nav fails. (No -q: quiet mode hides the warnings strict counts.)
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
 	rm -rf runs .pytest_cache
 
-# The persistent stack (PostgreSQL, Prefect server + UI, a process worker, Dask): see README "Scheduled builds".
+# The persistent stack (PostgreSQL, Prefect server + UI, a process worker, Dask): see docs/scheduled-builds.md.
 .PHONY: stack-up stack-down
 stack-up: $(VENV)/.installed system-packages
 	$(VENV)/bin/trajforge stack up

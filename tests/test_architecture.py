@@ -349,16 +349,14 @@ def test_calibrate_hands_rollout_a_typed_plan_with_the_unsure_teachers(make_conf
     assert sorted(tuple(w) for s in shards for w in s.payload["episodes"]) == [("e1", 2, 0), ("e1", 2, 1)]
 
 
-def test_readme_layout_matches_the_tree():
-    """Every path the README's layout table names exists, and every package under tasks/ is named."""
+def test_layout_page_matches_the_tree():
+    """Every path the layout table (docs/layout.md) names exists, and every package under tasks/ is named."""
     import re
 
-    text = (ROOT / "README.md").read_text()
-    layout = text[text.index("## Layout"):]
-    layout = layout[:layout.find("\n## ", 3)] if "\n## " in layout[3:] else layout
+    layout = (ROOT / "docs" / "layout.md").read_text()
     named = re.findall(r"^\| `([^`]+)`", layout, re.M) + re.findall(r"^\| `[^`]+`, `([^`]+)`", layout, re.M)
     assert named, "no layout table"
     for path in named:
-        assert (ROOT / path.rstrip("/")).exists(), f"README names {path}, which does not exist"
+        assert (ROOT / path.rstrip("/")).exists(), f"docs/layout.md names {path}, which does not exist"
     packages = {f"tasks/{p.parent.name}/" for p in (ROOT / "tasks").glob("*/__init__.py")}
-    assert packages <= set(named), f"not in the README's layout: {sorted(packages - set(named))}"
+    assert packages <= set(named), f"not in docs/layout.md: {sorted(packages - set(named))}"
