@@ -216,7 +216,7 @@ def _check_gate_names(names: list[str]) -> None:
         known |= {n for e in in_suite for n in (e, f"{s}.{e}")}
     for n in names:
         if n not in known:
-            _fail(f"--accept-gate {n!r}: no such gate expectation (see the README's Gates section, or a failed "
+            _fail(f"--accept-gate {n!r}: no such gate expectation (see docs/gates.md, or a failed "
                   "gate's message, for the names)")
 
 

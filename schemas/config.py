@@ -543,7 +543,7 @@ class BuildConfig(Section):
     gate: GateConfig = Field(default_factory=GateConfig)
     gates: dict[str, dict[str, GateOverride]] = Field(default_factory=dict, description=(
         "per suite (a stage, or an export config as `export.sft`), per expectation name: thresholds that "
-        "override the defaults, or `enabled: false` with a reason; see the README's Gates section"))
+        "override the defaults, or `enabled: false` with a reason; see docs/gates.md"))
     dask: DaskConfig = Field(default_factory=DaskConfig)
 
     @model_validator(mode="before")

@@ -241,7 +241,7 @@ def gate_failure_message(stage: str, out_dir: str, gate_file: str, report: dict[
     lines += [f"  ✗ {describe_failure(f)}" for f in report["failures"]]
     lines.append(f"  the output stays in {out_dir} for inspection; to commit it on purpose re-run with "
                  + " ".join(f"--accept-gate {n}" for n in names)
-                 + ", or change a threshold in the config (`gates.<suite>.<name>`; README, Gates)")
+                 + ", or change a threshold in the config (`gates.<suite>.<name>`; docs/gates.md)")
     return "\n".join(lines)
 
 
