@@ -12,8 +12,10 @@ the commit is tagged `<build id>`, so every published version stays loadable by 
 
 Idempotent: files whose content the branch already holds are not sent; a build whose tag exists is
 a no-op that says so; a build the branch already holds (a run that died before tagging) is only
-tagged. An interrupted publish leaves the branch at the previous build; running it again completes
-it. The publication is recorded in `<build>/published.json` (revision, tag, files and sizes).
+tagged; a build tagged but not recorded (a run that died after tagging) is only recorded. An
+interrupted publish leaves the branch at the previous build, or at the new one in full when it died
+after the Hub accepted the commit, never between; running it again completes it. The publication
+is recorded in `<build>/published.json` (revision, tag, files and sizes).
 
 Invariants: only a committed build with an export manifest whose stats record a secrets scan is
 published; nothing is uploaded when the card declares no config; the token comes from `--token`,
@@ -154,8 +156,17 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
             + ("it is the head of main" if head == tags[build_id] else f"main is at {(head or '?')[:12]}")
             + ": nothing to do")
         previous = next((r for r in reversed(history) if r.get("repo_id") == repo_id and r.get("revision")), None)
-        return {**(previous or {"repo_id": repo_id, "build_id": build_id, "revision": tags[build_id],
-                                "tag": build_id, "configs": configs}), "status": "unchanged"}
+        if previous is None:  # the run that tagged it died before recording it: record what the tag holds
+            files = [{"path": f.path, "size": f.size} for f in api.list_repo_tree(
+                repo_id, repo_type="dataset", recursive=True, revision=tags[build_id])
+                if hasattr(f, "blob_id") and f.path != ".gitattributes"]
+            previous = {"repo_id": repo_id, "build_id": build_id, "revision": tags[build_id],
+                        "commit": tags[build_id], "url": None, "tag": build_id, "configs": configs,
+                        "private": private, "status": "unchanged", "endpoint": getattr(api, "endpoint", None),
+                        "files": sorted(files, key=lambda f: f["path"]),
+                        "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+            store.write_json(record_path, [*history, previous])
+        return {**previous, "status": "unchanged"}
     revisions = sorted(t for t in tags if t != build_id) + ([build_id] if tag else [])
     card_bytes = hub_usage(card, repo_id, revisions[-10:]).encode()
 

@@ -11,12 +11,15 @@ whole tree, and refs (branches, tags) replaced atomically.
 Invariants: a commit applies all of its operations or none (the body is read and checked in full
 before anything is written; a `parentCommit` that is not the branch head is refused with 412);
 tags are immutable (409 when they exist). Faults for tests: `fail(route, after=N)` answers the
-(N+1)-th request to `route` with a 400; `stall(route)` holds requests to `route` until `release()`.
+(N+1)-th request to `route` with a 400; `stall(route)` holds requests to `route` until `release()`
+(routes: `preupload`, `commit` and `tag` before they act, `commit-applied` and `tag-applied` once the
+new ref is written, before the answer); `wait_idle()` waits until no request is being served.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -115,6 +118,8 @@ class HubServer:
         self._stalled: set[str] = set()
         self.stalled = threading.Event()  # set when a stalled request is waiting
         self._release = threading.Event()
+        self._busy = 0
+        self._idle = threading.Condition()
         hub = self
 
         class Handler(_Handler):
@@ -148,6 +153,11 @@ class HubServer:
     def release(self) -> None:
         self._stalled.clear()
         self._release.set()
+
+    def wait_idle(self, timeout: float = 60) -> bool:
+        """Wait until no request is being served (e.g. one a killed client left behind); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._busy == 0, timeout)
 
     def _fault(self, route: str) -> None:
         if route in self._stalled:
@@ -256,15 +266,22 @@ class _Handler(BaseHTTPRequestHandler):
         hub = self.server_hub
         url = urlsplit(self.path)
         hub.requests.append((method, url.path))
+        with hub._idle:
+            hub._busy += 1
         try:
             self._route(method, url.path, parse_qs(url.query))
         except HubError as err:
             headers = {"X-Error-Message": err.message}
             if err.error_code:
                 headers["X-Error-Code"] = err.error_code
-            self._send(err.status, {"error": err.message, **err.extra}, headers=headers, head=method == "HEAD")
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._send(err.status, {"error": err.message, **err.extra}, headers=headers, head=method == "HEAD")
         except (BrokenPipeError, ConnectionResetError):
             pass
+        finally:
+            with hub._idle:
+                hub._busy -= 1
+                hub._idle.notify_all()
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -441,12 +458,14 @@ class _Handler(BaseHTTPRequestHandler):
             oid = repo.write_commit(head, tree, header.get("summary", ""), header.get("description", ""))
             refs["branches"][branch] = oid
             repo.write_refs(refs)
+        self.server_hub._fault("commit-applied")
         prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
         self._send(200, {"success": True, "commitOid": oid,
                          "commitUrl": f"{self.server_hub.endpoint}/{prefix}{repo.repo_id}/commit/{oid}"})
 
     def _ref(self, repo: Repo, kind: str, method: str, name: str) -> None:
         kinds = "branches" if kind == "branch" else "tags"
+        self.server_hub._fault(kind)
         body = json.loads(self._body() or b"{}") if method == "POST" else {}
         with repo.lock:
             refs = repo.refs()
@@ -464,6 +483,7 @@ class _Handler(BaseHTTPRequestHandler):
                     raise HubError(409, f"Branch {name} already exists")
                 refs["branches"][name] = repo.resolve(body.get("startingPoint") or "main")
             repo.write_refs(refs)
+        self.server_hub._fault(f"{kind}-applied")
         self._send(200, {})
 
     def _resolve(self, method: str, repo_type: str, repo_id: str, rest: str) -> None:

@@ -105,7 +105,7 @@ def test_hub_server_commits_are_atomic_and_guarded_by_the_parent(hub_server, tmp
 @pytest.fixture(scope="module")
 def two_builds(tmp_path_factory, prefect_api):
     """Build 1 (2 environments x 2 samples) and build 2 (x 1 sample: other files and rows, propose and synthesize reused)."""
-    from trajforge.flows.cli import run_build
+    from trajforge.flows.launch import run_build
 
     runs = tmp_path_factory.mktemp("runs")
     cfg1 = parse_config(small_config(runs, dataset="pub"))
@@ -193,33 +193,65 @@ def test_publish_two_builds_atomically_and_each_tag_loads_its_own_rows(two_build
     assert got == [sft1, sft2, _local_ids(store, b1, "trajectories"), sft2]
 
 
+# Where `trajforge publish` is killed: the Hub holds the request to ROUTE (before it acts, or once it applied it,
+# before it answers) until the publisher is dead; then the Hub finishes what it was doing.
+KILL_POINTS = {
+    "preupload": "while pre-uploading data files",
+    "commit": "with the commit sent, before the Hub applied it",
+    "commit-applied": "after the Hub applied the commit, before the answer",
+    "tag": "with the tag request sent, before the Hub tagged",
+    "tag-applied": "after the Hub tagged, before the answer (nothing recorded locally)",
+}
+
+
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_publish_killed_half_way_leaves_main_at_the_previous_build_and_a_rerun_completes(two_builds, hub_server,
-                                                                                          tmp_path):
-    """`trajforge publish` killed (SIGKILL) while it uploads build 2: main still serves build 1."""
+@pytest.mark.parametrize("route", list(KILL_POINTS))
+def test_a_publish_killed_half_way_leaves_main_at_the_old_or_the_new_build_and_a_rerun_completes(
+        two_builds, hub_server, tmp_path, route):
+    """`trajforge publish` of build 2 killed (SIGKILL) at each point between upload and record: main is then
+    build 1's commit or one complete commit of build 2 (whatever the Hub applied), never a partial one; the
+    same command run again completes the publication (one commit for build 2, tagged, recorded once)."""
     from huggingface_hub import HfApi
 
     store, b1, b2 = two_builds
-    repo = "org/killed"
+    repo = f"org/killed-{route}"
     rec1 = publish(store, b1, repo, api=HfApi(endpoint=hub_server.endpoint, token="hf_test"))
+    old_files = hub_server.files(repo)
     cmd = [venv_bin("trajforge"), "publish", repo, "--build", b2, "--runs", store.runs_url,
            "--dataset", "pub", "--endpoint", hub_server.endpoint, "--token", "hf_test"]
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    hub_server.stall("preupload")
+    hub_server.stall(route)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert hub_server.stalled.wait(120), "the publisher never reached the upload"
+        assert hub_server.stalled.wait(120), f"the publisher never reached {route}: {proc.poll()}"
         proc.kill()
         proc.wait(30)
     finally:
         hub_server.release()
-    assert hub_server.head(repo) == rec1["revision"] and len(hub_server.history(repo)) == 2  # initial + build 1
+    assert hub_server.wait_idle(60), "the Hub finished the request the killed publisher left"
+    head = hub_server.head(repo)
+    history = hub_server.history(repo)
+    if route == "preupload":
+        assert head == rec1["revision"]
+    if route in ("commit-applied", "tag", "tag-applied"):
+        assert head != rec1["revision"]
+    assert head == rec1["revision"] or history[1]["id"] == rec1["revision"], "at most one commit after build 1"
+    killed_state = hub_server.files(repo)
     assert not [r for r in _records(store, b2) if r["repo_id"] == repo]
+
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert hub_server.head(repo) == hub_server.head(repo, b2) != rec1["revision"]
+    final = hub_server.head(repo)
+    assert final == hub_server.head(repo, b2) != rec1["revision"]
     assert hub_server.history(repo)[1]["id"] == rec1["revision"], "one commit for build 2"
-    assert [r["status"] for r in _records(store, b2) if r["repo_id"] == repo] == ["published"]
+    # what the killed run left was build 1's files or build 2's, complete (the commit the re-run tagged)
+    assert killed_state in (old_files, hub_server.files(repo)), "never a partial commit"
+    if head != rec1["revision"]:
+        assert final == head, "the re-run tagged the commit the killed run made; it did not commit again"
+    records = [r for r in _records(store, b2) if r["repo_id"] == repo]
+    assert len(records) == 1 and records[0]["revision"] == final and records[0]["tag"] == b2, records
+    assert {f["path"] for f in records[0]["files"]} == set(hub_server.files(repo)) - {".gitattributes"}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "already published" in out.stdout, out.stdout + out.stderr
+    assert len([r for r in _records(store, b2) if r["repo_id"] == repo]) == 1
