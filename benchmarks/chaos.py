@@ -1,13 +1,17 @@
 """Benchmark `chaos` (target: N/N kills survived, 0 rows lost, 0 rows duplicated, 0 orphans).
 
 Runs `trajforge build` (the CLI, as a user does: Prefect flow, Dask LocalCluster, real containers,
-the replay teacher) on the small build of tests/chaos_kit.py. First one uninterrupted build, timed:
-its wall time T, rollout ids and export rows are the reference. Then N times, each in a fresh runs
-folder: start the same build, SIGKILL the driver alone (not its process group) at a uniformly random
-point of [0, T), and run the same command again (it resumes the killed build, or starts afresh when
-the kill came before any build was recorded). A build that ends before its kill point (the machine's
-load changed) is one more uninterrupted build: T becomes the shortest seen and the point is drawn
-again, up to 3 times. Each resume is audited:
+the replay teacher) on the small build of tests/chaos_kit.py. First one uninterrupted build, timed and
+watched: its wall time T, the span of each stage in it (build.json polled), its rollout ids and export
+rows are the reference. Kill points are drawn where the build spends its working time, not uniformly
+over its wall time (start-up and bookkeeping between stages were most of it, so only ~1 kill in 20 fell
+in rollout): a stage is drawn with a weight equal to its duration in the reference, and a fraction f of
+it; the victim is killed f x (that duration) after the stage started running, and in rollout and verify
+only once a sandbox of the build is running (episodes in flight). Then N times, each in a fresh runs
+folder: start the same build, SIGKILL the driver alone (not its process group) at that point, and run
+the same command again (it resumes the killed build). A build that ends before its kill point is one
+more uninterrupted build (T: the median) and the point is drawn again, up to 3 times. Printed: each
+kill (aimed stage, landed stage, live sandboxes at the kill), the kill points per stage, and the audit:
 - survived: the resume exits 0, resumes the killed build (a new one only when the kill came before
   any build was recorded or after it was committed), the build is committed and its export rows
   equal the reference's (content columns; timings left out);
@@ -15,8 +19,7 @@ again, up to 3 times. Each resume is audited:
   rollout output;
 - orphans: processes the killed driver or the resume started that are still alive once the resume
   has ended, plus containers of the build (or owned by one of those processes) still on the engine;
-- resume overhead: kill time + resume wall - T (what the crash cost; T: the median uninterrupted
-  build), in seconds and as a ratio to T.
+- resume overhead: kill time + resume wall - T (what the crash cost), in seconds and as a ratio to T.
 
 Usage: python benchmarks/chaos.py [--n 20] [--seed 0] [--keep] [--quick]   (quick: --n 1)
 """
@@ -24,6 +27,7 @@ Usage: python benchmarks/chaos.py [--n 20] [--seed 0] [--keep] [--quick]   (quic
 from __future__ import annotations
 
 import argparse
+import collections
 import random
 import shutil
 import statistics
@@ -39,6 +43,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _common import add_quick, host_report, print_table, target  # noqa: E402
 from chaos_kit import (  # noqa: E402
     Driver,
+    build_containers,
     chaos_config,
     describe,
     export_content,
@@ -53,18 +58,30 @@ from chaos_kit import (  # noqa: E402
 from trajforge.tasks.engine.store import RunStore  # noqa: E402
 from trajforge.tasks.sandbox import docker_client  # noqa: E402
 
+IN_FLIGHT = ("rollout", "verify")  # stages whose kill waits for a running sandbox (episodes in flight)
 
-def reference(folder: Path) -> tuple[float, dict, dict]:
-    """(wall s, rollout ids, export content) of an uninterrupted build."""
+
+def reference(folder: Path) -> tuple[float, dict[str, float], dict, dict]:
+    """(wall s, {stage: seconds it was running}, rollout ids, export content) of an uninterrupted build."""
     cfg = chaos_config(folder / "runs")
     driver = Driver(write_config(folder, cfg), folder / "build.log")
-    code = driver.wait()
+    store = RunStore(cfg["runs"], cfg["dataset"])
+    seen: dict[str, list[float]] = {}  # stage -> [first seen running, last seen running]
+    while driver.running():
+        build_id = newest_build(store)
+        now = time.monotonic() - driver.t0
+        for stage, status in (stage_status(store, build_id) if build_id else {}).items():
+            if status == "running":
+                seen.setdefault(stage, [now, now])[1] = now
+        driver.sample()
+        time.sleep(0.05)
+    code = driver.proc.returncode
     wall = time.monotonic() - driver.t0
     if code != 0:
         sys.exit(f"the uninterrupted build failed (code {code}):\n{driver.tail()}")
-    store = RunStore(cfg["runs"], cfg["dataset"])
     build_id = newest_build(store)
-    return wall, rollout_ids(store, build_id), export_content(store, build_id)
+    spans = {stage: max(b - a, 0.05) for stage, (a, b) in seen.items()}
+    return wall, spans, rollout_ids(store, build_id), export_content(store, build_id)
 
 
 def where(store: RunStore) -> str:
@@ -76,19 +93,40 @@ def where(store: RunStore) -> str:
     return running[-1] if running else ("done" if record(store, build_id).get("status") == "committed" else "between")
 
 
-def one_kill(folder: Path, at_s: float, ref_ids: dict, ref_export: dict, client) -> dict:
+def live_sandboxes(client, store: RunStore) -> int:
+    build_id = newest_build(store)
+    if build_id is None:
+        return 0
+    return sum(c.attrs.get("State") == "running" for c in build_containers(client, build_id))
+
+
+def one_kill(folder: Path, stage: str, after_s: float, ref_ids: dict, ref_export: dict, client) -> dict:
+    """Start a build, SIGKILL its driver `after_s` into `stage` (in rollout and verify: once a sandbox of
+    the build runs as well), resume it with the same command and audit the resume."""
     cfg = chaos_config(folder / "runs")
     config = write_config(folder, cfg)
     store = RunStore(cfg["runs"], cfg["dataset"])
     victim = Driver(config, folder / "killed.log")
-    while victim.running() and time.monotonic() - victim.t0 < at_s:
+    began = None  # when `stage` was first seen running
+    live = 0
+    while victim.running():
+        build_id = newest_build(store)
+        status = stage_status(store, build_id).get(stage) if build_id else None
+        now = time.monotonic()
+        if began is None and status == "running":
+            began = now
+        if began is not None and (status != "running" or now - began >= after_s):
+            live = live_sandboxes(client, store)
+            if status != "running" or stage not in IN_FLIGHT or live:
+                break  # (the stage ended first: killed where the build now is, and said so)
         victim.sample()
-        time.sleep(0.05)
+        time.sleep(0.02)
+    into = time.monotonic() - began if began is not None else None
     if victim.running():
-        killed_at, stage = victim.kill(), where(store)
+        killed_at, landed = victim.kill(), where(store)
     else:  # it ended before the kill point: faster this time than the reference, or failed by itself
         killed_at = time.monotonic() - victim.t0
-        stage = "ended first" if victim.proc.returncode == 0 else f"failed ({victim.proc.returncode})"
+        landed = "ended first" if victim.proc.returncode == 0 else f"failed ({victim.proc.returncode})"
     killed_build = newest_build(store)
     # a kill after the build was committed (while the driver printed its summary or stopped its cluster):
     # the same command then starts a new build that reuses every stage
@@ -97,8 +135,8 @@ def one_kill(folder: Path, at_s: float, ref_ids: dict, ref_export: dict, client)
     code = resume.wait()
     resume_wall = time.monotonic() - resume.t0
     build_id = newest_build(store)
-    row = dict(at=killed_at, stage=stage, resume_s=resume_wall, code=code, lost=None, dup=None, same=False,
-               resumed=killed_build is None or build_id == killed_build or committed)
+    row = dict(at=killed_at, aimed=stage, into=into, stage=landed, live=live, resume_s=resume_wall, code=code,
+               lost=None, dup=None, same=False, resumed=killed_build is None or build_id == killed_build or committed)
     if code == 0 and build_id and record(store, build_id).get("status") == "committed":
         ids = rollout_ids(store, build_id)
         row["lost"] = len(set(ref_ids) - set(ids))
@@ -109,10 +147,10 @@ def one_kill(folder: Path, at_s: float, ref_ids: dict, ref_export: dict, client)
     containers = sorted({n for b in store.builds() for n in orphan_containers(client, b, pids)})
     row["orphans"] = len(procs) + len(containers)
     row["orphan_names"] = describe(procs) + containers
-    row["survived"] = (code == 0 and not stage.startswith("failed") and row["same"] and row["resumed"]
+    row["survived"] = (code == 0 and not landed.startswith("failed") and row["same"] and row["resumed"]
                        and row["lost"] == 0 and row["dup"] == 0)
     if not row["survived"] or row["orphans"]:
-        print(f"  kill at {killed_at:.1f}s ({stage}): code {code}, orphans {row['orphan_names']}\n"
+        print(f"  kill at {killed_at:.1f}s ({landed}): code {code}, orphans {row['orphan_names']}\n"
               f"{resume.tail(2000)}", file=sys.stderr)
     return row
 
@@ -131,21 +169,24 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="trajforge-chaos-"))
     client = docker_client()
     try:
-        wall, ref_ids, ref_export = reference(work / "reference")
+        wall, spans, ref_ids, ref_export = reference(work / "reference")
         print(f"uninterrupted build: {wall:.1f} s, {len(ref_ids)} rollouts, "
-              f"{sum(len(v) for v in ref_export.values())} export rows", file=sys.stderr)
+              f"{sum(len(v) for v in ref_export.values())} export rows; stages (s): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in spans.items()), file=sys.stderr)
+        stages = list(spans)
         rows, walls = [], [wall]
         for i in range(args.n):
             for attempt in range(3):  # a build that ends before its kill point was an uninterrupted one:
-                at = rng.uniform(0, min(walls))  # its time is measured too, and the point is drawn again
-                r = one_kill(work / f"kill-{i:02d}-{attempt}", at, ref_ids, ref_export, client)
+                stage = rng.choices(stages, weights=[spans[k] for k in stages])[0]  # its time is measured too,
+                after = rng.random() * spans[stage]  # and the point is drawn again
+                r = one_kill(work / f"kill-{i:02d}-{attempt}", stage, after, ref_ids, ref_export, client)
                 if r["stage"] != "ended first":
                     break
                 walls.append(r["at"])
             rows.append(r)
-            print(f"  [{i + 1}/{args.n}] kill at {r['at']:5.1f}s in {r['stage']:<10} resume {r['resume_s']:5.1f}s "
-                  f"survived={r['survived']} lost={r['lost']} dup={r['dup']} orphans={r['orphans']}",
-                  file=sys.stderr, flush=True)
+            print(f"  [{i + 1}/{args.n}] kill at {r['at']:5.1f}s aimed {r['aimed']:<10} landed {r['stage']:<10} "
+                  f"sandboxes {r['live']} resume {r['resume_s']:5.1f}s survived={r['survived']} lost={r['lost']} "
+                  f"dup={r['dup']} orphans={r['orphans']}", file=sys.stderr, flush=True)
     finally:
         client.close()
         if args.keep:
@@ -154,17 +195,29 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     wall = statistics.median(walls)
-    print_table(f"Kill points (uninterrupted build: median {wall:.1f} s of {len(walls)})",
-                ["#", "kill at (s)", "stage", "resume (s)", "survived", "lost", "dup", "orphans"],
-                [[i + 1, f"{r['at']:.1f}", r["stage"], f"{r['resume_s']:.1f}", "yes" if r["survived"] else "NO",
-                  r["lost"], r["dup"], r["orphans"]] for i, r in enumerate(rows)])
+    work_s = sum(spans.values())
+    print_table(f"Kill points (uninterrupted build: median {wall:.1f} s of {len(walls)}; its stages ran {work_s:.1f} s, "
+                "kill points drawn over that time)",
+                ["#", "kill at (s)", "aimed", "s into it", "landed in", "live sandboxes", "resume (s)", "survived",
+                 "lost", "dup", "orphans"],
+                [[i + 1, f"{r['at']:.1f}", r["aimed"], "-" if r["into"] is None else f"{r['into']:.1f}", r["stage"],
+                  r["live"], f"{r['resume_s']:.1f}", "yes" if r["survived"] else "NO", r["lost"], r["dup"],
+                  r["orphans"]] for i, r in enumerate(rows)])
+    landed = collections.Counter(r["stage"] for r in rows)
+    print_table("Kill points per stage (weight: the stage's share of the reference build's stage time)",
+                ["stage", "reference (s)", "weight", "aimed", "landed", "landed with sandboxes live"],
+                [[k, f"{spans.get(k, 0):.1f}", f"{spans.get(k, 0) / work_s:.2f}" if k in spans else "-",
+                  sum(r["aimed"] == k for r in rows), landed.get(k, 0),
+                  sum(r["stage"] == k and r["live"] > 0 for r in rows)]
+                 for k in [*stages, *sorted(set(landed) - set(stages))]])
     killed = [r for r in rows if r["stage"] != "ended first" and not r["stage"].startswith("failed")]
     overhead = [r["at"] + r["resume_s"] - wall for r in killed]
     ratio = [(r["at"] + r["resume_s"]) / wall for r in killed]
-    print_table("Chaos: random kill -9 of the driver, then resume (target: N/N, 0, 0, 0)",
-                ["kills survived", "rows lost", "rows duplicated", "orphans left", "mean resume overhead"],
-                [[f"{sum(r['survived'] for r in rows)}/{len(rows)}", sum(r["lost"] or 0 for r in rows),
-                  sum(r["dup"] or 0 for r in rows), sum(r["orphans"] for r in rows),
+    print_table("Chaos: kill -9 of the driver where the build works, then resume (target: N/N, 0, 0, 0)",
+                ["kills survived", "in rollout or verify", "rows lost", "rows duplicated", "orphans left",
+                 "mean resume overhead"],
+                [[f"{sum(r['survived'] for r in rows)}/{len(rows)}", sum(landed.get(k, 0) for k in IN_FLIGHT),
+                  sum(r["lost"] or 0 for r in rows), sum(r["dup"] or 0 for r in rows), sum(r["orphans"] for r in rows),
                   f"{statistics.mean(overhead):.1f} s ({statistics.mean(ratio):.2f}x)" if killed else "n/a"]])
     if len(killed) < len(rows):
         print(f"({len(rows) - len(killed)} build(s) ended before their kill point; counted, not in the overhead)")
