@@ -103,7 +103,7 @@ class LLMSynthesisConfig(Section):
     themes: list[str] = Field(default_factory=list, description="themes of terminal tasks")
     tool_themes: list[str] = Field(default_factory=list, description=(
         "themes of tool environments: a SQLite store, tools over it, a goal and end-state checks "
-        "(tasks/envs/tools/synthesis.py)"))
+        "(tasks/envs/synthesis/tools.py)"))
     candidates_per_theme: int = Field(2, ge=1)
     max_tokens: int = Field(2048, ge=64)
     temperature: float = Field(0.8, ge=0)

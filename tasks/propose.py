@@ -107,8 +107,8 @@ class ProposeStage(Stage):
         return ShardResult(list(seen.values()), rejects, {"candidates": by_source})
 
     async def _llm(self, ctx: StageContext, items: list[dict]) -> list:
-        from .envs.llm_synthesis import propose
-        from .envs.tools.synthesis import propose_tools
+        from .envs.synthesis.terminal import propose
+        from .envs.synthesis.tools import propose_tools
         from .teachers import make_teacher
 
         llm = ctx.config.synthesize.llm

@@ -38,9 +38,10 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from trajforge.tasks.envs import images
+
 BASE_IMAGE = "trajforge/base:latest"
 LABEL = {"tf-naive": "1"}
-FROM_LINE = re.compile(r"^(\s*FROM\s+)(--platform=\S+\s+)?(\S+)(.*)$", re.I | re.M)
 WORKDIR_LINE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.I | re.M)
 RESULT_LINE = re.compile(r"^(PASSED|FAILED|ERROR)\s+(\S+)", re.M)
 COMMAND_TIMEOUT_S = 120
@@ -59,19 +60,9 @@ def task_format(task_dir: Path) -> str:
 
 
 def map_from(dockerfile: str, base: str = BASE_IMAGE) -> str:
-    """Every `FROM image` that is not an earlier build stage becomes the local base image."""
-    stages: set[str] = set()
-
-    def sub(m: re.Match) -> str:
-        image, rest = m.group(3), m.group(4)
-        alias = re.search(r"\s+AS\s+(\S+)", rest, re.I)
-        if alias:
-            stages.add(alias.group(1).lower())
-        if image.lower() in stages:
-            return m.group(0)
-        return f"{m.group(1)}{base}{rest}"
-
-    return FROM_LINE.sub(sub, dockerfile)
+    """Every `FROM image` that is not an earlier build stage becomes the local base image (the plain
+    rewrite every harness does: trajforge's with one catch-all alias)."""
+    return images.map_from(dockerfile, {"*": "{base}"}, base)
 
 
 def workdir_of(task_dir: Path) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 from trajforge.tasks.envs.families import FAMILIES, register
-from trajforge.tasks.envs.tools.family import ToolFamily
+from trajforge.tasks.envs.families.tool_base import ToolFamily
 from trajforge.tasks.envs.tools.spec import OracleCall, ToolDef, ToolTask
 
 SET_TOOL = ToolDef(

@@ -228,7 +228,7 @@ def test_a_family_registered_by_its_package_counts():
 
     for stage in STAGES:
         names = stage.code_module_names()
-        assert {"trajforge.tasks.envs.families.sql_query", "trajforge.tasks.envs.tools.families.orders"} <= set(names)
+        assert {"trajforge.tasks.envs.families.sql_query", "trajforge.tasks.envs.families.orders"} <= set(names)
 
 
 def test_every_module_is_fingerprinted_or_named():

@@ -11,6 +11,21 @@ from trajforge.tasks.envs.catalogue import sibling_of
 from trajforge.tasks.envs.families import FAMILIES, get_family
 from trajforge.tasks.envs.validator import validate_env
 
+
+def validate_generated(docker_client, cases: list[tuple[str, int, int]]) -> list:
+    """The validator's verdict on the generated environment of each (family, level, seed), three at a
+    time, each with its sibling for the instance-specificity check."""
+    s, sandbox = SynthesizeConfig(families=[{"name": cases[0][0]}]), SandboxConfig()
+
+    def one(case: tuple[str, int, int]):
+        env = get_family(case[0]).generate(case[1], case[2])
+        return validate_env(docker_client, env, sandbox, sandbox.base_image, s.image_aliases, 60, 60,
+                            sibling=sibling_of)
+
+    with ThreadPoolExecutor(3) as pool:
+        return list(pool.map(one, cases))
+
+
 # terminal families here; the tool families' Docker checks are in tests/test_tool_families.py (one seed)
 CASES = [(f, lvl) for f in sorted(FAMILIES) if FAMILIES[f].kind == "terminal" for lvl in FAMILIES[f].levels]
 SEEDS = (0, 1, 2)
@@ -45,15 +60,7 @@ def test_unknown_family_and_level():
 @pytest.mark.docker
 @pytest.mark.parametrize("family,level", CASES)
 def test_every_check_passes_for_three_seeds(docker_client, family, level):
-    s, sandbox = SynthesizeConfig(families=[{"name": family}]), SandboxConfig()
-
-    def one(seed):
-        env = get_family(family).generate(level, seed)
-        return validate_env(docker_client, env, sandbox, sandbox.base_image, s.image_aliases, 60, 60,
-                            sibling=sibling_of)
-
-    with ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(one, SEEDS))
+    results = validate_generated(docker_client, [(family, level, seed) for seed in SEEDS])
     for seed, v in zip(SEEDS, results):
         assert v.ok, (seed, v.reject)
         assert v.checks == {"image": "pass", "noop_fails": "pass", "no_leak": "pass", "solution_passes": "pass",

@@ -13,10 +13,11 @@ import pytest
 from fake_openai import FakeOpenAI
 from helpers import small_config
 
-from trajforge.flows.cli import run_build
+from trajforge.flows.launch import run_build
 from trajforge.schemas.config import parse_config
 from trajforge.tasks.engine.store import RunStore
-from trajforge.tasks.envs.llm_synthesis import extract_json, parse_candidate
+from trajforge.tasks.envs.synthesis.reply import extract_json
+from trajforge.tasks.envs.synthesis.terminal import parse_candidate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOOD = {"instruction": "Count the lines of events.log that contain the word FAILED and write the number to failed.txt.",

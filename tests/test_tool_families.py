@@ -1,4 +1,4 @@
-"""The procedural tool families (tasks/envs/tools/families): registered next to the terminal ones,
+"""The procedural tool families (tasks/envs/families, `ToolFamily`): registered next to the terminal ones,
 deterministic, levels that turn real knobs, valid tool schemas, checks that see the intended change
 AND everything else (collateral), distinct seeds kept by dedup while a planted copy is dropped; and in
 real Docker, through the validator, level 1-3 of every family (one seed): image, no-op fails, the
@@ -9,22 +9,21 @@ from __future__ import annotations
 import json
 import runpy
 import sqlite3
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
 
-from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
+from trajforge.schemas.config import SynthesizeConfig
 from trajforge.tasks.envs.catalogue import sibling_of
 from trajforge.tasks.envs.families import FAMILIES, get_family
+from trajforge.tasks.envs.families.tool_base import ToolFamily
 from trajforge.tasks.envs.tools import server as tool_server
-from trajforge.tasks.envs.tools.family import ToolFamily
 from trajforge.tasks.envs.tools.spec import parse_call_command
 from trajforge.tasks.envs.validator import dedup, shingles
 
 TOOL_FAMILIES = sorted(n for n, f in FAMILIES.items() if f.kind == "tools" and f.__module__.startswith(
-    "trajforge.tasks.envs.tools.families"))
+    "trajforge.tasks.envs.families."))
 CASES = [(f, lvl) for f in TOOL_FAMILIES for lvl in (1, 2, 3)]
 
 
@@ -82,8 +81,8 @@ def test_at_least_four_tool_families_with_three_levels():
         assert fam.generate(1, 0).kind == "tools"
 
 
-@pytest.mark.parametrize("module", ["tasks.envs.tools.spec", "tasks.envs.tools.family",
-                                    "tasks.envs.tools.families.orders", "tasks.envs.families.base"])
+@pytest.mark.parametrize("module", ["tasks.envs.tools.spec", "tasks.envs.families.tool_base", "tasks.envs.tools.checks",
+                                    "tasks.envs.families.orders", "tasks.envs.families.base"])
 def test_no_import_cycle_whatever_is_imported_first(module):
     """The registry imports the tool families, which import `families.base`: any entry point works."""
     import subprocess
@@ -123,7 +122,7 @@ def test_every_library_tool_stands_alone():
     import builtins
     import importlib
 
-    from trajforge.tasks.envs.tools.families.common import HELPERS
+    from trajforge.tasks.envs.families.tool_base import HELPERS
 
     for name in TOOL_FAMILIES:
         module = importlib.import_module(type(get_family(name)).__module__)
@@ -188,6 +187,54 @@ def test_oracle_passes_noop_fails_and_collateral_is_checked(tmp_path):
         assert _checks(env, folder)["test_nothing_else_changed"], (name, level, table)
 
 
+def test_tool_code_is_real_modules_and_their_text_is_what_ships(tmp_path, monkeypatch):
+    """The tools, helpers and checks are functions of tasks/envs/families/tool_code (ruff reads them): the
+    imported functions, called directly on a seeded store, solve each level and pass the imported checks,
+    doing nothing fails them; and what the image and the tests hold is those functions' source text."""
+    import importlib
+    import random
+
+    from trajforge.tasks.envs.families.tool_code import common
+    from trajforge.tasks.envs.tools import checks
+    from trajforge.tasks.envs.tools.code_text import source
+    from trajforge.tasks.envs.tools.spec import seed_script
+
+    requested = (common.test_requested_changes, common.test_requested_additions, common.test_nothing_else_changed)
+    for name, level in CASES:
+        family = get_family(name)
+        code = importlib.import_module(f"trajforge.tasks.envs.families.tool_code.{name}")
+        task = family.task(level, random.Random(f"{name}:{level}:0"))
+        env = family.generate(level, 0)
+        shipped = {f.path: f.content for f in env.files}[".tools/tools.py"]
+        for t in task.tools:
+            fn = getattr(code, t.name, None) or getattr(common, t.name)
+            assert t.code == source(fn).strip() and t.code in shipped, (name, t.name)
+        assert all(source(c) in env.tests[0].content for c in requested), name
+        work = tmp_path / f"{name}-{level}"
+        work.mkdir()
+        db = sqlite3.connect(work / "store.db")
+        db.executescript(seed_script(task))
+        db.row_factory = sqlite3.Row
+        monkeypatch.setattr(checks, "W", work)
+        monkeypatch.setattr(common, "EXPECTED", task.expected)
+
+        def failing(db: sqlite3.Connection = db) -> list[str]:
+            db.commit()
+            out = []
+            for check in requested:
+                try:
+                    check()
+                except AssertionError:
+                    out.append(check.__name__)
+            return out
+
+        assert failing(), (name, level, "doing nothing passes")
+        for call in task.oracle:
+            (getattr(code, call.name, None) or getattr(common, call.name))(db, **call.arguments)
+        assert failing() == [], (name, level)
+        db.close()
+
+
 def test_blanket_actions_fail(tmp_path):
     """"Cancel everything" passes the requested change but fails the collateral check."""
     env = get_family("bookings").generate(3, 0)
@@ -238,17 +285,9 @@ def test_distinct_seeds_are_not_near_duplicates_but_a_planted_copy_is():
 @pytest.mark.docker
 def test_validator_accepts_every_tool_family_and_level(docker_client):
     """Level 1-3 of every tool family, one seed, through the real validator in Docker."""
-    from trajforge.tasks.envs.validator import validate_env
+    from test_families import validate_generated
 
-    s, sandbox = SynthesizeConfig(families=[{"name": TOOL_FAMILIES[0]}]), SandboxConfig()
-
-    def one(case):
-        env = get_family(case[0]).generate(case[1], 0)
-        return validate_env(docker_client, env, sandbox, sandbox.base_image, s.image_aliases, 60, 60,
-                            sibling=sibling_of)
-
-    with ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(one, CASES))
+    results = validate_generated(docker_client, [(name, level, 0) for name, level in CASES])
     for case, v in zip(CASES, results):
         assert v.ok, (case, v.reject)
         assert all(v.checks.get(c) == "pass" for c in ("image", "tools_serve", "noop_fails", "no_leak",

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
-from test_tool_synthesis import GOOD, run_on_host, with_tool
+from test_tool_synthesis import GOOD, run_checks, run_on_host, with_tool
 
+from trajforge.tasks.envs.synthesis.tools import EXAMPLE, parse_tool_candidate, sql_problem
 from trajforge.tasks.envs.tools import server
 from trajforge.tasks.envs.tools.spec import SEED_MAX_BYTES, ToolDef, ToolTask, compiled_fields
-from trajforge.tasks.envs.tools.synthesis import EXAMPLE, parse_tool_candidate, sql_problem
 from trajforge.tasks.sandbox.checksums import DIGEST as _DIGEST
 
 P_SQL = {"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]}
@@ -161,18 +161,6 @@ def _tests(task: ToolTask, folder: Path) -> Path:
     return path
 
 
-def _checks(path: Path, folder: Path) -> dict[str, bool]:
-    out = {}
-    for name, fn in runpy.run_path(str(path), init_globals={"WORK": str(folder)}).items():
-        if name.startswith("test_"):
-            try:
-                fn()
-                out[name] = True
-            except AssertionError:
-                out[name] = False
-    return out
-
-
 def _mcp(folder: Path, *messages: dict | str) -> list[dict]:
     lines = "".join((m if isinstance(m, str) else json.dumps(m)) + "\n" for m in messages)
     done = subprocess.run([sys.executable, "-I", ".tools/server.py"], cwd=folder, input=lines, capture_output=True,
@@ -223,11 +211,11 @@ def test_attack2_a_sql_tool_cannot_shadow_a_table_or_plant_files(tmp_path, code)
                     "params": {"name": "run_report", "arguments": {"sql": HACK.format(folder=folder)}}})
     assert replies[1]["result"]["isError"] and "not authorized" in replies[1]["result"]["content"][0]["text"]
     assert snapshot(folder) == before and not (folder / ".tools" / "planted.db").exists()
-    assert not _checks(tests, folder)["test_member_has_the_book"]
+    assert not run_checks(tests, folder)["test_member_has_the_book"]
     con = sqlite3.connect(folder / "store.db")  # done behind the server's back: the schema check sees it
     con.executescript(HACK.format(folder=folder))
     con.close()
-    got = _checks(tests, folder)
+    got = run_checks(tests, folder)
     assert got["test_member_has_the_book"] and not got["test_store_schema_unchanged"], got
 
 
@@ -244,7 +232,7 @@ def test_llm_env_checks_every_other_seed_row(tmp_path):
         con.execute("SAVEPOINT s")
         con.execute(stray)
         con.commit()
-        assert _checks(tests, work)["test_other_seed_rows_unchanged"] is False, stray
+        assert run_checks(tests, work)["test_other_seed_rows_unchanged"] is False, stray
         con.close()
     for may_change, detail in [({"tickets": [1, 3], "agents": [1]}, "tables the schema does not create: ['agents']"),
                                ({"tickets": [1, 9]}, "may_change.tickets: [9] match no seed row"),
@@ -286,7 +274,7 @@ def test_a_huge_seed_value_is_refused_before_it_is_allocated(tmp_path):
     """randomblob(900 MB) under a 1 GiB address-space limit: refused by the length limit (a regression
     would show as 'out of memory', not as gigabytes taken from the host)."""
     code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
-            "from trajforge.tasks.envs.tools.synthesis import sql_problem\n"
+            "from trajforge.tasks.envs.synthesis.tools import sql_problem\n"
             "print(sql_problem('CREATE TABLE t(x); INSERT INTO t VALUES (randomblob(900000000));'))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})

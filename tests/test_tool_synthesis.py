@@ -16,7 +16,7 @@ from helpers import small_config
 
 from trajforge.schemas.config import ConfigError, SandboxConfig, SynthesizeConfig, parse_config
 from trajforge.tasks.engine.contract import StageContext
-from trajforge.tasks.envs.tools.synthesis import EXAMPLE, parse_tool_candidate, sql_problem
+from trajforge.tasks.envs.synthesis.tools import EXAMPLE, parse_tool_candidate, sql_problem
 from trajforge.tasks.envs.validator import validate_env
 from trajforge.tasks.propose import ProposeStage
 
@@ -107,6 +107,11 @@ def run_on_host(env, work: Path, oracle: bool = True) -> dict[str, bool]:
         assert done.returncode == 0, (cmd, done.stdout, done.stderr)
     tests = work.parent / f"{work.name}-tests.py"
     tests.write_text(env.tests[0].content)
+    return run_checks(tests, work)
+
+
+def run_checks(tests: Path, work: Path) -> dict[str, bool]:
+    """Per-test results (passed or not) of the hidden test file `tests` on the work dir `work`, on the host."""
     results = {}
     for name, fn in runpy.run_path(str(tests), init_globals={"WORK": str(work)}).items():
         if name.startswith("test_"):

@@ -58,10 +58,9 @@ def register(kind: Kind) -> Kind:
 
 
 def get(name: str) -> Kind:
-    try:
-        return KINDS[name]
-    except KeyError:
-        raise KeyError(f"unknown environment kind {name!r}; known: {', '.join(sorted(KINDS))}") from None
+    if name not in KINDS:
+        raise KeyError(f"unknown environment kind {name!r}; known: {', '.join(sorted(KINDS))}")
+    return KINDS[name]
 
 
 def of(env: EnvSpec) -> Kind:

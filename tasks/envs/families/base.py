@@ -37,7 +37,7 @@ class Draft:
 class Family(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
-    kind: ClassVar[str] = "terminal"  # the EnvSpec kind it generates (`tools`: tasks/envs/tools/family.py)
+    kind: ClassVar[str] = "terminal"  # the EnvSpec kind it generates (`tools`: tool_base.py)
     levels: ClassVar[tuple[int, ...]] = (1, 2, 3)
     # The reference solution reads everything instance-specific from the work dir, so the same commands
     # solve any instance: replaying a success on a sibling then tells a computed answer from a written

@@ -34,11 +34,15 @@ class TaskFormatError(ValueError):
 
 class TaskFormat(ABC):
     """One task-folder format. `marker` is the file whose presence makes a folder one of its tasks;
-    `source` is the `EnvSpec.source` of what it imports (its environments' yield is counted by it)."""
+    `source` is the `EnvSpec.source` of what it imports (its environments' yield is counted by it): its
+    name unless the format says otherwise."""
 
     name: ClassVar[str]
     marker: ClassVar[str]
-    source: ClassVar[str]
+
+    @property
+    def source(self) -> str:
+        return self.name
 
     def recognises(self, folder: Path) -> bool:
         return (Path(folder) / self.marker).exists()
@@ -51,7 +55,7 @@ class TaskFormat(ABC):
         raise NotImplementedError(f"format {self.name!r} cannot export environments")
 
 
-def _read(path: Path, what: str) -> str:
+def read_file(path: Path, what: str) -> str:
     if not path.is_file():
         raise TaskFormatError(path, f"missing ({what})")
     try:
@@ -70,7 +74,7 @@ def check_links(folder: Path) -> None:
                 raise TaskFormatError(p, f"symlink to {target} leads outside the task folder")
 
 
-def _files(folder: Path, exclude: set[str] = frozenset(), blobs: BlobStore | None = None,
+def file_specs(folder: Path, exclude: set[str] = frozenset(), blobs: BlobStore | None = None,
            carried: list[Blob] | None = None) -> list[FileSpec]:
     """The text files below `folder` (the importer has checked the task folder's links: `check_links`).
     With `blobs`, a binary file (or one over MAX_FILE, up to MAX_BLOB) is put in that content-addressed
@@ -98,7 +102,7 @@ def _files(folder: Path, exclude: set[str] = frozenset(), blobs: BlobStore | Non
     return out
 
 
-def _workdir(dockerfile: str, explicit: str | None, where: Path) -> str:
+def workdir_of(dockerfile: str, explicit: str | None, where: Path) -> str:
     """The declared work dir (else the Dockerfile's last WORKDIR, else /app), checked: absolute,
     normalised, plain characters, not a system directory."""
     workdir = explicit or (WORKDIR_LINE.findall(dockerfile) or ["/app"])[-1]
@@ -108,19 +112,19 @@ def _workdir(dockerfile: str, explicit: str | None, where: Path) -> str:
         raise TaskFormatError(where, str(err)) from None
 
 
-def _env_id(kind: str, folder: Path, spec_parts: list[str]) -> str:
+def folder_env_id(kind: str, folder: Path, spec_parts: list[str]) -> str:
     digest = hashlib.sha256("\n".join(spec_parts).encode()).hexdigest()[:8]
     return f"{kind}-{safe_name(folder.name)}-{digest}"
 
 
-def _parse(path: Path, loads, error: type[Exception], kind: str):
+def parse_meta(path: Path, loads, error: type[Exception], kind: str):
     try:
-        return loads(_read(path, "task metadata"))
+        return loads(read_file(path, "task metadata"))
     except error as err:
         raise TaskFormatError(path, f"not valid {kind}: {err}") from None
 
 
-def _number(value, path: Path, field: str) -> float | None:
+def number(value, path: Path, field: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:

@@ -16,19 +16,8 @@ from ....schemas.environment import Blob, EnvSpec
 from ...judge.verifier import RUNNER
 from ..blobs import BlobStore
 from ..images import render
-from .base import (
-    LEVELS,
-    TaskFormat,
-    TaskFormatError,
-    _env_id,
-    _files,
-    _number,
-    _parse,
-    _read,
-    _workdir,
-    check_links,
-    folder_digest,
-)
+from . import base
+from .base import TaskFormat, TaskFormatError, check_links, folder_digest
 
 
 def _agent_user(meta: dict, where: Path) -> str:
@@ -42,12 +31,12 @@ def _agent_user(meta: dict, where: Path) -> str:
 def import_harbor(folder: Path) -> EnvSpec:
     folder = Path(folder)
     toml_path = folder / "task.toml"
-    meta = _parse(toml_path, tomllib.loads, tomllib.TOMLDecodeError, "TOML")
+    meta = base.parse_meta(toml_path, tomllib.loads, tomllib.TOMLDecodeError, "TOML")
     for section in ("agent", "verifier", "environment", "metadata"):
         if section in meta and not isinstance(meta[section], dict):
             raise TaskFormatError(toml_path, f"[{section}] must be a table")
     environment = meta.get("environment", {})
-    instruction = _read(folder / "instruction.md", "the task instruction").strip()
+    instruction = base.read_file(folder / "instruction.md", "the task instruction").strip()
     if not instruction:
         raise TaskFormatError(folder / "instruction.md", "empty instruction")
     check_links(folder)
@@ -55,27 +44,27 @@ def import_harbor(folder: Path) -> EnvSpec:
     if environment.get("docker_image"):
         dockerfile, context = f"FROM {environment['docker_image']}\n", []
     else:
-        dockerfile = _read(folder / "environment" / "Dockerfile", "the environment's Dockerfile")
-        context = _files(folder / "environment", blobs=BlobStore(), carried=blobs)
-    tests = _files(folder / "tests")
+        dockerfile = base.read_file(folder / "environment" / "Dockerfile", "the environment's Dockerfile")
+        context = base.file_specs(folder / "environment", blobs=BlobStore(), carried=blobs)
+    tests = base.file_specs(folder / "tests")
     if not any(t.path == "test.sh" for t in tests):
         raise TaskFormatError(folder / "tests" / "test.sh", "missing (the verifier entry point)")
     # published corpora often ship tasks without a reference solution: kept, marked `oracle: absent`
     has_solve = (folder / "solution" / "solve.sh").exists()
-    solve = _read(folder / "solution" / "solve.sh", "the reference solution") if has_solve else None
+    solve = base.read_file(folder / "solution" / "solve.sh", "the reference solution") if has_solve else None
     difficulty = str(meta.get("metadata", {}).get("difficulty", "medium")).lower()
     return EnvSpec(
         # every file of the folder counts (build-context data and binary files too): a changed file is another id
-        env_id=_env_id("harbor", folder, [folder_digest(folder)]),
+        env_id=base.folder_env_id("harbor", folder, [folder_digest(folder)]),
         oracle="present" if has_solve else "absent", blobs=blobs,
-        build_timeout_s=_number(environment.get("build_timeout_sec"), toml_path, "[environment].build_timeout_sec"),
+        build_timeout_s=base.number(environment.get("build_timeout_sec"), toml_path, "[environment].build_timeout_sec"),
         family=f"harbor:{safe_name(str(meta.get('metadata', {}).get('category', 'task')))}",
-        level=LEVELS.get(difficulty, 2), seed=0, source="harbor", instruction=instruction,
+        level=base.LEVELS.get(difficulty, 2), seed=0, source="harbor", instruction=instruction,
         dockerfile=dockerfile, context=context,
-        workdir=_workdir(dockerfile, environment.get("workdir"), toml_path), agent_user=_agent_user(meta, toml_path),
+        workdir=base.workdir_of(dockerfile, environment.get("workdir"), toml_path), agent_user=_agent_user(meta, toml_path),
         tests=tests, verifier="script", test_command="bash /tests/test.sh", solution=[solve] if solve is not None else [],
-        agent_timeout_s=_number(meta.get("agent", {}).get("timeout_sec"), toml_path, "[agent].timeout_sec"),
-        test_timeout_s=_number(meta.get("verifier", {}).get("timeout_sec"), toml_path, "[verifier].timeout_sec"),
+        agent_timeout_s=base.number(meta.get("agent", {}).get("timeout_sec"), toml_path, "[agent].timeout_sec"),
+        test_timeout_s=base.number(meta.get("verifier", {}).get("timeout_sec"), toml_path, "[verifier].timeout_sec"),
         knobs_json=f'{{"imported_from": "{folder.name}"}}')
 
 
@@ -139,7 +128,6 @@ def _write(path: Path, f: FileSpec) -> None:
 class Harbor(TaskFormat):
     name = "harbor"
     marker = "task.toml"
-    source = "harbor"
 
     def read(self, folder: Path) -> EnvSpec:
         return import_harbor(folder)

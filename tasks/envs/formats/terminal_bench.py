@@ -13,25 +13,14 @@ import yaml
 from ....schemas.common import FileSpec
 from ....schemas.config import safe_name
 from ....schemas.environment import EnvSpec
-from .base import (
-    LEVELS,
-    TaskFormat,
-    TaskFormatError,
-    _env_id,
-    _files,
-    _number,
-    _parse,
-    _read,
-    _workdir,
-    check_links,
-    folder_digest,
-)
+from . import base
+from .base import TaskFormat, TaskFormatError, check_links, folder_digest
 
 
 def import_terminal_bench(folder: Path) -> EnvSpec:
     folder = Path(folder)
     yaml_path = folder / "task.yaml"
-    meta = _parse(yaml_path, yaml.safe_load, yaml.YAMLError, "YAML")
+    meta = base.parse_meta(yaml_path, yaml.safe_load, yaml.YAMLError, "YAML")
     if not isinstance(meta, dict):
         raise TaskFormatError(yaml_path, "expected a mapping at the top level")
     instruction = meta.get("instruction")
@@ -40,41 +29,40 @@ def import_terminal_bench(folder: Path) -> EnvSpec:
     if not isinstance(instruction, str) or not instruction.strip():
         raise TaskFormatError(yaml_path, "field `instruction` is missing or empty")
     check_links(folder)
-    dockerfile = _read(folder / "Dockerfile", "the environment's Dockerfile")
-    context = _files(folder, exclude={"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "tests",
+    dockerfile = base.read_file(folder / "Dockerfile", "the environment's Dockerfile")
+    context = base.file_specs(folder, exclude={"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "tests",
                                       "docker-compose.yaml", "docker-compose.yml"})
-    run_tests = _read(folder / "run-tests.sh", "the test runner")
+    run_tests = base.read_file(folder / "run-tests.sh", "the test runner")
     tests = [FileSpec(path="run-tests.sh", content=run_tests, mode=0o755)]
     if (folder / "tests").is_dir():
-        tests += _files(folder / "tests")
+        tests += base.file_specs(folder / "tests")
     if (folder / "solution.sh").exists():
-        solution = [_read(folder / "solution.sh", "the reference solution")]
+        solution = [base.read_file(folder / "solution.sh", "the reference solution")]
     elif (folder / "solution.yaml").exists():
-        steps = yaml.safe_load(_read(folder / "solution.yaml", "the reference solution"))
+        steps = yaml.safe_load(base.read_file(folder / "solution.yaml", "the reference solution"))
         if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("command"), str)
                                                   for s in steps):
             raise TaskFormatError(folder / "solution.yaml", "expected a list of {command: ...} steps")
         solution = [s["command"] for s in steps]
     else:
         raise TaskFormatError(folder / "solution.sh", "missing (the reference solution)")
-    workdir = _workdir(dockerfile, None, folder / "Dockerfile")
+    workdir = base.workdir_of(dockerfile, None, folder / "Dockerfile")
     difficulty = str(meta.get("difficulty", "medium")).lower()
     return EnvSpec(
-        env_id=_env_id("tbench", folder, [folder_digest(folder)]),  # every file counts (context data too)
-        family=f"terminal-bench:{safe_name(str(meta.get('category', 'task')))}", level=LEVELS.get(difficulty, 2),
+        env_id=base.folder_env_id("tbench", folder, [folder_digest(folder)]),  # every file counts (context data too)
+        family=f"terminal-bench:{safe_name(str(meta.get('category', 'task')))}", level=base.LEVELS.get(difficulty, 2),
         seed=0, source="terminal-bench", instruction=instruction.strip(), dockerfile=dockerfile, context=context,
         workdir=workdir, tests=tests, verifier="script",
         test_command=f"cd {shlex.quote(workdir)} && TEST_DIR=/tests bash /tests/run-tests.sh", solution=solution,
         agent_user="root",
-        agent_timeout_s=_number(meta.get("max_agent_timeout_sec"), yaml_path, "max_agent_timeout_sec"),
-        test_timeout_s=_number(meta.get("max_test_timeout_sec"), yaml_path, "max_test_timeout_sec"),
+        agent_timeout_s=base.number(meta.get("max_agent_timeout_sec"), yaml_path, "max_agent_timeout_sec"),
+        test_timeout_s=base.number(meta.get("max_test_timeout_sec"), yaml_path, "max_test_timeout_sec"),
         knobs_json=f'{{"imported_from": "{folder.name}"}}')
 
 
 class TerminalBench(TaskFormat):
     name = "terminal-bench"
     marker = "task.yaml"
-    source = "terminal-bench"
 
     def read(self, folder: Path) -> EnvSpec:
         return import_terminal_bench(folder)

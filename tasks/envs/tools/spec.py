@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ....schemas.common import FileSpec
 from ....schemas.environment import EnvSpec
 from ..families.base import tests_module
+from .checks import PRELUDE, SCHEMA_CHECK, SCHEMA_SQL, UNCHANGED_CHECK
 
 SERVER_SOURCE = Path(__file__).with_name("server.py")
 TOOLS_DIR = ".tools"
@@ -59,49 +60,6 @@ SEED_MAX_BYTES = 512 << 10  # seed.sql (schema + rows)
 SEED_MAX_VALUE = 1 << 20  # one string / blob / statement of the seed
 SEED_MAX_PAGES = (64 << 20) // 4096  # the seeded store: 64 MiB
 SEED_MAX_STEPS = 20_000  # progress-handler calls (x1000 SQLite VM instructions) the seed script may take
-SCHEMA_SQL = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
-
-CHECKS_PRELUDE = '''
-import sqlite3
-
-def db():
-    """The store as the episode left it, read-only (its schema's SQL functions are not trusted)."""
-    con = sqlite3.connect(f"file:{W / 'store.db'}?mode=ro", uri=True)
-    con.execute("PRAGMA query_only = 1")
-    con.execute("PRAGMA trusted_schema = OFF")
-    con.row_factory = sqlite3.Row
-    return con
-
-def rows(sql, *params):
-    con = db()
-    try:
-        return [dict(r) for r in con.execute(sql, params).fetchall()]
-    finally:
-        con.close()
-
-def value(sql, *params):
-    got = rows(sql, *params)
-    return next(iter(got[0].values())) if got else None
-'''
-
-SCHEMA_CHECK = '''
-def test_store_schema_unchanged():
-    """The tables, indexes, views and triggers are the seed's: the checks read the real data."""
-    got = [list(r.values()) for r in rows(__SCHEMA_SQL__)]
-    assert got == EXPECTED["__schema__"], f"the store's schema changed: {got} (was {EXPECTED['__schema__']})"
-'''.replace("__SCHEMA_SQL__", repr(SCHEMA_SQL))
-
-UNCHANGED_CHECK = '''
-def test_other_seed_rows_unchanged():
-    """Every seed row the task may not change is still there, as seeded."""
-    for table, spec in sorted(EXPECTED["__unchanged__"].items()):
-        n = spec["keys"]
-        got = {json.dumps(r[:n]): r for r in (list(d.values()) for d in rows(spec["sql"]))}
-        for row in spec["rows"]:
-            now = got.get(json.dumps(row[:n]))
-            assert now == row, f"{table} row {row[:n]} changed: {now} (was {row})"
-'''
-
 
 def unenforced(schema: Any, where: str = "parameters") -> str | None:
     """Why the server would not enforce `schema` as `jsonschema` does (a keyword outside
@@ -324,7 +282,7 @@ def compiled_fields(task: ToolTask) -> dict[str, Any]:
     con = load_seed(script)
     try:
         expected = {**task.expected, "__schema__": [list(r) for r in con.execute(SCHEMA_SQL)]}
-        checks = [CHECKS_PRELUDE, task.checks.strip(), SCHEMA_CHECK]  # the automatic checks last: they win
+        checks = [PRELUDE, task.checks.strip(), SCHEMA_CHECK]  # the automatic checks last: they win
         if task.may_change is not None:
             expected["__unchanged__"] = unchanged_rows(con, task.may_change)
             checks.append(UNCHANGED_CHECK)

@@ -1,5 +1,12 @@
-"""What the procedural tool families share: an in-Python table store that writes the seed SQL and the
-collateral expectations, tool-definition helpers, the level knobs, and the checks every family appends.
+"""What the procedural tool families (environments of kind `tools`) share: `ToolFamily`, their base; an
+in-Python table store that writes the seed SQL and the collateral expectations, tool-definition helpers,
+the level knobs, and the checks every family appends (their code, like every tool's, is a real module
+in `tool_code/`, shipped by its source text).
+
+`ToolFamily` keeps the contract of terminal families (base.py): (family, level, seed) gives the same
+environment byte for byte; the oracle call sequence passes the end-state checks and doing nothing fails
+them; the checks carry their expected values, so the end state of seed A fails the checks of seed B;
+instructions state the goal (implicit intents), never the call sequence.
 
 Invariants:
 - the first column of every table is its unique key (so "which rows changed" is well defined);
@@ -17,9 +24,13 @@ from __future__ import annotations
 import random
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, ClassVar
 
-from ..spec import OracleCall, ToolDef, ToolTask
+from ....schemas.environment import EnvSpec
+from ..tools.code_text import source, statements
+from ..tools.spec import OracleCall, ToolDef, ToolTask, compiled_fields
+from .base import Draft, Family
+from .tool_code import common as code
 
 # level -> how many of the library's tools the oracle does not need are offered besides its own
 DISTRACTORS = {1: 1, 2: 3, 3: 6}
@@ -35,62 +46,10 @@ S = {"type": "string", "minLength": 1}
 ID = {"type": "integer", "minimum": 1}
 DATE = {"type": "string", "minLength": 10, "maxLength": 10, "description": "YYYY-MM-DD"}
 
-HELPERS = '''
-import datetime as _dt
-
-
-def _dicts(cur):
-    return [dict(r) for r in cur.fetchall()]
-
-
-def _one(db, sql, params, missing):
-    row = db.execute(sql, params).fetchone()
-    if row is None:
-        raise ToolError(missing)
-    return dict(row)
-
-
-def _date(text, what="date"):
-    try:
-        return _dt.date.fromisoformat(text)
-    except ValueError:
-        raise ToolError(f"{what} must be YYYY-MM-DD, got {text!r}") from None
-'''
-
-COLLATERAL_CHECK = '''
-def test_nothing_else_changed():
-    for table, spec in sorted(EXPECTED["collateral"].items()):
-        cols = spec["cols"]
-        got = {r[cols[0]]: [r[c] for c in cols] for r in rows(f"SELECT {', '.join(cols)} FROM {table}")}
-        for row in spec["rows"]:
-            assert got.get(row[0]) == row, f"{table} {cols[0]}={row[0]!r} changed: {got.get(row[0])} (was {row})"
-        original = {row[0] for row in spec["rows"]} | set(spec["changed"])
-        new = sorted(k for k in got if k not in original)
-        assert len(new) <= spec["added"], f"{table}: {len(new)} new rows {new[:5]}, at most {spec['added']} expected"
-'''
-
-
-REQUESTED_CHECK = '''
-def test_requested_changes():
-    for table, key, want in EXPECTED["after"]:
-        col = EXPECTED["collateral"][table]["cols"][0]
-        got = rows(f"SELECT * FROM {table} WHERE {col} = ?", key)
-        if want is None:
-            assert not got, f"{table} {col}={key!r} should be gone"
-            continue
-        assert got, f"{table} {col}={key!r} is missing"
-        bad = {c: got[0][c] for c in want if got[0][c] != want[c]}
-        assert not bad, f"{table} {col}={key!r}: got {bad}, want { {c: want[c] for c in bad} }"
-'''
-
-
-ADDED_CHECK = '''
-def test_requested_additions():
-    for table, want in EXPECTED["added"]:
-        where = " AND ".join(f"{c} = ?" for c in want)
-        n = value(f"SELECT COUNT(*) FROM {table} WHERE {where}", *want.values())
-        assert n == 1, f"{table}: expected one row with {want}, found {n}"
-'''
+HELPERS = "\nimport datetime as _dt\n\n" + statements(code, "_dicts", "_date")
+COLLATERAL_CHECK = "\n" + source(code.test_nothing_else_changed)
+REQUESTED_CHECK = "\n" + source(code.test_requested_changes)
+ADDED_CHECK = "\n" + source(code.test_requested_additions)
 
 
 def sql_literal(v: Any) -> str:
@@ -167,11 +126,12 @@ def after(table: Table, key: Any, deleted: bool = False, **changes: Any) -> list
     return [table.name, key, {**dict(zip(table.cols, row)), **changes}]
 
 
-def tool(name: str, description: str, code: str, props: dict[str, Any] | None = None,
+def tool(fn: Callable, description: str, props: dict[str, Any] | None = None,
          required: list[str] | None = None) -> ToolDef:
-    """A tool whose parameters are `props` (all required unless `required` says otherwise)."""
+    """The tool `fn` (a function of `tool_code/`, shipped by its source text) whose parameters are `props`
+    (all required unless `required` says otherwise)."""
     props = props or {}
-    return ToolDef(name=name, description=description, code=textwrap.dedent(code).strip(),
+    return ToolDef(name=fn.__name__, description=description, code=textwrap.dedent(source(fn)).strip(),
                    parameters={"type": "object", "properties": props,
                                "required": list(props) if required is None else required,
                                "additionalProperties": False})
@@ -234,3 +194,49 @@ def make_task(level: int, rng: random.Random, domain: str, store: Store, scenari
                     seed_sql=store.seed_sql(), tools=tools, helpers=HELPERS + helpers,
                     checks=REQUESTED_CHECK + ADDED_CHECK + COLLATERAL_CHECK, expected=expected,
                     oracle=scenario.oracle, knobs=knobs(level, store, tools, scenario.oracle, **extra_knobs))
+
+
+# a tool more than one family offers
+UPDATE_CUSTOMER_EMAIL = tool(code.update_customer_email, "Change a customer's e-mail address.",
+                             {"customer_id": ID, "email": S})
+
+
+class ToolFamily(Family):
+    """A procedural family of tool environments. A domain family states its `domain`, `library` (the
+    tools it may offer), `helpers` (its own helper code), `sizes` (level -> the keyword arguments of its
+    `fill(store, rng, ...)`, which generates the store's rows; recorded as knobs) and `scenarios` (level ->
+    the name of its method `(rng, store)` that makes the scenario, None when the store does not allow it:
+    `task` then draws again, deterministic in rng). A family may override `attempt` (a store and its
+    scenario) or `task` itself."""
+
+    kind: ClassVar[str] = "tools"
+    # the oracle names this instance's records (ids, names): it does not solve a sibling
+    replay_invariant: ClassVar[bool] = False
+    domain: ClassVar[str]
+    library: ClassVar[list[ToolDef]]
+    helpers: ClassVar[str] = ""
+    sizes: ClassVar[dict[int, dict[str, Any]]] = {}
+    scenarios: ClassVar[tuple[str, ...]] = ()
+
+    def fill(self, store: Store, rng: random.Random, **size: Any) -> None:
+        raise NotImplementedError(f"tool family {self.name!r} defines no `fill`")
+
+    def attempt(self, level: int, rng: random.Random) -> tuple[Store, Scenario | None]:
+        store = Store()
+        self.fill(store, rng, **self.sizes[level])
+        return store, getattr(self, self.scenarios[level - 1])(rng, store)
+
+    def task(self, level: int, rng: random.Random) -> ToolTask:
+        """Generate one tool environment of `level` from `rng` (the only source of randomness)."""
+        while True:  # regenerate until the scenario exists (deterministic in rng)
+            store, made = self.attempt(level, rng)
+            if made is not None:
+                return make_task(level, rng, self.domain, store, made, self.library, self.helpers, **self.sizes[level])
+
+    def draft(self, level: int, rng: random.Random) -> Draft:  # pragma: no cover - tool families compile tasks
+        raise NotImplementedError("tool families generate ToolTasks (see `task`)")
+
+    def generate(self, level: int, seed: int) -> EnvSpec:
+        if level not in self.levels:
+            raise ValueError(f"family {self.name!r} has levels {list(self.levels)}, not {level}")
+        return self.env(level, seed, **compiled_fields(self.task(level, random.Random(f"{self.name}:{level}:{seed}"))))

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import random
 
-from ..family import ToolFamily
-from ..spec import ToolTask
-from .common import ID, S, Scenario, Store, after, call, email, make_task, people, tool
+from ..tools.code_text import statements
+from .tool_base import ID, UPDATE_CUSTOMER_EMAIL, S, Scenario, Store, ToolFamily, after, call, email, people, tool
+from .tool_code import tickets as code
 
 COMPANIES = ["Acme Foods", "Birch Legal", "Cobalt Labs", "Dune Travel", "Elm Clinics", "Fjord Media", "Granite Bank",
              "Harbor Freight Co", "Iris Schools", "Juniper Hotels", "Kestrel Air", "Lumen Energy"]
@@ -30,116 +30,33 @@ SUBJECTS = {
 }
 PRIORITIES = ["low", "normal", "high", "urgent"]
 
-DOMAIN_HELPERS = '''
-def _ticket(db, ticket_id):
-    return _one(db, "SELECT t.id, t.customer_id, c.name AS customer, c.company, t.subject, t.status, t.priority, "
-                "t.assignee_id, a.name AS assignee, t.created, t.merged_into FROM tickets t JOIN customers c ON "
-                "c.id = t.customer_id LEFT JOIN agents a ON a.id = t.assignee_id WHERE t.id = ?", (ticket_id,),
-                f"no ticket {ticket_id}")
-
-
-def _live(db, ticket_id):
-    t = _ticket(db, ticket_id)
-    if t["status"] in ("closed", "merged"):
-        raise ToolError(f"ticket {ticket_id} is {t['status']}")
-    return t
-'''
+DOMAIN_HELPERS = statements(code, "_ticket", "_live")
 
 LIBRARY = [
-    tool("search_customers", "Customers whose name, company or e-mail contains the text.", '''
-        def search_customers(db, text):
-            q = f"%{text.strip().lower()}%"
-            found = _dicts(db.execute("SELECT id, name, company, email FROM customers WHERE lower(name) LIKE ? OR "
-                                      "lower(company) LIKE ? OR lower(email) LIKE ? ORDER BY id", (q, q, q)))
-            if not found:
-                raise ToolError(f"no customer matches {text!r}")
-            return found''', {"text": {"type": "string", "minLength": 2}}),
-    tool("list_tickets", "Tickets of a customer and/or with a status: id, subject, status, priority, created.", '''
-        def list_tickets(db, customer_id=None, status=None):
-            if customer_id is None and status is None:
-                raise ToolError("give customer_id and/or status")
-            return _dicts(db.execute("SELECT id, subject, status, priority, created FROM tickets WHERE "
-                                     "(? IS NULL OR customer_id = ?) AND (? IS NULL OR status = ?) ORDER BY created, id",
-                                     (customer_id, customer_id, status, status)))''',
+    tool(code.search_customers, "Customers whose name, company or e-mail contains the text.",
+         {"text": {"type": "string", "minLength": 2}}),
+    tool(code.list_tickets, "Tickets of a customer and/or with a status: id, subject, status, priority, created.",
          {"customer_id": ID, "status": {"type": "string", "enum": ["open", "pending", "closed", "merged"]}}, []),
-    tool("get_ticket", "One ticket with its customer, assignee and comments.", '''
-        def get_ticket(db, ticket_id):
-            t = _ticket(db, ticket_id)
-            t["comments"] = _dicts(db.execute("SELECT author, body FROM comments WHERE ticket_id = ? ORDER BY id",
-                                              (ticket_id,)))
-            return t''', {"ticket_id": ID}),
-    tool("list_agents", "Support agents (optionally of one team) with how many open or pending tickets each has.", '''
-        def list_agents(db, team=None):
-            return _dicts(db.execute("SELECT a.id, a.name, a.team, (SELECT COUNT(*) FROM tickets t WHERE t.assignee_id "
-                                     "= a.id AND t.status IN ('open', 'pending')) AS open_tickets FROM agents a WHERE "
-                                     "? IS NULL OR a.team = ? ORDER BY a.id", (team, team)))''',
+    tool(code.get_ticket, "One ticket with its customer, assignee and comments.", {"ticket_id": ID}),
+    tool(code.list_agents, "Support agents (optionally of one team) with how many open or pending tickets each has.",
          {"team": {"type": "string", "enum": sorted(SUBJECTS)}}, []),
-    tool("assign_ticket", "Give an open or pending ticket to an agent.", '''
-        def assign_ticket(db, ticket_id, agent_id):
-            _live(db, ticket_id)
-            _one(db, "SELECT id FROM agents WHERE id = ?", (agent_id,), f"no agent {agent_id}")
-            db.execute("UPDATE tickets SET assignee_id = ? WHERE id = ?", (agent_id, ticket_id))
-            return _ticket(db, ticket_id)''', {"ticket_id": ID, "agent_id": ID}),
-    tool("set_priority", "Set an open or pending ticket's priority.", '''
-        def set_priority(db, ticket_id, priority):
-            _live(db, ticket_id)
-            db.execute("UPDATE tickets SET priority = ? WHERE id = ?", (priority, ticket_id))
-            return _ticket(db, ticket_id)''', {"ticket_id": ID, "priority": {"type": "string", "enum": PRIORITIES}}),
-    tool("set_status", "Set a ticket's status to open, pending or closed.", '''
-        def set_status(db, ticket_id, status):
-            t = _ticket(db, ticket_id)
-            if t["status"] == "merged":
-                raise ToolError(f"ticket {ticket_id} was merged into {t['merged_into']}")
-            if t["status"] == status:
-                raise ToolError(f"ticket {ticket_id} is already {status}")
-            db.execute("UPDATE tickets SET status = ? WHERE id = ?", (status, ticket_id))
-            return _ticket(db, ticket_id)''',
+    tool(code.assign_ticket, "Give an open or pending ticket to an agent.", {"ticket_id": ID, "agent_id": ID}),
+    tool(code.set_priority, "Set an open or pending ticket's priority.",
+         {"ticket_id": ID, "priority": {"type": "string", "enum": PRIORITIES}}),
+    tool(code.set_status, "Set a ticket's status to open, pending or closed.",
          {"ticket_id": ID, "status": {"type": "string", "enum": ["open", "pending", "closed"]}}),
-    tool("add_comment", "Add a comment from support to a ticket (the customer sees it).", '''
-        def add_comment(db, ticket_id, body):
-            _ticket(db, ticket_id)
-            cur = db.execute("INSERT INTO comments (ticket_id, author, body) VALUES (?, 'support', ?)", (ticket_id, body))
-            return {"comment": cur.lastrowid, "ticket_id": ticket_id}''', {"ticket_id": ID, "body": S}),
-    tool("merge_tickets", "Merge a duplicate ticket (source) into another ticket of the same customer (target).", '''
-        def merge_tickets(db, source_id, target_id):
-            if source_id == target_id:
-                raise ToolError("a ticket cannot be merged into itself")
-            src, dst = _live(db, source_id), _live(db, target_id)
-            if src["customer_id"] != dst["customer_id"]:
-                raise ToolError(f"tickets {source_id} and {target_id} belong to different customers")
-            db.execute("UPDATE tickets SET status = 'merged', merged_into = ? WHERE id = ?", (target_id, source_id))
-            return _ticket(db, source_id)''', {"source_id": ID, "target_id": ID}),
-    tool("get_sla_policy", "Response and resolution targets for a priority.", '''
-        def get_sla_policy(db, priority):
-            hours = {"low": (48, 240), "normal": (24, 120), "high": (8, 48), "urgent": (1, 12)}[priority]
-            return {"priority": priority, "first_response_hours": hours[0], "resolution_hours": hours[1]}''',
+    tool(code.add_comment, "Add a comment from support to a ticket (the customer sees it).",
+         {"ticket_id": ID, "body": S}),
+    tool(code.merge_tickets, "Merge a duplicate ticket (source) into another ticket of the same customer (target).",
+         {"source_id": ID, "target_id": ID}),
+    tool(code.get_sla_policy, "Response and resolution targets for a priority.",
          {"priority": {"type": "string", "enum": PRIORITIES}}),
-    tool("list_macros", "Canned replies agents can paste into comments.", '''
-        def list_macros(db):
-            return [{"name": "ack", "text": "Thanks for reaching out, we are looking into it."},
-                    {"name": "resolved", "text": "This should be fixed now, please let us know if not."}]'''),
-    tool("escalate_to_engineering", "Open an engineering escalation for a ticket, with a summary.", '''
-        def escalate_to_engineering(db, ticket_id, summary):
-            _live(db, ticket_id)
-            cur = db.execute("INSERT INTO escalations (ticket_id, summary) VALUES (?, ?)", (ticket_id, summary))
-            return {"escalation": cur.lastrowid}''', {"ticket_id": ID, "summary": S}),
-    tool("update_customer_email", "Change a customer's e-mail address.", '''
-        def update_customer_email(db, customer_id, email):
-            _one(db, "SELECT id FROM customers WHERE id = ?", (customer_id,), f"no customer {customer_id}")
-            if "@" not in email:
-                raise ToolError(f"not an e-mail address: {email!r}")
-            db.execute("UPDATE customers SET email = ? WHERE id = ?", (email, customer_id))
-            return {"customer_id": customer_id, "email": email}''', {"customer_id": ID, "email": S}),
-    tool("create_ticket", "Open a new ticket for a customer.", '''
-        def create_ticket(db, customer_id, subject):
-            _one(db, "SELECT id FROM customers WHERE id = ?", (customer_id,), f"no customer {customer_id}")
-            cur = db.execute("INSERT INTO tickets (id, customer_id, subject, status, priority, assignee_id, created, "
-                             "merged_into) VALUES ((SELECT MAX(id) + 1 FROM tickets), ?, ?, 'open', 'normal', NULL, "
-                             "'2026-06-01 09:00', NULL)", (customer_id, subject))
-            return _ticket(db, cur.lastrowid)''', {"customer_id": ID, "subject": S}),
-    tool("ticket_stats", "How many tickets have each status.", '''
-        def ticket_stats(db):
-            return _dicts(db.execute("SELECT status, COUNT(*) AS tickets FROM tickets GROUP BY status ORDER BY status"))'''),
+    tool(code.list_macros, "Canned replies agents can paste into comments."),
+    tool(code.escalate_to_engineering, "Open an engineering escalation for a ticket, with a summary.",
+         {"ticket_id": ID, "summary": S}),
+    UPDATE_CUSTOMER_EMAIL,
+    tool(code.create_ticket, "Open a new ticket for a customer.", {"customer_id": ID, "subject": S}),
+    tool(code.ticket_stats, "How many tickets have each status."),
 ]
 
 
@@ -147,26 +64,15 @@ class Tickets(ToolFamily):
     name = "tickets"
     description = "support help-desk tools: find customers and tickets, triage, assign, merge (end state checked)"
 
-    def task(self, level: int, rng: random.Random) -> ToolTask:
-        n_customers, per_team = {1: (6, 2), 2: (10, 3), 3: (14, 4)}[level]
-        while True:  # regenerate until the scenario exists (deterministic in rng)
-            store = self._store(rng, n_customers, per_team)
-            made = (self._close, self._triage, self._merge)[level - 1](rng, store)
-            if made is not None:
-                break
-        return make_task(level, rng, "a support help desk", store, made, LIBRARY, DOMAIN_HELPERS,
-                         customers=n_customers, agents=3 * per_team)
-
-    @staticmethod
-    def _store(rng: random.Random, n_customers: int, per_team: int) -> Store:
-        s = Store()
-        names = people(rng, n_customers + 3 * per_team)
+    def fill(self, s: Store, rng: random.Random, customers: int, agents: int) -> None:
+        per_team = agents // 3  # one team per subject
+        names = people(rng, customers + 3 * per_team)
         s.add("agents", [("id", "INTEGER PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("team", "TEXT NOT NULL")],
-              [[i + 1, n, sorted(SUBJECTS)[i // per_team]] for i, n in enumerate(names[n_customers:])])
+              [[i + 1, n, sorted(SUBJECTS)[i // per_team]] for i, n in enumerate(names[customers:])])
         s.add("customers", [("id", "INTEGER PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("company", "TEXT NOT NULL"),
                             ("email", "TEXT NOT NULL")],
               [[i, n, co, email(n, rng.randint(1, 99))]
-               for i, (n, co) in enumerate(zip(names[:n_customers], rng.choices(COMPANIES, k=n_customers)), 1)])
+               for i, (n, co) in enumerate(zip(names[:customers], rng.choices(COMPANIES, k=customers)), 1)])
         s.add("tickets", [("id", "INTEGER PRIMARY KEY"), ("customer_id", "INTEGER NOT NULL REFERENCES customers(id)"),
                           ("subject", "TEXT NOT NULL"), ("status", "TEXT NOT NULL"), ("priority", "TEXT NOT NULL"),
                           ("assignee_id", "INTEGER REFERENCES agents(id)"), ("created", "TEXT NOT NULL"),
@@ -175,10 +81,9 @@ class Tickets(ToolFamily):
                            ("author", "TEXT NOT NULL"), ("body", "TEXT NOT NULL")])
         s.add("escalations", [("id", "INTEGER PRIMARY KEY"), ("ticket_id", "INTEGER NOT NULL"),
                               ("summary", "TEXT NOT NULL")])
-        for c in range(1, n_customers + 1):
+        for c in range(1, customers + 1):
             for _ in range(rng.randint(1, 3)):
                 Tickets._ticket(s, rng, c, rng.choices(["open", "pending", "closed"], [3, 2, 3])[0])
-        return s
 
     @staticmethod
     def _ticket(s: Store, rng: random.Random, customer: int, status: str, subject: str | None = None,
@@ -263,3 +168,8 @@ class Tickets(ToolFamily):
                 after(s["tickets"], older, assignee_id=second_agent)]
         return Scenario(text, oracle, want, {"tickets": [older, newer]},
                         added=[["comments", {"ticket_id": older, "author": "support"}]])
+
+    # -- what each level offers: the store's size (its knobs), the scenario, the tools and their helpers
+    domain, library, helpers = "a support help desk", LIBRARY, DOMAIN_HELPERS
+    sizes = {1: {"customers": 6, "agents": 6}, 2: {"customers": 10, "agents": 9}, 3: {"customers": 14, "agents": 12}}
+    scenarios = ("_close", "_triage", "_merge")

@@ -3,7 +3,7 @@
 The teacher is asked for ONE JSON object, a `ToolTask` (spec.py) plus a `level`: the domain, the
 user's goal (not a call sequence), the store's schema and seed rows, the tools (JSON-Schema
 parameters + `def name(db, ...)` code), end-state checks with their `expected` values, and the oracle
-calls. The reply goes through the terminal path's parsing (`llm_synthesis.reply_reject`: a ```json
+calls. The reply goes through the shared parsing (`reply.reply_reject`: a ```json
 block or the first balanced object), then strict validation; every problem is a reject, never a crash:
 
 - `teacher_error`, `llm_no_json`, `llm_bad_json`: as for terminal tasks;
@@ -12,7 +12,7 @@ block or the first balanced object), then strict validation; every problem is a 
   parameters refuse, a tool whose code does not define it, checks that do not parse, no `may_change`
   or one naming a table or key the seed lacks...), the detail names the fields;
 - `llm_unsafe_tests`: the checks (run as root by the verifier) fail `unsafe_tests`;
-- `llm_unsafe_tools`: tool or helper code imports outside `TOOL_IMPORTS`, or calls exec/eval/open/
+- `llm_unsafe_tools` (safety.py): tool or helper code imports outside `TOOL_IMPORTS`, or calls exec/eval/open/
   getattr/..., or reaches dunder attributes, sqlite extension loading, another connection, a script
   or the connection's hooks (tool code runs as the agent in the sandbox, without network; this keeps
   it plain data manipulation over `db`; the server's authorizer bounds what its SQL may do anyway);
@@ -36,27 +36,14 @@ import re
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ....schemas.common import Reject
 from ....schemas.config import safe_name
 from ....schemas.environment import EnvSpec
-from ..llm_synthesis import UNSAFE_CALLS, ask, reply_reject, schema_detail, unsafe_tests
-from .spec import SCHEMA_KEYWORDS, SeedError, ToolTask, compiled_fields, load_seed, seed_script
-
-# What model-written tool code may import: data manipulation only (the store is the `db` argument).
-TOOL_IMPORTS = {"json", "re", "datetime", "math", "decimal", "fractions", "statistics", "collections", "itertools",
-                "functools", "operator", "string", "textwrap", "difflib", "unicodedata", "hashlib", "sqlite3",
-                "calendar", "bisect", "heapq", "enum", "dataclasses", "typing", "copy"}
-# builtins that run code, open files or reach around names; methods that run programs or load code
-BANNED_BUILTINS = {"exec", "eval", "compile", "__import__", "open", "getattr", "setattr", "delattr", "globals",
-                   "locals", "vars", "breakpoint", "input", "exit", "quit"}
-BANNED_METHODS = (UNSAFE_CALLS - {"compile"}) | {
-    "enable_load_extension", "load_extension", "backup", "executescript", "connect", "set_authorizer",
-    "set_progress_handler", "set_trace_callback", "setlimit", "create_function", "create_aggregate",
-    "create_window_function", "create_collation", "serialize", "deserialize", "blobopen", "iterdump", "interrupt"}
-TOOL_UNSAFE_NAMES = {"os", "sys", "subprocess", "builtins", "__builtins__", "importlib", "ctypes", "socket",
-                     "shutil", "pathlib", "io"}
+from ..tools.spec import SCHEMA_KEYWORDS, SeedError, ToolTask, compiled_fields, load_seed, seed_script
+from .reply import propose_with, synthesized, validated
+from .safety import TOOL_IMPORTS, unsafe_tests, unsafe_tool_code
 
 SYSTEM = ("You design self-contained tool-use tasks for training agents that call tools over a small SQLite "
           "database. Reply with exactly one JSON object and nothing else.")
@@ -167,32 +154,6 @@ class ToolCandidate(ToolTask):
         return ToolTask.model_validate(self.model_dump(exclude={"level", "knobs"}) | {"knobs": {"theme": theme}})
 
 
-def unsafe_tool_code(src: str) -> str | None:
-    """Why model-written tool code is more than data manipulation over `db`, or None."""
-    tree = ast.parse(src)
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                return f"line {node.lineno}: relative import"
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or "."]
-            for n in names:
-                if n.split(".")[0] not in TOOL_IMPORTS:
-                    return f"line {node.lineno}: imports {n!r} (allowed: {', '.join(sorted(TOOL_IMPORTS))})"
-            banned = [a.name for a in node.names if a.name in BANNED_METHODS | BANNED_BUILTINS]
-            if isinstance(node, ast.ImportFrom) and banned:
-                return f"line {node.lineno}: imports {banned[0]}"
-        elif isinstance(node, ast.Call):
-            fn = node.func
-            if isinstance(fn, ast.Name) and fn.id in BANNED_BUILTINS or \
-                    isinstance(fn, ast.Attribute) and fn.attr in BANNED_METHODS:
-                return f"line {node.lineno}: calls {fn.id if isinstance(fn, ast.Name) else fn.attr}()"
-        elif isinstance(node, ast.Attribute) and (node.attr.startswith("__") or node.attr in BANNED_METHODS):
-            return f"line {node.lineno}: touches {node.attr}"  # also an alias such as `c = sqlite3.connect`
-        elif isinstance(node, ast.Name) and (node.id in TOOL_UNSAFE_NAMES or node.id in BANNED_BUILTINS - {"input", "vars"}):
-            return f"line {node.lineno}: uses {node.id}"  # also an alias such as `f = open`
-    return None
-
-
 def sql_problem(script: str) -> str | None:
     """Why `script` (schema + seed) does not build a store, or None (`spec.load_seed`: in memory,
     nothing reaches the host's files, the work and memory are bounded)."""
@@ -206,13 +167,9 @@ def sql_problem(script: str) -> str | None:
 def parse_tool_candidate(text: str, theme: str, index: int) -> tuple[EnvSpec | None, Reject | None]:
     """One tool environment from a teacher's reply, or the reject saying why not (module docstring)."""
     key = f"llm:{safe_name(theme)}:tools:{index}"
-    obj, reject = reply_reject(text, key)
+    cand, reject = validated(text, key, ToolCandidate)
     if reject:
         return None, reject
-    try:
-        cand = ToolCandidate.model_validate(obj)
-    except ValidationError as err:
-        return None, Reject(key=key, reason="llm_schema", detail=schema_detail(err)[:1000])
     for where, code in [("helpers", cand.helpers)] + [(f"tools.{t.name}", t.code) for t in cand.tools]:
         problem = unsafe_tool_code(code) if code.strip() else None
         if problem:
@@ -235,17 +192,12 @@ def parse_tool_candidate(text: str, theme: str, index: int) -> tuple[EnvSpec | N
     if named:
         return None, Reject(key=key, reason="llm_instruction_names_tools",
                             detail=f"the instruction names {named}: state the goal, not the calls")
-    env = EnvSpec(env_id="pending", family=f"llm-{safe_name(theme)}", level=cand.level, seed=index,
-                  source=f"llm:{theme}", **fields)
-    env.env_id = f"llm-{safe_name(theme)[:24]}-{index}-{env.content_hash()[:8]}"
-    return env, None
+    return synthesized(theme, index, cand.level, **fields), None
 
 
 async def propose_tools(teacher, theme: str, index: int) -> tuple[EnvSpec | None, Reject | None]:
     """Ask the teacher for one tool environment of `theme`; every failure is a reject."""
     prompt = PROMPT.format(theme=theme, index=index, imports=", ".join(sorted(TOOL_IMPORTS)),
                            keywords=", ".join(sorted(SCHEMA_KEYWORDS)), example=json.dumps(EXAMPLE))
-    text, error = await ask(teacher, SYSTEM, prompt, index, f"llm-tool-synthesis|{theme}|{index}")
-    if error is not None:
-        return None, Reject(key=f"llm:{safe_name(theme)}:tools:{index}", reason="teacher_error", detail=error)
-    return parse_tool_candidate(text, theme, index)
+    return await propose_with(teacher, SYSTEM, prompt, index, f"llm-tool-synthesis|{theme}|{index}",
+                              f"llm:{safe_name(theme)}:tools:{index}", lambda text: parse_tool_candidate(text, theme, index))

@@ -14,9 +14,9 @@ from __future__ import annotations
 import datetime as dt
 import random
 
-from ..family import ToolFamily
-from ..spec import ToolTask
-from .common import DATE, ID, S, Scenario, Store, after, call, make_task, people, tool
+from ..tools.code_text import statements
+from .tool_base import DATE, ID, S, Scenario, Store, ToolFamily, after, call, people, tool
+from .tool_code import calendar as code
 
 MONDAYS = [dt.date(2026, 3, 2) + dt.timedelta(weeks=w) for w in range(16)]
 TITLES = ["Dentist", "Team standup", "Budget review", "Design review", "Haircut", "Call with the bank", "Car service",
@@ -27,141 +27,33 @@ WHEN = {"type": "string", "minLength": 16, "maxLength": 16, "description": "YYYY
 HHMM = {"type": "string", "minLength": 5, "maxLength": 5, "description": "HH:MM"}
 MINUTES = {"type": "integer", "minimum": 15, "maximum": 480}
 
-DOMAIN_HELPERS = '''
-OPEN, CLOSE = 8 * 60, 18 * 60
-
-
-def _when(text):
-    try:
-        return _dt.datetime.strptime(text, "%Y-%m-%d %H:%M")
-    except ValueError:
-        raise ToolError(f"times are 'YYYY-MM-DD HH:MM', got {text!r}") from None
-
-
-def _clock(text, what):
-    try:
-        t = _dt.datetime.strptime(text, "%H:%M")
-    except ValueError:
-        raise ToolError(f"{what} must be HH:MM, got {text!r}") from None
-    return t.hour * 60 + t.minute
-
-
-def _event(db, event_id):
-    return _one(db, "SELECT id, title, start, minutes, location, status FROM events WHERE id = ?", (event_id,),
-                f"no event {event_id}")
-
-
-def _conflict(db, day, begin, end, ignore=None):
-    for e in db.execute("SELECT id, title, start, minutes FROM events WHERE status = 'confirmed' AND start LIKE ?",
-                        (f"{day}%",)):
-        s = _clock(e["start"][11:], "start")
-        if e["id"] != ignore and s < end and begin < s + e["minutes"]:
-            return e
-    return None
-'''
+DOMAIN_HELPERS = statements(code, "OPEN", "_conflict")
 
 LIBRARY = [
-    tool("list_events", "Confirmed events on a day: id, title, start, minutes, location.", '''
-        def list_events(db, date):
-            day = _date(date)
-            return _dicts(db.execute("SELECT id, title, start, minutes, location FROM events WHERE status = "
-                                     "'confirmed' AND start LIKE ? ORDER BY start", (f"{day}%",)))''', {"date": DATE}),
-    tool("search_events", "Confirmed events whose title contains the text.", '''
-        def search_events(db, text):
-            return _dicts(db.execute("SELECT id, title, start, minutes FROM events WHERE status = 'confirmed' AND "
-                                     "lower(title) LIKE ? ORDER BY start", (f"%{text.strip().lower()}%",)))''',
+    tool(code.list_events, "Confirmed events on a day: id, title, start, minutes, location.", {"date": DATE}),
+    tool(code.search_events, "Confirmed events whose title contains the text.",
          {"text": {"type": "string", "minLength": 2}}),
-    tool("get_event", "One event with its attendees (e-mail and, for contacts, name).", '''
-        def get_event(db, event_id):
-            e = _event(db, event_id)
-            e["attendees"] = _dicts(db.execute("SELECT a.email, c.name FROM attendees a LEFT JOIN contacts c ON "
-                                               "c.email = a.email WHERE a.event_id = ? ORDER BY a.id", (event_id,)))
-            return e''', {"event_id": ID}),
-    tool("find_free_slots", "Start times (half-hour steps) on a day when a meeting of the given length fits "
-         "between no other events, within the working day 08:00-18:00 or between after/before.", '''
-        def find_free_slots(db, date, minutes, after="08:00", before="18:00"):
-            day = _date(date)
-            lo, hi = max(OPEN, _clock(after, "after")), min(CLOSE, _clock(before, "before"))
-            lo += -lo % 30
-            return [f"{day} {t // 60:02d}:{t % 60:02d}" for t in range(lo, hi - minutes + 1, 30)
-                    if _conflict(db, day, t, t + minutes) is None]''',
+    tool(code.get_event, "One event with its attendees (e-mail and, for contacts, name).", {"event_id": ID}),
+    tool(code.find_free_slots, "Start times (half-hour steps) on a day when a meeting of the given length fits "
+         "between no other events, within the working day 08:00-18:00 or between after/before.",
          {"date": DATE, "minutes": MINUTES, "after": HHMM, "before": HHMM}, ["date", "minutes"]),
-    tool("move_event", "Move a confirmed event to a new start time (same length); it must not overlap another "
-         "event and must fit in the working day.", '''
-        def move_event(db, event_id, start):
-            e = _event(db, event_id)
-            if e["status"] != "confirmed":
-                raise ToolError(f"event {event_id} is {e['status']}")
-            when = _when(start)
-            begin = when.hour * 60 + when.minute
-            if begin < OPEN or begin + e["minutes"] > CLOSE:
-                raise ToolError("events must fit between 08:00 and 18:00")
-            other = _conflict(db, when.date().isoformat(), begin, begin + e["minutes"], ignore=event_id)
-            if other is not None:
-                raise ToolError(f"that overlaps event {other['id']} ({other['title']} at {other['start']})")
-            db.execute("UPDATE events SET start = ? WHERE id = ?", (start, event_id))
-            return _event(db, event_id)''', {"event_id": ID, "start": WHEN}),
-    tool("cancel_event", "Cancel a confirmed event.", '''
-        def cancel_event(db, event_id):
-            e = _event(db, event_id)
-            if e["status"] != "confirmed":
-                raise ToolError(f"event {event_id} is already {e['status']}")
-            db.execute("UPDATE events SET status = 'cancelled' WHERE id = ?", (event_id,))
-            return {"id": event_id, "status": "cancelled"}''', {"event_id": ID}),
-    tool("create_event", "Create an event; it must not overlap another one.", '''
-        def create_event(db, title, start, minutes):
-            when = _when(start)
-            begin = when.hour * 60 + when.minute
-            other = _conflict(db, when.date().isoformat(), begin, begin + minutes)
-            if other is not None:
-                raise ToolError(f"that overlaps event {other['id']} ({other['title']} at {other['start']})")
-            cur = db.execute("INSERT INTO events (title, start, minutes, location, status) VALUES (?, ?, ?, '', "
-                             "'confirmed')", (title, start, minutes))
-            return _event(db, cur.lastrowid)''', {"title": S, "start": WHEN, "minutes": MINUTES}),
-    tool("find_contact", "Contacts whose name contains the text, with their e-mail.", '''
-        def find_contact(db, name):
-            found = _dicts(db.execute("SELECT id, name, email FROM contacts WHERE lower(name) LIKE ? ORDER BY id",
-                                      (f"%{name.strip().lower()}%",)))
-            if not found:
-                raise ToolError(f"no contact whose name contains {name!r}")
-            return found''', {"name": {"type": "string", "minLength": 2}}),
-    tool("add_attendee", "Invite someone (by e-mail) to an event.", '''
-        def add_attendee(db, event_id, email):
-            _event(db, event_id)
-            if "@" not in email:
-                raise ToolError(f"not an e-mail address: {email!r}")
-            if db.execute("SELECT 1 FROM attendees WHERE event_id = ? AND email = ?", (event_id, email)).fetchone():
-                raise ToolError(f"{email} is already invited to event {event_id}")
-            db.execute("INSERT INTO attendees (event_id, email) VALUES (?, ?)", (event_id, email))
-            return {"event_id": event_id, "invited": email}''', {"event_id": ID, "email": S}),
-    tool("remove_attendee", "Remove someone from an event's attendees.", '''
-        def remove_attendee(db, event_id, email):
-            _event(db, event_id)
-            if db.execute("DELETE FROM attendees WHERE event_id = ? AND email = ?", (event_id, email)).rowcount == 0:
-                raise ToolError(f"{email} is not invited to event {event_id}")
-            return {"event_id": event_id, "removed": email}''', {"event_id": ID, "email": S}),
-    tool("rename_event", "Change an event's title.", '''
-        def rename_event(db, event_id, title):
-            _event(db, event_id)
-            db.execute("UPDATE events SET title = ? WHERE id = ?", (title, event_id))
-            return _event(db, event_id)''', {"event_id": ID, "title": S}),
-    tool("set_reminder", "Remind the owner some minutes before an event.", '''
-        def set_reminder(db, event_id, minutes_before):
-            _event(db, event_id)
-            cur = db.execute("INSERT INTO reminders (event_id, minutes_before) VALUES (?, ?)", (event_id, minutes_before))
-            return {"reminder": cur.lastrowid}''', {"event_id": ID, "minutes_before": {"type": "integer", "minimum": 1}}),
-    tool("share_calendar", "Share the calendar with someone, read-only or with edit rights.", '''
-        def share_calendar(db, email, role):
-            cur = db.execute("INSERT INTO shares (email, role) VALUES (?, ?)", (email, role))
-            return {"share": cur.lastrowid}''', {"email": S, "role": {"type": "string", "enum": ["viewer", "editor"]}}),
-    tool("get_weather", "The weather forecast for a day.", '''
-        def get_weather(db, date):
-            day = _date(date)
-            return {"date": day.isoformat(), "forecast": ["sunny", "cloudy", "rain"][day.toordinal() % 3]}''',
+    tool(code.move_event, "Move a confirmed event to a new start time (same length); it must not overlap another "
+         "event and must fit in the working day.", {"event_id": ID, "start": WHEN}),
+    tool(code.cancel_event, "Cancel a confirmed event.", {"event_id": ID}),
+    tool(code.create_event, "Create an event; it must not overlap another one.",
+         {"title": S, "start": WHEN, "minutes": MINUTES}),
+    tool(code.find_contact, "Contacts whose name contains the text, with their e-mail.",
+         {"name": {"type": "string", "minLength": 2}}),
+    tool(code.add_attendee, "Invite someone (by e-mail) to an event.", {"event_id": ID, "email": S}),
+    tool(code.remove_attendee, "Remove someone from an event's attendees.", {"event_id": ID, "email": S}),
+    tool(code.rename_event, "Change an event's title.", {"event_id": ID, "title": S}),
+    tool(code.set_reminder, "Remind the owner some minutes before an event.",
+         {"event_id": ID, "minutes_before": {"type": "integer", "minimum": 1}}),
+    tool(code.share_calendar, "Share the calendar with someone, read-only or with edit rights.",
+         {"email": S, "role": {"type": "string", "enum": ["viewer", "editor"]}}),
+    tool(code.get_weather, "The weather forecast for a day.",
          {"date": DATE}),
-    tool("get_timezone", "The calendar's time zone.", '''
-        def get_timezone(db):
-            return {"timezone": "Europe/Lisbon"}'''),
+    tool(code.get_timezone, "The calendar's time zone."),
 ]
 
 
@@ -173,18 +65,13 @@ class Calendar(ToolFamily):
     name = "calendar"
     description = "personal calendar tools: list, move, cancel events, free slots, invitations (end state checked)"
 
-    def task(self, level: int, rng: random.Random) -> ToolTask:
-        n_contacts, per_day = {1: (5, (2, 3)), 2: (8, (3, 4)), 3: (12, (3, 5))}[level]
-        while True:  # regenerate until the scenario exists (deterministic in rng)
-            store, monday = self._store(rng, n_contacts, per_day)
-            made = (self._cancel, self._move, self._reshuffle)[level - 1](rng, store, monday)
-            if made is not None:
-                break
-        return make_task(level, rng, "a personal calendar", store, made, LIBRARY, DOMAIN_HELPERS,
-                         contacts=n_contacts, events_per_day=list(per_day))
+    def attempt(self, level: int, rng: random.Random) -> tuple[Store, Scenario | None]:
+        store, monday = self._store(rng, **self.sizes[level])
+        return store, (self._cancel, self._move, self._reshuffle)[level - 1](rng, store, monday)
 
     @staticmethod
-    def _store(rng: random.Random, n_contacts: int, per_day: tuple[int, int]) -> tuple[Store, dt.date]:
+    def _store(rng: random.Random, contacts: int, events_per_day: list[int]) -> tuple[Store, dt.date]:
+        n_contacts, per_day = contacts, events_per_day
         s = Store()
         names = people(rng, n_contacts)
         s.add("contacts", [("id", "INTEGER PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("email", "TEXT NOT NULL")],
@@ -301,3 +188,8 @@ class Calendar(ToolFamily):
         want = [after(s["events"], mine, start=when), after(s["events"], gone[0], status="cancelled")]
         return Scenario(text, oracle, want, {"events": [mine, gone[0]]},
                         added=[["attendees", {"event_id": mine, "email": c[2]}]])
+
+    # -- what each level offers: the store's size (its knobs), the scenario, the tools and their helpers
+    domain, library, helpers = "a personal calendar", LIBRARY, DOMAIN_HELPERS
+    sizes = {1: {"contacts": 5, "events_per_day": [2, 3]}, 2: {"contacts": 8, "events_per_day": [3, 4]},
+             3: {"contacts": 12, "events_per_day": [3, 5]}}
