@@ -62,8 +62,20 @@ class FamilyConfig(Section):
     seeds: list[int] = Field(default_factory=lambda: [0])
 
 
+EngineCapability = Literal["storage_cap", "build_pids", "tmpfs", "user_namespaces", "host_reads"]
+"""What a sandbox engine may offer (`tasks.sandbox.providers.Capabilities` states each engine's)."""
+
+
 class SandboxConfig(Section):
     base_image: str = "trajforge/base:latest"
+    engine: str | None = operational(None, description=(
+        "the Docker engine sandboxes and image builds run on: `unix:///path/d.sock` (or the bare path), "
+        "`tcp://host:2376` (TLS only), `ssh://user@host`; null: the local engine. A worker's "
+        "$TRAJFORGE_DOCKER_HOST wins over it (each host's Dask worker names its own engine)"))
+    require: list[EngineCapability] = operational(default_factory=list, description=(
+        "capabilities every engine must have, else a stage refuses it, named, before any sandbox runs: e.g. "
+        "[host_reads] so verification never runs without its outside view of the writable layer "
+        "(`work_tmpfs_mb` needs tmpfs without saying so)"))
     memory_mb: int = Field(512, ge=32)
     cpus: float = Field(1.0, gt=0)
     pids_limit: int = Field(256, ge=16)

@@ -30,7 +30,6 @@ from ...schemas.config import SandboxConfig
 from ...schemas.environment import DEFAULT_WORKDIR
 from .checksums import digest_command
 from .errors import (
-    DockerUnavailable,
     OutputTooLarge,
     SandboxError,
     StateTooLarge,
@@ -38,6 +37,7 @@ from .errors import (
 )
 from .layer import HARNESS_PATH, SYSTEM, classify, toolchain_changes, under, upper_changes
 from .limits import create_capped, ulimits
+from .providers import connect
 from .reaper import LABEL, owner_label
 from .streams import META, ExecHung, capture_argv, run_exec
 from .users import AGENT_UID, ROOT_FILE_CAPS, USERS
@@ -55,18 +55,12 @@ def _spellings(path: str) -> list[bytes]:
     return [raw] if decoded == raw else [raw, decoded]
 
 
-def docker_client(pool_size: int = 10) -> docker.DockerClient:
-    """A client whose HTTP pool fits `pool_size` concurrent calls (an episode driver keeps many)."""
-    try:
-        client = docker.from_env(timeout=120, max_pool_size=max(10, pool_size))
-        client.ping()
-        return client
-    except Exception as err:  # docker raises several types for "no engine"
-        raise DockerUnavailable(
-            "cannot reach a Docker engine "
-            f"({err.__class__.__name__}: {err}). Start one with `dockerd --bridge=none &` as root "
-            "(install it with `apt-get install -y docker.io`), or run `make setup`, which does both."
-        ) from None
+def docker_client(pool_size: int = 10, sandbox: SandboxConfig | None = None) -> docker.DockerClient:
+    """A client of this worker's engine (`providers.engine_url`: $TRAJFORGE_DOCKER_HOST, else
+    `sandbox.engine`, else the local one) whose HTTP pool fits `pool_size` concurrent calls (an episode
+    driver keeps many). With `sandbox`, an engine lacking a capability its settings need is refused
+    (`providers.EngineLacks`, a `DockerUnavailable`) before any sandbox is created."""
+    return connect(pool_size, sandbox)
 
 
 @dataclass

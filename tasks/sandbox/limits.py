@@ -30,7 +30,7 @@ from docker.types import Ulimit
 
 from ...schemas.config import SandboxConfig
 
-_CAP: dict[str, bool] = {}  # engine (base url) -> whether `storage_opt size` is enforced
+_CAP: dict[str, bool] = {}  # engine (`engine_key`) -> whether `storage_opt size` is enforced
 _BUILD_CG: dict[tuple[str, int], str | None] = {}  # (engine, pids cap) -> cgroup parent of build steps, or None
 BUILD_PIDS_FACTOR = 4  # the host's build steps together may run this many times a sandbox's pids
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -44,9 +44,16 @@ def ulimits(cfg: SandboxConfig) -> list[Ulimit]:
             Ulimit(name="nofile", soft=cfg.open_files, hard=cfg.open_files)]
 
 
+def engine_key(client: docker.DockerClient) -> str:
+    """Which engine a client talks to: its base URL, plus the socket path for a unix socket (every one
+    of those has the base URL `http+docker://localhost`: two engines on one host must not share a key)."""
+    path = getattr(getattr(client.api, "_custom_adapter", None), "socket_path", None)
+    return f"{client.api.base_url}{path or ''}"
+
+
 def storage_cap(client: docker.DockerClient) -> bool | None:
     """Whether this engine caps a container's writable layer (None: not known yet)."""
-    return _CAP.get(client.api.base_url)
+    return _CAP.get(engine_key(client))
 
 
 def _is_storage_opt_refusal(err: Exception) -> bool:
@@ -66,10 +73,10 @@ def create_capped(client: docker.DockerClient, image: str, cfg: SandboxConfig, *
         if not _is_storage_opt_refusal(err):
             raise
         with _LOCK:
-            _CAP[client.api.base_url] = False
+            _CAP[engine_key(client)] = False
         return client.containers.create(image, **kw)
     with _LOCK:
-        _CAP[client.api.base_url] = True
+        _CAP[engine_key(client)] = True
     return container
 
 
@@ -111,7 +118,7 @@ def build_cgroup(client: docker.DockerClient, cfg: SandboxConfig) -> str | None:
     a remote engine (its cgroups are another host's), the `systemd` cgroup driver (a parent must then
     be a systemd slice), not root, or no pids controller. Learnt once per engine and cap."""
     cap = BUILD_PIDS_FACTOR * cfg.pids_limit
-    key = (client.api.base_url, cap)
+    key = (engine_key(client), cap)
     if key not in _BUILD_CG:
         name, found = f"trajforge-build-{cap}", None
         try:
