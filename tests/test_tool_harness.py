@@ -166,7 +166,7 @@ def _reply(rid: int | str, **body: Any) -> str:
 def test_call_outcomes_are_classified(output, timed_out, code, kind, exit_code, says):
     box = _FakeBox(ExecResult(code, output, 0.1, timed_out, len(output), False))
     out = call_tool(box, "t", {}, 5)
-    assert (out.kind, out.exit_code) == (kind, exit_code) and says in out.text
+    assert (out.outcome, out.exit_code) == (kind, exit_code) and says in out.text
     assert out.truncated == (kind == "ok") and len(out.text.encode()) < 400
 
 
@@ -205,7 +205,7 @@ def test_a_spoofed_reply_cannot_pass_for_the_servers():
     box = _FakeBox(ExecResult(0, spoof + _reply("RID", result={"content": [{"type": "text", "text": "real"}]}),
                               0.1, False, 10, False))
     assert call_tool(box, "t", {}, 5).text == "real"
-    assert call_tool(_FakeBox(ExecResult(0, spoof, 0.1, False, 10, False)), "t", {}, 5).kind == "server_error"
+    assert call_tool(_FakeBox(ExecResult(0, spoof, 0.1, False, 10, False)), "t", {}, 5).outcome == "server_error"
     call_tool(box, "t", {}, 5)
     ids = [json.loads(base64.b64decode(c.split()[2]).decode().splitlines()[-1])["id"] for c in box.commands]
     assert len(set(ids)) == 2 and all(len(i) == 16 for i in ids)
@@ -220,7 +220,7 @@ def test_a_surrogate_escaped_in_arguments_never_breaks_encoding():
     echoed = json.dumps({"jsonrpc": "2.0", "id": "RID", "result": {"content": [
         {"type": "text", "text": "error: no book " + json.loads(raw)["text"]}], "isError": True}})
     out = call_tool(_FakeBox(ExecResult(0, echoed + "\n", 0.1, False, 10, False)), "search", {}, 10)
-    assert out.kind == "tool_error" and out.text == "error: no book \ufffd"
+    assert out.outcome == "tool_error" and out.text == "error: no book \ufffd"
     out.text.encode()
 
 
@@ -594,4 +594,4 @@ def test_the_official_mcp_client_speaks_to_the_server_in_the_sandbox(docker_clie
         asyncio.run(sdk_conformance("docker", ["exec", "-i", "-u", "1000:1000", "-w", ledger.workdir, sb.name,
                                                "python3", "-I", ".tools/server.py"]))
         out = call_tool(sb, "get_account", {"name": "bob"}, 20)
-        assert out.kind == "ok" and json.loads(out.text)["balance"] == 80
+        assert out.outcome == "ok" and json.loads(out.text)["balance"] == 80

@@ -190,7 +190,7 @@ class ToolMode:
             self.st.steps.append(Step(turn=turn, command=call_command(name, arguments), exit_code=out.exit_code,
                                       duration_s=round(out.duration_s, 4), timed_out=out.timed_out,
                                       killed_by=out.killed_by, output_bytes=out.output_bytes, truncated=out.truncated))
-        if out.kind == "call_error":
+        if out.outcome == "call_error":
             self.st.format_errors += 1
             self.st.call_errors += 1
         else:  # a valid call (a server error is the environment's fault, not the model's)

@@ -49,12 +49,12 @@ def source_kind(source: str) -> str:
 
 def source_priority(source: str) -> int:
     """Which of two near-duplicates is kept: procedural first, then imported task folders, then LLM."""
-    kind = source_kind(source)
-    if kind == "procedural":
+    origin = source_kind(source)
+    if origin == "procedural":
         return 0
-    if kind in source_names():
+    if origin in source_names():
         return 1
-    return 2 if kind == "llm" else 3
+    return 2 if origin == "llm" else 3
 
 
 def sibling_of(env: EnvSpec, replay: bool = False) -> EnvSpec | None:

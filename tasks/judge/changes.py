@@ -28,6 +28,7 @@ import re
 import shlex
 import sys
 import tarfile
+from typing import Callable
 
 from ...schemas.common import ChangeSet
 from ...schemas.environment import EnvSpec
@@ -59,22 +60,18 @@ def _importable_name(path: str, workdir: str) -> str | None:
     return name if name.isidentifier() else None
 
 
+# the classes of a changed path that could change how the tests run, by path alone; the first that matches names it
+SENSITIVE: tuple[tuple[str, Callable[[str], object]], ...] = (
+    ("verifier_path", VERIFIER.search), ("interpreter_startup", STARTUP.search), ("python_path", SITE.search),
+    ("executable_on_path", lambda p: posixpath.dirname(p) in PATH_DIRS), ("shell_startup", SHELL.search),
+    ("test_config", TEST_CONFIG.search), ("bytecode", BYTECODE.search))
+
+
 def sensitive_class(path: str, workdir: str) -> str | None:
     """Why a changed path could change how the tests run (None: it cannot by itself)."""
-    if VERIFIER.search(path):
-        return "verifier_path"
-    if STARTUP.search(path):
-        return "interpreter_startup"
-    if SITE.search(path):
-        return "python_path"
-    if posixpath.dirname(path) in PATH_DIRS:
-        return "executable_on_path"
-    if SHELL.search(path):
-        return "shell_startup"
-    if TEST_CONFIG.search(path):
-        return "test_config"
-    if BYTECODE.search(path):
-        return "bytecode"
+    found = next((name for name, matches in SENSITIVE if matches(path)), None)
+    if found:
+        return found
     if inside(path, workdir):
         name = _importable_name(path, workdir)
         if name and (name in TEST_MODULES or name in sys.stdlib_module_names):

@@ -178,21 +178,20 @@ class ConfigRepair(Family):
             if len(repaired) == n_defects:
                 break
             spec = schema[path]
-            kinds = [k for k in DEFECTS if self._applies(k, spec)]
-            kind = rng.choice(kinds)
+            defect = rng.choice([k for k in DEFECTS if self._applies(k, spec)])
             *parents, leaf = path.split(".")
             node = broken
             for p in parents:
                 node = node[p]
             value = node[leaf]
-            if kind == "string_number":
+            if defect == "string_number":
                 node[leaf], repaired[path] = str(value), value
-            elif kind == "string_bool":
+            elif defect == "string_bool":
                 node[leaf], repaired[path] = str(value).lower(), value
-            elif kind == "missing":
+            elif defect == "missing":
                 del node[leaf]
                 repaired[path] = spec["default"]
-            elif kind == "bad_enum":
+            elif defect == "bad_enum":
                 node[leaf], repaired[path] = rng.choice(["verbose", "trace", "master", "auto"]), spec["default"]
             else:  # out_of_range
                 node[leaf], repaired[path] = spec["max"] + rng.randint(1, 1000), spec["default"]
@@ -218,10 +217,10 @@ class ConfigRepair(Family):
                      protected=["schema.json", "validate.py"])
 
     @staticmethod
-    def _applies(kind: str, spec: dict) -> bool:
+    def _applies(defect: str, spec: dict) -> bool:
         t = spec["type"]
         return {"string_number": t in ("int", "float"), "string_bool": t == "bool", "missing": True,
-                "bad_enum": "enum" in spec, "out_of_range": "max" in spec}[kind]
+                "bad_enum": "enum" in spec, "out_of_range": "max" in spec}[defect]
 
     @staticmethod
     def _get(cfg: dict, dotted: str):

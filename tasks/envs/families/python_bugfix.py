@@ -74,25 +74,25 @@ FUNCTIONS: dict[str, tuple[str, tuple[str, str], str]] = {
 WORDS = ["alpha", "Bravo", "delta", "Echo", "kilo", "lima", "Oscar", "romeo"]
 
 
-def _inputs(kind: str, rng: random.Random) -> list[list]:
-    if kind == "lists":
+def _inputs(shape: str, rng: random.Random) -> list[list]:
+    if shape == "lists":
         return [[[rng.randint(-50, 50) for _ in range(n)]] for n in (1, 2, 3, 4, 5, 6, 7, 10)]
-    if kind == "clamps":
+    if shape == "clamps":
         return [[rng.randint(-20, 20), lo, lo + rng.randint(1, 10)] for lo in (-5, 0, 3, 7, -12, 1)]
-    if kind in ("texts", "texts1"):
+    if shape in ("texts", "texts1"):
         return [[s] for s in ["", "one", "two  words", " lead and trail ", "tab\tsep\nline",
                               " ".join(rng.sample(WORDS, 4)), "AEIOU aeiou xyz"]]
-    if kind == "windows":
+    if shape == "windows":
         return [[[rng.randint(0, 20) for _ in range(n)], k] for n, k in ((5, 2), (6, 3), (4, 4), (7, 1), (8, 5))]
-    if kind == "phrases":
+    if shape == "phrases":
         return [[s] for s in ["Racecar", "Never odd or even", "abc", "A man, a plan, a canal: Panama", "Ab", "x"]]
-    if kind == "durations":
+    if shape == "durations":
         return [[s] for s in ["45s", "1h", "1h30m", "2h5m10s", f"{rng.randint(1, 59)}m", "10m5s"]]
-    if kind == "chunks":
+    if shape == "chunks":
         return [[list(range(n)), k] for n, k in ((10, 3), (9, 3), (4, 5), (0, 2), (7, 2))]
-    if kind == "percents":
+    if shape == "percents":
         return [[p, t] for p, t in ((1, 3), (2, 3), (50, 200), (7, 9), (rng.randint(1, 99), 100))]
-    raise KeyError(kind)
+    raise KeyError(shape)
 
 
 def _run(src: str, name: str, args: list):
@@ -168,8 +168,8 @@ class PythonBugfix(Family):
         buggy = set(rng.sample(names, n_bugs))
         parts, patches, cases = ['"""Small helpers used by the reporting scripts."""\n'], [], {}
         for name in names:
-            src, (bad, good), kind = FUNCTIONS[name]
-            cases[name] = [[args, _run(src, name, args)] for args in _inputs(kind, rng)]
+            src, (bad, good), shape = FUNCTIONS[name]
+            cases[name] = [[args, _run(src, name, args)] for args in _inputs(shape, rng)]
             if name in buggy:
                 parts.append(src.replace(good, bad))
                 patches.append([bad, good])

@@ -48,6 +48,9 @@ def test_database_untouched():
 
 
 class SqlQuery(Family):
+    """The reference solution's query carries the question's literals (a month, a status, a quarter), so
+    it does not solve a sibling: not `replay_invariant`."""
+
     name = "sql_query"
     description = "answer a question with SQL over a sqlite database of customers, products and orders"
     replay_invariant = False

@@ -68,6 +68,8 @@ class Candidate(BaseModel):
 
 
 def parse_candidate(text: str, theme: str, index: int) -> tuple[EnvSpec | None, Reject | None]:
+    """One terminal environment from a teacher's reply, or the reject saying why not (`llm_schema`,
+    `llm_unsafe_path`, `llm_unsafe_tests`; the reply's own parse: reply.py)."""
     key = f"llm:{safe_name(theme)}:{index}"
     cand, reject = validated(text, key, Candidate)
     if reject:

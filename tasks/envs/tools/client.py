@@ -50,7 +50,7 @@ class Execs(Protocol):
 
 @dataclass
 class Outcome:
-    kind: Literal["ok", "tool_error", "call_error", "server_error"]
+    outcome: Literal["ok", "tool_error", "call_error", "server_error"]
     text: str  # what the model is shown
     exit_code: int
     duration_s: float = 0.0
@@ -175,19 +175,19 @@ def call_tool(sb: Execs, name: str, arguments: dict[str, Any], timeout_s: float)
         else:
             why = f"the tool server ended (exit code {res.exit_code}) without an answer: {tail(res.output, 200)}"
         code = res.exit_code if res.exit_code not in (0, 1, 2) else 3
-        text, kind = f"tool server error: {why}", "server_error"
+        text, outcome = f"tool server error: {why}", "server_error"
     elif "error" in reply:
         err = reply["error"] if isinstance(reply["error"], dict) else {}
-        kind = "call_error" if err.get("code") == -32602 else "server_error"
-        text = f"{'call' if kind == 'call_error' else 'tool server'} error: {err.get('message', reply['error'])}"
-        code = EXIT_CODES.get(kind, 3)
+        outcome = "call_error" if err.get("code") == -32602 else "server_error"
+        text = f"{'call' if outcome == 'call_error' else 'tool server'} error: {err.get('message', reply['error'])}"
+        code = EXIT_CODES.get(outcome, 3)
     else:
         result = reply.get("result") if isinstance(reply.get("result"), dict) else {}
         text = "\n".join(str(c.get("text", "")) for c in result.get("content") or [] if isinstance(c, dict))
-        kind = "tool_error" if result.get("isError") else "ok"
-        code = EXIT_CODES[kind]
+        outcome = "tool_error" if result.get("isError") else "ok"
+        code = EXIT_CODES[outcome]
     shown, truncated = cut(text, sb.cfg.output_limit_bytes)
-    return Outcome(kind, shown, code, res.duration_s, res.timed_out, res.killed_by, len(clean(text).encode()),
+    return Outcome(outcome, shown, code, res.duration_s, res.timed_out, res.killed_by, len(clean(text).encode()),
                    truncated or res.truncated)
 
 
