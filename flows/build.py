@@ -421,7 +421,7 @@ def _reap_build(ctx: StageContext) -> None:
     from ..tasks.sandbox import docker_client, reap_orphans
 
     try:
-        client = docker_client()
+        client = docker_client(sandbox=ctx.config.sandbox)
         try:
             n = reap_orphans(client, build_id=ctx.build_id)
         finally:

@@ -70,26 +70,53 @@ def _runs_check(runs: str) -> Check:
     return disk_check("runs disk", runs.removeprefix("file://"))
 
 
+def engines(cfg: BuildConfig) -> list[tuple[str | None, str]]:
+    """Every engine the config names, as (address, where it comes from): this host's engine first
+    ($TRAJFORGE_DOCKER_HOST, else `sandbox.engine`, else the local one), then `sandbox.engine` when this
+    host's variable overrides it (the other workers may use it)."""
+    from ..tasks.sandbox.providers import engine_url
+
+    first = engine_url(cfg.sandbox)
+    out = [first]
+    if cfg.sandbox.engine and first[0] != cfg.sandbox.engine:
+        out.append((cfg.sandbox.engine, "sandbox.engine"))
+    return out
+
+
 def docker_checks(cfg: BuildConfig) -> list[Check]:
-    """The engine, its storage driver and writable-layer cap, its disk, the base image."""
+    """For every engine the config names (`engines`): the engine, its storage driver and writable-layer
+    cap, its capabilities against what the config needs, its disk, the base image. Rows of engines past
+    the first name their address."""
+    out: list[Check] = []
+    for i, (url, origin) in enumerate(engines(cfg)):
+        out += engine_checks(cfg, url, origin, "" if i == 0 else f" @ {url}")
+    return out
+
+
+def engine_checks(cfg: BuildConfig, url: str | None, origin: str, suffix: str = "") -> list[Check]:
+    """One engine's rows (names end with `suffix`)."""
     import docker.errors
 
-    from ..tasks.sandbox import LABEL, DockerUnavailable, docker_client, owner_label
+    from ..tasks.sandbox import LABEL, DockerUnavailable, owner_label
     from ..tasks.sandbox.limits import probe_storage_cap
+    from ..tasks.sandbox.providers import MEANING, connect, needs, provider_for
 
     try:
-        client = docker_client()
+        provider = provider_for(url, origin)
+        client = connect(url=url, origin=origin)
     except DockerUnavailable as err:
         dead = "not checked: no Docker engine"
-        return [Check("docker engine", "fail", str(err).split(". Start")[0],
-                      "start dockerd (`bash deploy/ensure-docker.sh` or `make setup`) or fix DOCKER_HOST"),
-                Check("storage", "fail", dead), Check("base image", "fail", dead)]
+        fix = ("start dockerd (`bash deploy/ensure-docker.sh` or `make setup`) or fix DOCKER_HOST" if url is None else
+               f"start the engine at {url} or fix {origin}")
+        return [Check("docker engine" + suffix, "fail", str(err).split(". Start")[0], fix),
+                Check("storage" + suffix, "fail", dead), Check("base image" + suffix, "fail", dead)]
     out: list[Check] = []
     try:
         version, info = client.version(), client.info()
-        out.append(Check("docker engine", "ok", f"{version.get('Version')} (API {version.get('ApiVersion')}) at "
-                                                f"{client.api.base_url}, {info.get('NCPU')} CPUs, cgroup "
-                                                f"v{info.get('CgroupVersion', '?')}"))
+        out.append(Check("docker engine" + suffix, "ok",
+                         f"{version.get('Version')} (API {version.get('ApiVersion')}) at "
+                         f"{client.api.base_url if url is None else url} ({provider.name}, from {origin}), "
+                         f"{info.get('NCPU')} CPUs, cgroup v{info.get('CgroupVersion', '?')}"))
         driver = info.get("Driver", "?")
         backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "?")
         try:
@@ -98,31 +125,42 @@ def docker_checks(cfg: BuildConfig) -> list[Check]:
         except docker.errors.ImageNotFound:
             base_ok = False
         if not base_ok:
-            out.append(Check("storage", "warn", f"{driver} on {backing}: cap not probed (no base image)"))
+            out.append(Check("storage" + suffix, "warn", f"{driver} on {backing}: cap not probed (no base image)"))
         else:
             capped, why = probe_storage_cap(client, cfg.sandbox.base_image,
                                             {LABEL: "1", "trajforge.owner": owner_label()})
             if capped:
-                out.append(Check("storage", "ok", f"{driver} on {backing}: each sandbox's writable layer is capped "
-                                                  f"at sandbox.disk_mb={cfg.sandbox.disk_mb} MiB"))
+                out.append(Check("storage" + suffix, "ok", f"{driver} on {backing}: each sandbox's writable layer is "
+                                                           f"capped at sandbox.disk_mb={cfg.sandbox.disk_mb} MiB"))
             else:
-                out.append(Check("storage", "warn", f"{driver} on {backing} cannot cap a writable layer ({why}); "
-                                                    f"sandboxes cap each file at sandbox.file_size_mb="
-                                                    f"{cfg.sandbox.file_size_mb} MiB (RLIMIT_FSIZE) instead",
+                out.append(Check("storage" + suffix, "warn",
+                                 f"{driver} on {backing} cannot cap a writable layer ({why}); "
+                                 f"sandboxes cap each file at sandbox.file_size_mb="
+                                 f"{cfg.sandbox.file_size_mb} MiB (RLIMIT_FSIZE) instead",
                                  "put the engine's data-root on xfs mounted with pquota (or btrfs/zfs) to cap "
                                  "each sandbox's total writes"))
+        caps = provider.capabilities(client, cfg.sandbox)
+        missing = caps.missing(wanted := needs(cfg.sandbox))
+        if missing:
+            out.append(Check("engine capabilities" + suffix, "fail",
+                             f"{provider} lacks " + "; ".join(f"{c} ({MEANING[c]}), which {wanted[c]} needs"
+                                                              for c in missing),
+                             "use an engine that has it (sandbox.engine / $TRAJFORGE_DOCKER_HOST) or drop the setting"))
+        else:
+            out.append(Check("engine capabilities" + suffix, "ok", caps.line()))
         root = info.get("DockerRootDir")
         if root and client.api.base_url.startswith("http+docker://localhost") and Path(root).exists():
-            out.append(disk_check("engine disk", root))
+            out.append(disk_check("engine disk" + suffix, root))
         if base_ok:
             img = client.images.get(cfg.sandbox.base_image)
-            out.append(Check("base image", "ok", f"{cfg.sandbox.base_image} ({img.short_id}, "
-                                                 f"{img.attrs.get('Size', 0) / 2**20:.0f} MiB)"))
+            out.append(Check("base image" + suffix, "ok", f"{cfg.sandbox.base_image} ({img.short_id}, "
+                                                          f"{img.attrs.get('Size', 0) / 2**20:.0f} MiB)"))
         else:
-            out.append(Check("base image", "fail", f"{cfg.sandbox.base_image} is missing",
-                             "make setup (or bash deploy/images/build-base.sh)"))
+            out.append(Check("base image" + suffix, "fail", f"{cfg.sandbox.base_image} is missing",
+                             "make setup (or bash deploy/images/build-base.sh)" if url is None else
+                             f"docker save {cfg.sandbox.base_image} | docker -H {url} load"))
     except docker.errors.DockerException as err:
-        out.append(Check("docker engine", "fail", f"{err.__class__.__name__}: {err}", "check the engine's log"))
+        out.append(Check("docker engine" + suffix, "fail", f"{err.__class__.__name__}: {err}", "check the engine's log"))
     finally:
         client.close()
     return out

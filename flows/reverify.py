@@ -59,7 +59,7 @@ def reverify(trajectories: str, env_paths: list[str], config: BuildConfig | None
     records, rejects = load_recorded(trajectories)
     envs, env_rejects = load_paths(env_paths)
     rejects += env_rejects
-    client = docker_client()
+    client = docker_client(sandbox=config.sandbox)
     groups: dict[str, list[Recorded]] = defaultdict(list)
     used: dict[str, EnvSpec] = {}
     for rec in records:

@@ -77,7 +77,7 @@ class SynthesizeStage(Stage):
         s = cfg.synthesize
         wanted = set(shard.payload["env_ids"]) | set(shard.payload["duplicates"])
         cands = {e.env_id: e for e in ctx.store.read_records(upstream["propose"].parts, EnvSpec) if e.env_id in wanted}
-        client = docker_client(pool_size=2 * s.build_concurrency + 4)
+        client = docker_client(pool_size=2 * s.build_concurrency + 4, sandbox=cfg.sandbox)
         stats: dict[str, Any] = {"images_built": 0, "validation_seconds": 0.0, "yield": {}, "kept_by_oracle": {},
                                  "build_failures": {}}
         rows, rejects = [], []

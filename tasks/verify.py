@@ -70,7 +70,7 @@ class VerifyStage(Stage):
 def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[Rollout]) -> ShardResult:
     """Verdicts for `rollouts` (whole environments, so successes can be compared): each rollout is judged by
     `judge.checks.CHECKS` in order, then the contrastive check runs over each environment's successes."""
-    client = docker_client(pool_size=2 * ctx.config.verify.concurrency + 4)
+    client = docker_client(pool_size=2 * ctx.config.verify.concurrency + 4, sandbox=ctx.config.sandbox)
     cfg = ctx.config
     box = lambda env: Sandbox(  # noqa: E731
         client, env.image, cfg.sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,

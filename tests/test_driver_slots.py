@@ -84,7 +84,7 @@ def run(monkeypatch, tmp_path, probe: Probe, conc: int, n: int, retries: int = 0
     cfg["rollout"].update(concurrency=conc, infra_retries=retries)
     ctx = StageContext.create(parse_config(cfg), "b")
     monkeypatch.setattr(driver, "run_episode", probe)
-    monkeypatch.setattr(driver, "docker_client", lambda pool_size: NoDocker())
+    monkeypatch.setattr(driver, "docker_client", lambda pool_size, sandbox=None: NoDocker())
     env = EnvSpec(env_id="e", family="f", level=1, seed=0, instruction="do", image="img:1",
                   tests=[FileSpec(path="test_x.py", content="def test_a(): pass")])
     probe.conc = conc

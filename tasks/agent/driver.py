@@ -77,7 +77,7 @@ def run_episodes(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
 async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple],
                  teacher=None) -> ShardResult:
     cfg = ctx.config
-    client = docker_client(pool_size=4 * cfg.rollout.concurrency + 4)
+    client = docker_client(pool_size=4 * cfg.rollout.concurrency + 4, sandbox=cfg.sandbox)
     used = sorted({ep[2] if len(ep) > 2 else 0 for ep in episodes})
     teachers = {i: teacher or make_teacher(cfg.teachers[i], ctx.runtime, ctx.limiter) for i in used}
     settings = {i: episode_settings(ctx, cfg.teachers[i]) for i in used}
