@@ -306,7 +306,8 @@ def build_side(cfg: Path) -> tuple[int, dict]:
                          columns=["env_id", "sample", "passed", "verifier_output"]).to_pylist()
     failed = {f"{r['env_id'][:12]} #{r['sample']}": r["verifier_output"][-200:] for r in rows if not r["passed"]}
     return sum(r["passed"] for r in rows), {"rollout stage": rollout, "verify stage": verify,
-                                            "outside stages": wall - rollout - verify, "failed": failed}
+                                            "outside stages": wall - rollout - verify, "failed": failed,
+                                            "trials": len(rows)}
 
 
 def committed_envs(build: Path) -> list[EnvSpec]:
@@ -372,9 +373,10 @@ def run_set(name: str, sides: dict, trials: int, rounds: int, warmup: int, paral
     for r in range(rounds):
         for k in (order if r % 2 == 0 else order[::-1]):
             wall, cpu, (passed, phases) = measure(sides[k], trials)
-            got[k].append((wall, cpu, passed, phases))
-            print(f"... {name} round {r + 1} side ({k}): {wall:.1f}s, {trials / wall:.2f} trials/s, {cpu:.1f} CPU-s, "
-                  f"{passed}/{trials} passed; load {os.getloadavg()[0]:.2f}", flush=True)
+            n = phases.pop("trials", trials)  # a build runs its config's trials (environments x samples)
+            got[k].append((wall * trials / n, cpu * trials / n, passed, phases, n))  # scaled to `trials`
+            print(f"... {name} round {r + 1} side ({k}): {wall:.1f}s, {n / wall:.2f} trials/s, {cpu:.1f} CPU-s, "
+                  f"{passed}/{n} passed; load {os.getloadavg()[0]:.2f}", flush=True)
 
     def med(k: str, f) -> float:
         return statistics.median(f(x) for x in got[k])
@@ -385,7 +387,8 @@ def run_set(name: str, sides: dict, trials: int, rounds: int, warmup: int, paral
     rows = []
     extra: dict[str, float] = {}
     for k in sides:
-        phases = {n: statistics.median(x[3][n] for x in got[k]) for n in got[k][0][3] if n != "failed"}
+        scale = trials / got[k][0][4]  # a build's stage times, scaled to `trials` as its wall and CPU are
+        phases = {n: statistics.median(x[3][n] for x in got[k]) * scale for n in got[k][0][3] if n != "failed"}
         if "job" in phases:  # Harbor's own job time: its trials without the command's start-up
             extra["e job"] = trials / phases["job"]
         if "rollout stage" in phases:
@@ -394,9 +397,10 @@ def run_set(name: str, sides: dict, trials: int, rounds: int, warmup: int, paral
         wall, cpu = med(k, lambda x: x[0]), med(k, lambda x: x[1])
         rows.append([LABELS[k], f"{wall:.1f}", f"{rate[k]:.2f}", f"{rate[k] / floor:.2f}",
                      f"{rate[k] / rate['e']:.1f}" if "e" in rate else "-", f"{cpu:.1f}", f"{cpu / trials:.2f}",
-                     "/".join(str(x[2]) for x in got[k]), " + ".join(f"{n} {v:.1f}s" for n, v in phases.items())])
+                     "/".join(f"{x[2]}" + (f" of {x[4]}" if x[4] != trials else "") for x in got[k]), " + ".join(f"{n} {v:.1f}s" for n, v in phases.items())])
     print_table(f"oracle_trials, {name}: {trials} reference-solution trials per side and round, parallelism {parallel}, "
-                f"median of {rounds} rounds (order {' '.join(order)} / reversed), {warmup} warm-up trials per side",
+                f"median of {rounds} rounds (order {' '.join(order)} / reversed), {warmup} warm-up trials per side; a build "
+                f"runs its config's trials (`passed` says how many): its wall, CPU and stage times are scaled to {trials}",
                 ["side", "wall s", "trials/s", f"÷ floor {floor_name}", "÷ Harbor (e)", "machine CPU-s", "CPU-s/trial",
                  "passed (per round)", "phases (wall)"], rows)
     print("timed rounds, start: " + "; ".join(before))
