@@ -38,10 +38,10 @@ from trajforge.schemas.environment import EnvSpec, FileSpec  # noqa: E402
 from trajforge.schemas.export import TrajectoryRow  # noqa: E402
 from trajforge.schemas.trajectory import FunctionCall, Message, Rollout, ToolCall  # noqa: E402
 from trajforge.schemas.verdict import Quality, TestResult, Verdict  # noqa: E402
-from trajforge.tasks.dataset.secrets import Scanner, scan_table  # noqa: E402
 from trajforge.tasks.engine import Manifest, Shard, StageContext, execute_shard  # noqa: E402
 from trajforge.tasks.engine.store import PARQUET_OPTS  # noqa: E402
 from trajforge.tasks.export import SCANNED, ExportStage  # noqa: E402
+from trajforge.tasks.redaction.secrets import Scanner, scan_table  # noqa: E402
 
 ENVS = 500
 

@@ -26,16 +26,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import __version__
 from ..schemas.build import BuildRecord, StageEntry
 from ..schemas.config import BuildConfig
-from ..tasks.dataset.secrets import real_config, redact_settings
 from ..tasks.engine import Manifest, Shard, StageContext, StagePlan, commit, execute_shard, prepare
 from ..tasks.engine.lease import RUNTIME_KEY as LEASE_KEY
 from ..tasks.engine.lease import Lease, LeaseHeld, abandon, hold, live_leases
 from ..tasks.engine.progress import read_progress
 from ..tasks.engine.store import RunStore
 from ..tasks.pipeline import Pipeline, instance_name, resolve_inputs
+from ..tasks.redaction.secrets import real_config, redact_settings
 from ..tasks.teachers.cpu_profile import throughput_line
 from .runtime import cluster_limiter
-from .services import SERVICES
+from .services import PER_STAGE, SERVICES
 
 DEFAULT_PIPELINE = "trajforge.tasks.pipeline:PIPELINE"
 console = Console(stderr=True)
@@ -59,7 +59,7 @@ def stored_build_config(stored: dict[str, Any], source: str, real: BuildConfig |
     values in it (then `real`, whose redacted form must equal the stored one; `runs` aside); else `real` is
     only checked. Raises ConfigError naming `how` (how to pass the real config) when it is needed or differs."""
     from ..schemas.config import ConfigError, parse_config
-    from ..tasks.dataset.secrets import REDACTED
+    from ..tasks.redaction.secrets import REDACTED
 
     kept = parse_config(stored, source, stored=True)
     if real is None:
@@ -218,15 +218,14 @@ class _Build:
         console.print(f"[cyan]▶[/] {instance:<10} running  fingerprint {plan.fingerprint} "
                       f"({len(plan.pending)}/{len(plan.shards)} shards to run"
                       + (": its gate changed, only the gate runs again)" if plan.regate else ")"))
-        if plan.pending:
-            for name in stage.services_for(self.cfg):
-                if name not in self.started:
+        with contextlib.ExitStack() as around:  # services of this stage only (`PER_STAGE`: reap before and after)
+            for name in stage.services_for(self.cfg) if plan.pending else ():
+                if name in PER_STAGE:
+                    ctx.runtime.update(around.enter_context(SERVICES[name](self.cfg, ctx, console)))
+                elif name not in self.started:
                     ctx.runtime.update(self.services.enter_context(SERVICES[name](self.cfg, ctx, console)))
                     self.started.add(name)
-        try:
             self._run_shards(stage.name, plan, upstream)
-        finally:
-            _reap_build(ctx)
         if self.lease is not None:
             self.lease.check()
         try:
@@ -413,20 +412,3 @@ def _finish(b: _Build, error: BaseException | None) -> None:
 # Like the shard task: the flow wraps a module-level function kept under its own name, so Prefect's
 # context (which carries the flow) pickles it by reference instead of by value with its globals.
 build_dataset = flow(name="build_dataset", flow_run_name="{config[dataset]} {build_id}")(run_build_flow)
-
-
-def _reap_build(ctx: StageContext) -> None:
-    """No sandbox outlives its stage: remove any container of this build left on this host's engine
-    (e.g. created by a request still in flight when a previous run of the build was killed)."""
-    from ..tasks.sandbox import docker_client, reap_orphans
-
-    try:
-        client = docker_client(sandbox=ctx.config.sandbox)
-        try:
-            n = reap_orphans(client, build_id=ctx.build_id)
-        finally:
-            client.close()
-    except Exception:
-        return
-    if n:
-        console.print(f"  removed {n} leftover sandbox container(s) of build {ctx.build_id}")

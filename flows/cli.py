@@ -16,6 +16,7 @@ from ..tasks.pipeline import STAGE_NAMES
 from . import runtime  # noqa: F401  (sets Prefect/GX environment defaults before they are imported)
 from .console import console, err_console, fail
 from .envs_cli import envs_app, images_app
+from .launch import rerun_build, run_build
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build verified agent-trajectory datasets.")
 app.add_typer(envs_app, name="envs")
@@ -64,66 +65,6 @@ def _check_stage_names(names: list[str]) -> None:
     for n in names:
         if n not in STAGE_NAMES:
             _fail(f"unknown stage {n!r}; valid stages: {', '.join(STAGE_NAMES)}")
-
-
-def _pick_build(store: RunStore, cfg: BuildConfig, requested: str | None) -> tuple[str, str]:
-    """(id, how): an explicit id; else resume the newest unfinished build of the same config; else a new id."""
-    from .build import config_hash, new_build_id
-
-    if requested:
-        return requested, "explicit"
-    want = config_hash(cfg)
-    for b in reversed(store.builds()):
-        rec = store.read_build(b)
-        if rec is not None and rec.status != "committed" and rec.config_hash == want:
-            return b, "resume"
-        break  # only the newest build is a resume candidate
-    return new_build_id(), "fresh"
-
-
-def run_build(cfg: BuildConfig, build_id: str | None = None, from_stage: str | None = None,
-              only: list[str] | None = None, force: list[str] | None = None, dask_address: str | None = None,
-              retry: list[str] | None = None, accept: list[str] | None = None) -> dict:
-    """Library entry point used by the CLI and the tests. Takes the build's lease first: a build
-    another live process holds raises LeaseHeld before anything is started or reaped. `accept`: gate
-    expectations (`rollout.format_error_share`, or the name in its suite) committed although they fail.
-    A relative `runs` is resolved here, against the current directory, before anything reaches a worker."""
-    from .build import claim_build
-
-    cfg = cfg.with_absolute_runs()
-    store = RunStore(cfg.runs, cfg.dataset)
-    build_id, how = _pick_build(store, cfg, build_id)
-    with claim_build(store, cfg, build_id, fresh=how == "fresh", say=err_console.print):
-        if how == "resume":
-            err_console.print(f"resuming unfinished build {build_id}")
-        return _run_claimed(store, cfg, build_id, from_stage, only, force, dask_address, retry, accept)
-
-
-def _run_claimed(store: RunStore, cfg: BuildConfig, build_id: str, from_stage: str | None, only: list[str] | None,
-                 force: list[str] | None, dask_address: str | None, retry: list[str] | None,
-                 accept: list[str] | None = None) -> dict:
-    from ..tasks.sandbox import reap_here
-    from .build import build_dataset
-
-    reaped = reap_here()
-    if reaped:
-        err_console.print(f"reaped {reaped} orphaned sandbox container(s) from a dead run")
-    runtime.ensure_prefect_api()
-    address = dask_address or cfg.dask.address
-    if address:  # sandboxes of a killed run may sit on any worker's host
-        on_workers = runtime.reap_on_workers(address, build_id)
-        removed = sum(n for n in on_workers.values() if n > 0)
-        if removed:
-            err_console.print(f"reaped {removed} leftover sandbox container(s) on the workers' hosts")
-        for w in (w for w, n in on_workers.items() if n < 0):
-            err_console.print(f"[yellow]![/] worker {w} could not reach its Docker engine to reap sandboxes")
-    runner = runtime.task_runner(address, cfg.dask.n_workers, cfg.dask.threads_per_worker)
-    err_console.print(f"build {build_id} of dataset {cfg.dataset!r} in {store.url(store.build_dir(build_id))}"
-                      + (f" on Dask scheduler {address}" if address else " on a local Dask cluster"))
-    from ..tasks.dataset.secrets import shown_config  # Prefect stores flow-run parameters: env values redacted
-
-    return build_dataset.with_options(task_runner=runner)(
-        shown_config(cfg.model_dump(mode="json")), build_id, from_stage, only, force, retry=retry, accept=accept)
 
 
 @app.command()
@@ -191,18 +132,6 @@ def rerun(name: str = typer.Argument(..., help=f"one of: {', '.join(STAGE_NAMES)
     cfg = _build_config(runs, dataset, build_id, config)
     record = _guarded(lambda: rerun_build(cfg, name, dask_address, accept_gate or None))
     _print_status(cfg, record["build_id"])
-
-
-def rerun_build(cfg: BuildConfig, stage: str, dask_address: str | None = None,
-                accept: list[str] | None = None) -> dict:
-    """`trajforge rerun`: always into a new build id. Reopening a committed output in the build that
-    committed it would change that build in place (its manifest removed, its rows rewritten, what
-    `latest` and its dataset link point at); in a new build the output is copied first."""
-    from .build import new_build_id
-
-    new = new_build_id()
-    err_console.print(f"rerun of {stage}: into new build {new} (committed builds are left as they are)")
-    return run_build(cfg, new, stage, None, None, dask_address, retry=[stage], accept=accept)
 
 
 def _check_gate_names(names: list[str]) -> None:

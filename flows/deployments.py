@@ -143,7 +143,7 @@ def build(config: str, build_id: str | None = None, publish_to: str | None = Non
     `dask_address`, else the config's `dask.address`, else `$TRAJFORGE_DASK_ADDRESS` (the stack's
     workers set it), else a LocalCluster. `publish_to`: a Hub repo the committed build is published to."""
     from ..schemas.config import load_config
-    from .cli import run_build
+    from .launch import run_build
 
     cfg = load_config(Path(config))
     address = dask_address or cfg.dask.address or os.environ.get("TRAJFORGE_DASK_ADDRESS") or None
@@ -163,7 +163,7 @@ def stage(build_id: str, stage: str, dataset: str, runs: str = "./runs", force: 
     from ..schemas.config import load_config
     from ..tasks.pipeline import STAGE_NAMES
     from .build import stored_build_config
-    from .cli import run_build
+    from .launch import run_build
 
     if stage not in STAGE_NAMES:
         raise ValueError(f"stage: unknown stage {stage!r}; valid stages: {', '.join(STAGE_NAMES)}")

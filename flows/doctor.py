@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Literal
 
 from ..schemas.config import BuildConfig, TeacherConfig
 
@@ -97,7 +96,8 @@ def engine_checks(cfg: BuildConfig, url: str | None, origin: str, suffix: str = 
     """One engine's rows (names end with `suffix`)."""
     import docker.errors
 
-    from ..tasks.sandbox import LABEL, DockerUnavailable, owner_label
+    from ..tasks.engine.identity import owner_label
+    from ..tasks.sandbox import LABEL, DockerUnavailable
     from ..tasks.sandbox.limits import probe_storage_cap
     from ..tasks.sandbox.providers import MEANING, connect, needs, provider_for
 
@@ -166,62 +166,23 @@ def engine_checks(cfg: BuildConfig, url: str | None, origin: str, suffix: str = 
     return out
 
 
+def teacher_checks(t: TeacherConfig) -> list[Check]:
+    """What the teacher's backend finds about serving it here (`TeacherBackend.readiness`): a managed
+    vLLM, its interpreter, model folder and CPU setup; endpoints, that they answer."""
+    from ..tasks.teachers import backend
+
+    return [Check(f"teacher {t.label}" + (f" {r.aspect}" if r.aspect else ""), r.status, r.detail, r.fix)
+            for r in backend(t.backend).readiness(t)]
+
+
 def teacher_check(t: TeacherConfig) -> Check:
-    """A managed vLLM: an interpreter that imports vllm and the model folder; endpoints: they answer."""
-    name = f"teacher {t.label}"
-    if t.backend == "vllm":
-        from ..tasks.teachers.vllm_server import TeacherServerError, resolve_model, resolve_python
-
-        v = t.vllm  # type: ignore[attr-defined]
-        try:
-            python = resolve_python(v.python)
-            model = resolve_model(v.model)
-        except TeacherServerError as err:
-            return Check(name, "fail", str(err).split(": run")[0], "make teacher (or set $TRAJFORGE_VLLM_PYTHON)")
-        if v.command is None:
-            try:
-                found = subprocess.run([python, "-c", "import importlib.util as u, sys; "
-                                        "sys.exit(u.find_spec('vllm') is None)"], capture_output=True, timeout=60)
-                importable = found.returncode == 0
-            except (OSError, subprocess.TimeoutExpired):
-                importable = False
-            if not importable:
-                return Check(name, "fail", f"{python} cannot import vllm", "make teacher (or set $TRAJFORGE_VLLM_PYTHON)")
-        return Check(name, "ok", f"vLLM via {python}, model {model}")
-    endpoints: Iterable[str] = getattr(t, "all_endpoints", lambda: [])()
-    endpoints = list(endpoints)
-    if endpoints:
-        from ..tasks.teachers.openai import probe
-
-        bad = [(u, why) for u in endpoints if (why := probe(u, timeout=5)) is not None]
-        if bad:
-            return Check(name, "fail", f"{bad[0][0]}: {bad[0][1]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""),
-                         "start the server or fix teacher.endpoints / base_url")
-        return Check(name, "ok", f"{len(endpoints)} endpoint(s) answer GET /models")
-    return Check(name, "ok", f"backend {t.backend}: no server needed")
-
-
-def teacher_setup_check(t: TeacherConfig) -> Check | None:
-    """What a managed vLLM server on this CPU will be started with (dtype, threads, KV cache) and why;
-    None for other backends and GPU servers."""
-    if t.backend != "vllm" or t.vllm.gpu_memory_utilization is not None:  # type: ignore[attr-defined]
-        return None
-    from ..tasks.teachers.cpu_profile import FAST_BF16_FLAGS, cpu_flags, resolve, server_env
-
-    v = t.vllm  # type: ignore[attr-defined]
-    choice = resolve(v)
-    name = f"teacher {t.label} setup"
-    if choice.dtype in ("bfloat16", "float16") and not set(FAST_BF16_FLAGS) & cpu_flags(server_env(v))[0]:
-        return Check(name, "warn", f"{choice.line()}: this CPU has no fast {choice.dtype} path",
-                     "set teacher.vllm.dtype: auto (float32 here)")
-    return Check(name, "ok", choice.line())
+    """Whether the teacher can answer at all (the first of `teacher_checks`)."""
+    return teacher_checks(t)[0]
 
 
 def run_checks(cfg: BuildConfig) -> list[Check]:
     checks = docker_checks(cfg)
     checks += [cpu_check(), _runs_check(cfg.runs)]
     for t in [cfg.teacher, *cfg.extra_teachers]:
-        checks.append(teacher_check(t))
-        if (setup := teacher_setup_check(t)) is not None:
-            checks.append(setup)
+        checks += teacher_checks(t)
     return checks

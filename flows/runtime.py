@@ -126,6 +126,15 @@ def cluster_limiter():
     return ClusterLimiter
 
 
+def flow_scheduler_address() -> str | None:
+    """The address of the Dask scheduler the running flow's task runner attached to; None outside a
+    flow run, or when the runner started its own local cluster (its workers share this host)."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return getattr(context.task_runner, "address", None) if context is not None else None
+
+
 def reap_on_workers(address: str, build_id: str | None = None) -> dict[str, int]:
     """Reap leftover sandboxes on the host of every worker of the scheduler at `address` (sandboxes
     live on the engine of the worker that ran them; the driver can only clean its own host).

@@ -12,7 +12,7 @@ from .common import Record
 Label = Literal["trivial", "easy", "medium", "hard", "unsolved", "unverified", "unlabelled"]
 
 # What each label says of the teacher's true solve rate p (placeholders: the `calibrate` config section;
-# `trajforge.tasks.calibrate.label_definitions(cfg)` fills them in). A row's `label` is the band of its
+# `trajforge.tasks.difficulty.bands.label_definitions(cfg)` fills them in). A row's `label` is the band of its
 # point estimate passes/attempts; `certain` says how sure that is (CERTAINTY_DEFINITION).
 LABEL_DEFINITIONS: dict[str, str] = {
     "trivial": "p >= {trivial}: the teacher fails at most {fail_rate} of attempts (symmetric to `unsolved` "

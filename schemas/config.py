@@ -201,9 +201,9 @@ class SynthesizeConfig(Section):
 
 class TeacherConfig(Section):
     """Settings every teacher backend has. A backend's own settings model subclasses this one and
-    lives in its module (`trajforge.tasks.teachers.<backend>`), registered under its `backend` name;
-    `teacher:` and `extra_teachers:` validate against the model registered for their `backend`
-    (a discriminated union whose members are the registered backends)."""
+    lives in its module (`trajforge.tasks.teachers.<backend>`), registered under its `backend` name
+    (`TEACHER_SETTINGS`); `teacher:` and `extra_teachers:` validate against the model registered for
+    their `backend` (a discriminated union whose members are the registered backends)."""
 
     # A backend that starts and owns a server may only be `teacher` (a build owns one server); one
     # that cannot write free text cannot synthesize environments (`synthesize.llm`).
@@ -244,6 +244,11 @@ class TeacherConfig(Section):
         """How rows name this teacher: `name`, else a backend-specific default."""
         return self.name or (f"{self.backend}:{self.model}" if self.model else self.backend)
 
+    @property
+    def card_model(self) -> str | None:
+        """The model the dataset card names for this teacher (its served weights, else `model`)."""
+        return self.model
+
     def context_budget(self) -> int | None:
         """The context window episodes must fit in, when the backend knows it."""
         return None
@@ -253,19 +258,44 @@ class TeacherConfig(Section):
         return fingerprint_view(self)
 
 
+TEACHER_SETTINGS: dict[str, type[TeacherConfig]] = {}
+"""The settings model of each teacher backend, by its `backend` name. Filled by registration
+(`tasks.teachers.register`): the built-in backends register when `BUILTIN_PLUGINS` is imported, a
+plugin's when the config's `plugins:` are. The records never import a backend."""
+
+BUILTIN_PLUGINS = ("trajforge.tasks.teachers",)
+"""Modules imported, like a config's `plugins:`, before a teacher section is validated: they register
+the built-in teacher backends. Named as data, so the records import nothing above them."""
+
+
+def import_plugins(names: Any, field: str = "plugins") -> None:
+    """Import each module of `names` (it registers what it defines); an error names `field` and the module."""
+    if not isinstance(names, (list, tuple)) or not all(isinstance(p, str) for p in names):
+        raise ValueError(f"{field}: expected a list of module names, got {names!r}")
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as err:
+            raise ValueError(f"{field}: cannot import {name!r}: {err.__class__.__name__}: {err}") from None
+
+
+def register_teacher_settings(name: str, model: type[TeacherConfig]) -> None:
+    """Validate `backend: <name>` teacher sections with `model` (a second registration replaces the first)."""
+    TEACHER_SETTINGS[name] = model
+
+
 def teacher_config(value: dict[str, Any], lenient: bool = False) -> TeacherConfig:
     """Validate a teacher section against the settings model of its `backend` (default `replay`).
     `lenient` drops keys the backend's model does not know (for configs stored by older versions,
     which wrote every backend's settings into each teacher section)."""
-    from ..tasks.teachers import BACKENDS  # the built-in backends register on import
-
+    import_plugins(BUILTIN_PLUGINS, "built-in teacher backends")
     data = dict(value)
     name = data.setdefault("backend", "replay")
-    if not isinstance(name, str) or name not in BACKENDS:  # an error at `<section>.backend` naming the choices
+    if not isinstance(name, str) or name not in TEACHER_SETTINGS:  # an error at `<section>.backend` naming the choices
         choice = create_model("TeacherBackend", __config__=ConfigDict(extra="ignore"),
-                              backend=(Literal[tuple(sorted(BACKENDS))], ...))
+                              backend=(Literal[tuple(sorted(TEACHER_SETTINGS))], ...))
         choice.model_validate(data)
-    model = BACKENDS[name].config
+    model = TEACHER_SETTINGS[name]
     if lenient:
         data = {k: v for k, v in data.items() if k in model.model_fields}
     return model.model_validate(data)
@@ -562,14 +592,7 @@ class BuildConfig(Section):
     @classmethod
     def _import_plugins(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            plugins = data.get("plugins") or []
-            if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
-                raise ValueError(f"plugins: expected a list of module names, got {plugins!r}")
-            for name in plugins:
-                try:
-                    importlib.import_module(name)
-                except Exception as err:
-                    raise ValueError(f"plugins: cannot import {name!r}: {err.__class__.__name__}: {err}") from None
+            import_plugins(data.get("plugins") or [])
         return data
 
     @field_validator("runs")

@@ -1,7 +1,7 @@
 """Stage `calibrate`: solve rate per (environment, teacher) with a Wilson score interval, a difficulty
 label, the posterior probability that the label is right and whether it is certain; and one pooled
 difficulty per environment across teachers (`difficulty.pooled`). Each label's meaning is stated once,
-in `schemas.calibration.LABEL_DEFINITIONS` (`label_definitions(cfg)` fills in the thresholds).
+in `schemas.calibration.LABEL_DEFINITIONS` (`difficulty.bands.label_definitions(cfg)` fills in the thresholds).
 Infrastructure/teacher errors and unverified rows are excluded from the counts (reported in `excluded`);
 hack-flagged rollouts count as attempts, never as passes. A pair with no counted attempt is
 `unlabelled`, never `unsolved`; an environment without a reference solution that no teacher passed is
@@ -22,12 +22,12 @@ import math
 from collections import Counter, defaultdict
 from statistics import NormalDist
 
-from ..schemas.calibration import CERTAINTY_DEFINITION, LABEL_DEFINITIONS, POOLED_DEFINITION, Calibration, RoundPlan
+from ..schemas.calibration import Calibration, RoundPlan
 from ..schemas.common import INFRA_STATUSES
 from ..schemas.config import CalibrateConfig
 from ..schemas.verdict import Verdict
 from .difficulty import fit_pooled, label_confidence, label_gain
-from .difficulty.bands import difficulty_label, label_of_rate
+from .difficulty.bands import difficulty_label, label_definitions, label_of_rate
 from .engine import Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .envs.catalogue import load_envs
 
@@ -54,17 +54,6 @@ def label_certain(lo: float, hi: float, n: int, cfg: CalibrateConfig) -> bool:
     """No band boundary inside the Wilson interval (a boundary exactly at an end belongs to the upper band)."""
     bounds = (cfg.unsolved_below, cfg.medium, cfg.easy, cfg.trivial)
     return n > 0 and not any(lo < b <= hi for b in bounds)
-
-
-def label_definitions(cfg: CalibrateConfig) -> dict[str, str]:
-    """Each label's definition with this config's thresholds, plus `certain` and `pooled` (what the
-    dataset card prints)."""
-    values = {"unsolved_below": f"{cfg.unsolved_below:g}", "medium": f"{cfg.medium:g}", "easy": f"{cfg.easy:g}",
-              "trivial": f"{cfg.trivial:g}", "fail_rate": f"{1 - cfg.trivial:.3g}", "confidence": f"{cfg.confidence:g}"}
-    out = {label: text.format(**values) for label, text in LABEL_DEFINITIONS.items()}
-    out["certain"] = CERTAINTY_DEFINITION.format(**values)
-    out["pooled"] = POOLED_DEFINITION.format(**values)
-    return out
 
 
 def next_rollouts(counts: list[tuple[int, int]], samples: list[int], cfg: CalibrateConfig, spent: int = 0,

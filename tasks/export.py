@@ -33,10 +33,12 @@ from ..schemas.trajectory import Message, Rollout
 from ..schemas.verdict import Verdict
 from .dataset.card import dataset_card
 from .dataset.columns import created_at, rl_spec_json, rl_tokens_chunks, tail, teacher_columns, train_mask
-from .dataset.parquet import FileWriter, ParquetOptions
-from .dataset.secrets import Scanner, scan_table
-from .engine import GateFailed, Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
+from .dataset.parquet import FileWriter
+from .engine import Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
+from .engine.parquet import ParquetOptions
+from .engine.runner import brief_failure, check_gate, gate_columns, gate_suites
 from .envs.catalogue import load_envs
+from .redaction.secrets import Scanner, scan_table
 
 ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "harness", "sample", "messages", "tools_json", "status",
                    "turns", "prompt_tokens", "completion_tokens", "wall_s"]
@@ -167,6 +169,10 @@ class ExportStage(Stage):
     def part_path(self, shard: Shard, fingerprint: str) -> str:
         return f"trajectories/train-{fingerprint}-{shard.index:05d}.parquet"
 
+    def parquet_options(self, ctx: StageContext) -> ParquetOptions:
+        """The trajectories parts are the dataset's files: laid out as `export.parquet` says."""
+        return ParquetOptions.of(ctx.config.export.parquet)
+
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
         """One shard per rollout part; a part whose exported columns exceed `export.parquet.file_bytes`
         (uncompressed, from its footer) is split into row ranges, so every trajectories file stays bounded."""
@@ -184,7 +190,6 @@ class ExportStage(Stage):
         records; verdict, quality, environment and calibration columns are gathered beside them by
         index. Per-row Python only decides the reject reason, from a handful of scalars."""
         store, filters = ctx.store, ctx.config.export.filters
-        store.parquet_options = ParquetOptions.of(ctx.config.export.parquet)  # how the runner writes this part
         table = store.read_table([shard.payload["part"]], Rollout, columns=ROLLOUT_COLUMNS)
         if "rows" in shard.payload:
             start, stop = shard.payload["rows"]
@@ -265,9 +270,6 @@ class ExportStage(Stage):
         whole config. A failed gate leaves that config's files for inspection (no card, no manifest:
         nothing is committed; a re-run starts the folder afresh). Failures named in `--accept-gate`
         are committed and listed in the card, with those of the upstream stages."""
-        from ..expectations.gate import accept_failures, brief, gate_columns, run_gate
-        from .engine.runner import gate_failure_message, gate_suites
-
         store, cfg = ctx.store, ctx.config.export
         fp = posixpath.basename(out_dir)
         parts = sorted(store.fs.glob(posixpath.join(out_dir, "trajectories", "*.parquet")))
@@ -285,16 +287,10 @@ class ExportStage(Stage):
                     secrets[f"{name}_rows_redacted"] = secrets.get(f"{name}_rows_redacted", 0) + redacted
                     secrets[f"{name}_rows_rejected"] = secrets.get(f"{name}_rows_rejected", 0) + len(dropped)
                 writer.add(chunk)
-                gated.append(chunk.select(gate_columns(f"export.{name}", chunk.schema, suite=suite)))
+                gated.append(chunk.select(gate_columns(f"export.{name}", chunk.schema, suite)))
             n = writer.close()
-            report = run_gate(f"export.{name}", pa.concat_tables(gated) if gated else pa.table({}), {"rows": n},
-                              suite=suite)
-            report = accept_failures(report, ctx.runtime.get("accept_gates", []))
-            gate_file = posixpath.join(out_dir, f"gate.{name}.json")
-            store.write_json(gate_file, report)
-            if not report["success"]:
-                raise GateFailed(gate_failure_message(f"export.{name}", store.url(folder), store.url(gate_file),
-                                                      report), report)
+            report = check_gate(ctx, f"export.{name}", suite, pa.concat_tables(gated) if gated else pa.table({}),
+                                {"rows": n}, folder, posixpath.join(out_dir, f"gate.{name}.json"))
             stats.setdefault("gate_accepted", []).extend(report["accepted"])
             counts[name] = n
         stats["configs"] = counts
@@ -302,7 +298,7 @@ class ExportStage(Stage):
         for k, n in scanner.hits.items():
             detectors[k] = detectors.get(k, 0) + n
         accepted = [(n, a) for n, m in sorted(upstream.items()) for a in m.gate.get("accepted", [])]
-        accepted += [("export", brief(f)) for f in stats.get("gate_accepted", [])]
+        accepted += [("export", brief_failure(f)) for f in stats.get("gate_accepted", [])]
         store.write_text(posixpath.join(out_dir, "README.md"), dataset_card(ctx, stats, fp, accepted,
                                                                            upstream=upstream, out_dir=out_dir))
 

@@ -28,7 +28,7 @@ from .envs.catalogue import load_envs
 class RolloutStage(Stage):
     name = "rollout"
     requires = ("synthesize",)
-    services = ("teacher",)
+    services = ("teacher", "sandboxes")
     config_sections = ("rollout", "teacher", "sandbox")
     output = Rollout
 

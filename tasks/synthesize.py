@@ -38,6 +38,7 @@ def build_options(s) -> BuildOptions:
 class SynthesizeStage(Stage):
     name = "synthesize"
     requires = ("propose",)
+    services = ("sandboxes",)  # the validator runs each candidate in Docker
     config_sections = ("synthesize", "sandbox")
     output = EnvSpec
 

@@ -34,6 +34,7 @@ from .sandbox import Sandbox, docker_client
 class VerifyStage(Stage):
     name = "verify"
     requires = ("rollout", "synthesize")
+    services = ("sandboxes",)
     config_sections = ("verify", "sandbox")
     output = Verdict
 

@@ -68,6 +68,111 @@ def test_judging_imports_point_down_to_the_sandbox():
         assert not bad, (name, bad)
 
 
+# -- the layering -------------------------------------------------------------------------------
+# records <- contracts <- engine <- machinery <- stages <- orchestration: a module imports its own layer
+# or one below, at module level or inside a function (docs/architecture.md, "Layers").
+LAYERS = ("records", "contracts", "engine", "machinery", "stages", "orchestration")
+MACHINERY = ("redaction", "difficulty", "sandbox", "judge", "teachers", "envs", "agent", "dataset")
+"""The packages of the machinery layer, lowest first: each imports only packages before it (and itself)."""
+UPWARD = {("teachers", "envs"): "replay and recorded trajectories render an environment's reference solution in "
+                                "its kind's terms (tool calls): the environment kinds' registry (issue 29, item 2)"}
+"""Machinery imports that still point up, each with its reason. It may only shrink: an entry no module
+needs any more fails the test until it is removed."""
+THIRD_PARTY = {"docker": ("tasks.sandbox", "tasks.envs", "flows"),  # containers; image builds; doctor, CLI
+               "prefect": ("flows",), "prefect_dask": ("flows",), "distributed": ("flows",)}
+"""Libraries only some parts may import (by package, relative to trajforge)."""
+
+
+def _layer(module: str) -> str | None:
+    """The layer of a package module; None for the parent packages (`trajforge`, `trajforge.tasks`)."""
+    parts = module.split(".")[1:]
+    if not parts or parts == ["tasks"]:
+        return None
+    top = {"schemas": "records", "expectations": "contracts", "flows": "orchestration"}.get(parts[0])
+    if top or parts[0] != "tasks":
+        return top
+    if parts[1] == "engine":
+        return "engine"
+    return "machinery" if (ROOT / "tasks" / parts[1]).is_dir() else "stages"
+
+
+def _upward(name: str, imports: set[str]) -> list[str]:
+    """The imports of module `name` that break the layering (machinery: by package, `UPWARD` aside)."""
+    bad, own = [], _layer(name)
+    for m in sorted(imports):
+        theirs = _layer(m)
+        if own is None or theirs is None:
+            continue
+        if LAYERS.index(theirs) > LAYERS.index(own):
+            bad.append(m)
+        elif own == theirs == "machinery":
+            a, b = name.split(".")[2], m.split(".")[2]
+            assert a in MACHINERY and b in MACHINERY, f"a machinery package missing from MACHINERY: {a} or {b}"
+            if MACHINERY.index(b) > MACHINERY.index(a) and (a, b) not in UPWARD:
+                bad.append(m)
+        elif own == theirs == "stages" and name != "trajforge.tasks.pipeline":
+            bad.append(m)  # a stage imports no other stage: only the graph (`pipeline`) names them all
+    return bad
+
+
+def _every_module_imports() -> dict[str, set[str]]:
+    out = {}
+    for folder in ("schemas", "expectations", "tasks", "flows"):
+        out.update(_package_imports(folder))
+    return out
+
+
+def test_every_import_points_down():
+    """records <- contracts <- engine <- machinery <- stages <- orchestration, function-level imports
+    included; inside the machinery, packages in `MACHINERY` order (judging and Docker apart: below)."""
+    imports = _every_module_imports()
+    bad = {name: b for name, found in imports.items() if (b := _upward(name, found))}
+    assert not bad, f"imports that point up: {bad}"
+    used = {(name.split(".")[2], m.split(".")[2]) for name, found in imports.items() if _layer(name) == "machinery"
+            for m in found if _layer(m) == "machinery"}
+    assert set(UPWARD) <= used, f"UPWARD lists exceptions no module needs any more: {set(UPWARD) - used}"
+
+
+def test_the_layering_rule_sees_lazy_and_relative_imports():
+    """The rule is not blind: an import inside a function, a relative one and a machinery package
+    importing one above it are each caught (the import forms records took before this rule)."""
+    from trajforge.tasks.engine.codeversion import imported_modules
+
+    lazy = "def f():\n    from ..tasks.teachers import BACKENDS\n"
+    assert _upward("trajforge.schemas.config", imported_modules("trajforge.schemas.config", lazy))
+    up = "from ..sandbox.reaper import owner_alive\n"
+    assert _upward("trajforge.tasks.engine.lease", imported_modules("trajforge.tasks.engine.lease", up))
+    assert _upward("trajforge.tasks.dataset.card", {"trajforge.tasks.calibrate"})
+    assert _upward("trajforge.tasks.sandbox.reaper", {"trajforge.tasks.judge.verifier"})
+    assert _upward("trajforge.tasks.export", {"trajforge.tasks.calibrate"})
+    assert _upward("trajforge.flows.deployments", {"trajforge.flows.cli"}) == []  # the flows rule is separate
+    assert not _upward("trajforge.tasks.pipeline", {"trajforge.tasks.export", "trajforge.tasks.engine"})
+
+
+def test_nothing_imports_the_command_line():
+    """The CLI (`flows/cli.py`, with `envs_cli.py`) is the top: no module imports it (library entry
+    points such as `run_build` live in `flows/launch.py`)."""
+    for name, found in _every_module_imports().items():
+        if name == "trajforge.flows.cli":
+            continue
+        assert "trajforge.flows.cli" not in found, name
+        assert "trajforge.flows.envs_cli" not in found, name
+
+
+def test_libraries_stay_where_they_belong():
+    """Docker's SDK only in the sandbox, image builds and flows; Prefect and Dask only in flows."""
+    for path in [*(ROOT / "tasks").rglob("*.py"), *(ROOT / "schemas").rglob("*.py"),
+                 *(ROOT / "expectations").rglob("*.py"), *(ROOT / "flows").rglob("*.py")]:
+        where = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else [])
+            for n in names:
+                allowed = THIRD_PARTY.get(n.split(".")[0])
+                assert allowed is None or any(where == a or where.startswith(a + ".") for a in allowed), \
+                    f"{path.relative_to(ROOT)}: imports {n}"
+
+
 def _copy_package(dest: Path) -> Path:
     pkg = dest / "trajforge"
     pkg.mkdir(parents=True)
@@ -132,10 +237,11 @@ def test_fingerprints_follow_meaning_not_text(tmp_path):
     """On copies of the package: a comment, a docstring and any edit of an operational module reuse
     every stage; a changed expression in a module invalidates exactly the stages whose import
     closure reaches it (the sandbox's change walk and checksum script: at least synthesize, rollout
-    and verify, which run sandboxes)."""
+    and verify, which run sandboxes; a stage module only itself)."""
     base = _copy_package(tmp_path / "base")
     copies = {name: shutil.copytree(base.parent, tmp_path / name.replace("/", "_")) / "trajforge"
-              for name in ("text", "tasks/sandbox/walk.py", "tasks/sandbox/checksums.py", "tasks/calibrate.py")}
+              for name in ("text", "tasks/sandbox/walk.py", "tasks/sandbox/checksums.py", "tasks/calibrate.py",
+                           "tasks/difficulty/bands.py")}
     pkg = copies["text"]
     _edit(pkg / "tasks" / "rollout.py", "class RolloutStage(Stage):", "# a comment\nclass RolloutStage(Stage):  # why")
     _edit(pkg / "tasks" / "verify.py", '"""Stage `verify`:', '"""Stage `verify` (reworded docstring):')
@@ -154,7 +260,8 @@ def test_fingerprints_follow_meaning_not_text(tmp_path):
     assert after.pop("text") == before
     for module, must in (("tasks/sandbox/walk.py", {"synthesize", "rollout", "verify"}),
                          ("tasks/sandbox/checksums.py", {"synthesize", "rollout", "verify"}),
-                         ("tasks/calibrate.py", {"calibrate", "export"})):
+                         ("tasks/calibrate.py", {"calibrate"}),  # a stage: no other stage imports it
+                         ("tasks/difficulty/bands.py", {"calibrate", "export"})):  # the card's label definitions
         reaching = _reaching(before, module.removesuffix(".py").replace("/", "."))
         assert must <= reaching, (module, reaching)
         assert _changed(before, after[module]) == reaching, module

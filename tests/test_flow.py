@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import run_cli, small_config, venv_bin
 
-from trajforge.flows.cli import run_build
 from trajforge.flows.explain import explain_build
+from trajforge.flows.launch import run_build
 from trajforge.schemas.config import parse_config
 from trajforge.tasks.engine import GateFailed
 from trajforge.tasks.engine.store import RunStore

@@ -177,7 +177,7 @@ def test_corpus_end_to_end_without_oracle(tmp_path):
     commands -> verify -> calibrate -> export: `rl` carries only the environment a teacher proved solvable."""
     import datasets
 
-    from trajforge.flows.cli import run_build
+    from trajforge.flows.launch import run_build
     from trajforge.tasks.engine.store import RunStore
 
     corpus = tmp_path / "corpus"

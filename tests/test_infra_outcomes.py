@@ -337,7 +337,7 @@ def _rollout_rows(store, stage_dir: str) -> dict[str, dict]:
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_build_with_the_teacher_down_fails_its_gate_then_resumes_only_the_failed_episodes(tmp_path):
-    from trajforge.flows.cli import run_build
+    from trajforge.flows.launch import run_build
     from trajforge.tasks.engine.store import RunStore
 
     cfg = _flaky_config(tmp_path, "down")
@@ -376,7 +376,7 @@ def test_build_with_the_teacher_down_fails_its_gate_then_resumes_only_the_failed
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_committed_rollout_with_infra_rows_is_unlabelled_until_rerun(tmp_path):
-    from trajforge.flows.cli import rerun_build, run_build
+    from trajforge.flows.launch import rerun_build, run_build
     from trajforge.tasks.engine.store import RunStore
 
     cfg = _flaky_config(tmp_path, "rerun", teacher={"down_families": ["file_search"], "down_samples": [0, 1]},

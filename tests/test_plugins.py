@@ -33,7 +33,7 @@ def test_backend_settings_are_validated_by_the_backend_model(tmp_path):
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_a_plugin_teacher_backend_runs_a_build(tmp_path, monkeypatch):
-    from trajforge.flows.cli import run_build
+    from trajforge.flows.launch import run_build
     from trajforge.schemas.trajectory import Rollout
     from trajforge.tasks.engine import RunStore
 

@@ -74,7 +74,8 @@ def built(tmp_path_factory, prefect_api):
     compared with the first build."""
     from typer.testing import CliRunner
 
-    from trajforge.flows.cli import app, run_build
+    from trajforge.flows.cli import app
+    from trajforge.flows.launch import run_build
     from trajforge.schemas.config import parse_config
     from trajforge.tasks.envs.families import get_family
 

@@ -63,11 +63,11 @@ def test_the_driver_resolves_runs_before_the_flow_sees_the_config(shipped, tmp_p
     """`run_build` (the CLI's `build`, and the `trajforge-build` deployment in its working directory): the
     config the build flow is given (its flow-run parameters, what shard payloads are built from) is absolute."""
     from trajforge.flows import build as build_flow
-    from trajforge.flows import cli
+    from trajforge.flows import launch
 
     seen: list = []
-    monkeypatch.setattr(cli, "_run_claimed", lambda store, cfg, *a, **k: seen.append((store, cfg)) or {})
-    cli.run_build(shipped)
+    monkeypatch.setattr(launch, "_run_claimed", lambda store, cfg, *a, **k: seen.append((store, cfg)) or {})
+    launch.run_build(shipped)
     [(store, cfg)] = seen
     assert cfg.runs == str(tmp_path / "runs") and store.root == str(tmp_path / "runs" / "replay")
 

@@ -135,7 +135,7 @@ def test_image_build_steps_have_a_pids_cap_where_the_engine_allows_one(docker_cl
 def test_a_shard_past_its_timeout_fails_the_stage_named(make_config, prefect_api):
     """The Prefect task timeout is the shards' backstop: the stage fails naming the shard and the limit,
     nothing is committed, and the build record says which stage failed."""
-    from trajforge.flows.cli import run_build
+    from trajforge.flows.launch import run_build
     from trajforge.tasks.engine.store import RunStore
 
     cfg = make_config(**{"dask.shard_timeout_s": 0.5, "synthesize.envs_per_shard": 1})

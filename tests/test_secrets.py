@@ -14,7 +14,7 @@ import pytest
 from test_export_columns import build_export, files
 
 from trajforge.schemas.common import FileSpec, Reject
-from trajforge.tasks.dataset.secrets import REDACTED, Scanner, redact_args, redact_settings
+from trajforge.tasks.redaction.secrets import REDACTED, Scanner, redact_args, redact_settings
 
 OPENAI = "sk-proj-Q8mZt1Rk4VwXy7NbC2dLfG5hJ0pSa3Te"
 AWS_ID, AWS_SECRET = "AKIAQ3EXAMPLEZ7KQ2WX", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -91,7 +91,7 @@ def test_settings_are_redacted_once_for_every_place():
 
 
 def test_flow_parameters_hold_the_redacted_config_and_the_flow_the_real_one():
-    from trajforge.tasks.dataset.secrets import real_config, shown_config
+    from trajforge.tasks.redaction.secrets import real_config, shown_config
 
     cfg = {"dataset": "d", "teacher": {"vllm": {"env": {"HF_TOKEN": HF}, "extra_args": ["--api-key", OPENAI]}}}
     shown = shown_config(cfg)

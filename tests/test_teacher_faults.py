@@ -387,7 +387,7 @@ def test_a_build_whose_server_crashes_mid_rollout_commits_no_teacher_error(tmp_p
 
     import pyarrow.parquet as pq
 
-    from trajforge.flows.cli import run_build
+    from trajforge.flows.launch import run_build
 
     crashed = tmp_path / "crashed"
     teacher = stand_in(health_interval_s=0.3, args=["--delay-s", 0.2, "--die-after", 4, "--once-file", crashed])

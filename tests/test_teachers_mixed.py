@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import small_config
 
-from trajforge.flows.cli import run_build
+from trajforge.flows.launch import run_build
 from trajforge.schemas.config import parse_config
 from trajforge.tasks.envs.families import get_family
 

@@ -90,7 +90,7 @@ def _recorded(path: Path) -> dict[str, list[str]]:
 def tool_build(tmp_path_factory, prefect_api):
     import planted_tools
 
-    from trajforge.flows.cli import run_build
+    from trajforge.flows.launch import run_build
 
     tmp = tmp_path_factory.mktemp("toolbuild")
     old_path = os.environ.get("PYTHONPATH")

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import small_config
 
-from trajforge.flows.cli import run_build
+from trajforge.flows.launch import run_build
 from trajforge.schemas.common import Status
 from trajforge.schemas.config import parse_config
 

@@ -106,7 +106,7 @@ class EpisodeData:
     """Joins rollouts with their verdicts, environments and labels; writes the chunks as it goes."""
 
     def __init__(self, store: RunStore, rec: BuildRecord, facts: BuildFacts):
-        from ...tasks.dataset.secrets import Scanner
+        from ...tasks.redaction.secrets import Scanner
 
         self.store, self.rec, self.facts = store, rec, facts
         # every text the report writes is redacted first (export's scanner, redact mode; before any cut,

@@ -1,1 +1,1 @@
-"""What the export stage shares: the dataset card, the secrets gate."""
+"""What the export stage shares: the dataset card, its derived columns, the files of a config."""

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from ...schemas.calibration import Calibration
 from ...schemas.common import INFRA_STATUSES
 from ...schemas.hub import LICENSES, SIZE_CATEGORIES, TASK_CATEGORIES, size_category
+from ..difficulty.bands import label_definitions  # the labels' one definition, with this config's thresholds
 from ..engine import Manifest, StageContext
 
 LOAD_HEADING = "## How to load"
@@ -168,9 +169,7 @@ def _teachers(ctx: StageContext) -> list[dict[str, Any]]:
     """Model id and sampling parameters per teacher (no server environment, no extra arguments)."""
     out = []
     for t in ctx.config.teachers:
-        server = getattr(t, "vllm", None)
-        out.append({"label": t.label, "backend": t.backend, "model": getattr(server, "model", None) or t.model
-                    or ("reference solution (replay)" if t.backend == "replay" else None),
+        out.append({"label": t.label, "backend": t.backend, "model": t.card_model,
                     "served_as": t.served_model or None, "temperature": t.temperature, "top_p": t.top_p,
                     "max_tokens": t.max_tokens, "seed": t.seed, "tool_calling": t.tool_calling})
     return out
@@ -259,8 +258,6 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
     """A Hub dataset card (validated with `validate_card`); `accepted`: (stage, failure) of the gates
     committed on purpose; `upstream` / `out_dir` give the provenance (fingerprints, rows' facts)."""
     from huggingface_hub import DatasetCard
-
-    from ..calibrate import label_definitions  # the labels' one definition, with this config's thresholds
 
     cfg = ctx.config
     counts = stats.get("configs", {})

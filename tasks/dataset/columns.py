@@ -18,7 +18,7 @@ from ...schemas.environment import EnvSpec
 from ...schemas.export import RLTokensRow, Sampling, TrajectoryRow
 from ...schemas.trajectory import Rollout
 from ..engine import Manifest, StageContext, upstream_parts
-from .secrets import marked_rows
+from ..redaction.secrets import marked_rows
 
 
 def model_id(teacher: Any) -> str:

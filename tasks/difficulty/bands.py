@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...schemas.calibration import Label
+from ...schemas.calibration import CERTAINTY_DEFINITION, LABEL_DEFINITIONS, POOLED_DEFINITION, Label
 from ...schemas.config import CalibrateConfig
 
 
@@ -23,3 +23,14 @@ def difficulty_label(passes: int, n: int, cfg: CalibrateConfig, solvable: bool =
     if passes == 0 and not solvable:
         return "unverified"
     return label_of_rate(passes / n, cfg)
+
+
+def label_definitions(cfg: CalibrateConfig) -> dict[str, str]:
+    """Each label's definition with this config's thresholds, plus `certain` and `pooled` (what the
+    dataset card prints)."""
+    values = {"unsolved_below": f"{cfg.unsolved_below:g}", "medium": f"{cfg.medium:g}", "easy": f"{cfg.easy:g}",
+              "trivial": f"{cfg.trivial:g}", "fail_rate": f"{1 - cfg.trivial:.3g}", "confidence": f"{cfg.confidence:g}"}
+    out = {label: text.format(**values) for label, text in LABEL_DEFINITIONS.items()}
+    out["certain"] = CERTAINTY_DEFINITION.format(**values)
+    out["pooled"] = POOLED_DEFINITION.format(**values)
+    return out

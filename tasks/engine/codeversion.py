@@ -33,6 +33,7 @@ OPERATIONAL: dict[str, str] = {
                             "exist between builds, never what happens inside one",
     "tasks.engine.lease": "one live driver per build (lease file, heartbeat, takeover): who may write, "
                           "never what is written",
+    "tasks.engine.identity": "which process owns a sandbox or a lease, and whether it still runs",
     "tasks.engine.progress": "live progress counters and their display while shards run",
     "tasks.teachers.vllm_server": "the vLLM process lifecycle: start, health, restart, stop",
     "tasks.teachers.cpu_profile": "threads, KV cache and compile cache of a CPU vLLM server (speed only); "

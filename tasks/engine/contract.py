@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from ...schemas.common import Reject
 from ...schemas.config import BuildConfig, ConfigError, fingerprint_view, runs_is_relative
 from .codeversion import closure, modules_digest
+from .parquet import ParquetOptions
 from .store import RunStore
 
 TASKS_PACKAGE = __package__.rsplit(".", 1)[0]  # "trajforge.tasks": `code_modules` are relative to it
@@ -139,7 +140,7 @@ class Stage(ABC):
 
     name: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()
-    services: ClassVar[tuple[str, ...]] = ()  # long-lived services the flow starts first (e.g. "teacher")
+    services: ClassVar[tuple[str, ...]] = ()  # what the flow starts for it: "teacher", "sandboxes" (flows/services.py)
     config_sections: ClassVar[tuple[str, ...]] = ()
     output: ClassVar[type[BaseModel]]
     # Modules whose code decides the output that the stage's import closure cannot see (e.g. one
@@ -171,6 +172,11 @@ class Stage(ABC):
 
     def part_path(self, shard: Shard, fingerprint: str) -> str:
         return f"{shard.name}.parquet"
+
+    def parquet_options(self, ctx: StageContext) -> ParquetOptions:
+        """How the engine lays out this stage's part and rejects files (row groups, page index,
+        chunking); never what rows they hold. Default: `ParquetOptions()`."""
+        return ParquetOptions()
 
     @abstractmethod
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:

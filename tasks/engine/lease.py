@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 
 from pydantic import BaseModel, ValidationError
 
-from ..sandbox.reaper import owner_alive, owner_label
+from .identity import owner_alive, owner_label
 from .store import RunStore
 
 REFRESH_S = 15.0

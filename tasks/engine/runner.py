@@ -153,10 +153,11 @@ def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
     part = stage.part_path(shard, posixpath.basename(plan_dir))
     table = to_table(stage.output, result.rows)
     left = stage.retryable(table, result.rejects)
-    ctx.store.write_table(posixpath.join(plan_dir, part), table, fence=check)
+    layout = stage.parquet_options(ctx)
+    ctx.store.write_table(posixpath.join(plan_dir, part), table, fence=check, options=layout)
     reject_file = posixpath.join(plan_dir, "_rejects", f"{shard.name}.parquet")
     if result.rejects:
-        ctx.store.write_rejects(reject_file, result.rejects, fence=check)
+        ctx.store.write_rejects(reject_file, result.rejects, fence=check, options=layout)
     elif prior is not None and prior.get("rejects"):
         if check:
             check()
@@ -174,8 +175,6 @@ def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
 
 def commit(stage: Stage, ctx: StageContext, plan: StagePlan, upstream: dict[str, "Manifest"] | None = None) -> Manifest:
     """Check every shard is done, merge rejects and stats, run the gate, write the manifest last."""
-    from ...expectations.gate import accept_failures, brief, gate_columns, run_gate  # GX: only where a gate runs
-
     store = ctx.store
     infos = []
     for s in plan.shards:
@@ -201,20 +200,13 @@ def commit(stage: Stage, ctx: StageContext, plan: StagePlan, upstream: dict[str,
 
     # only the columns the suite names: never messages or final states (memory bounded by scalars)
     suites = gate_suites(stage, ctx.config)
-    suite = suites[stage.name]
     table = store.read_table(parts, stage.output, columns=gate_columns(stage.name, arrow_schema(stage.output),
-                                                                       suite=suite))
-    report = run_gate(stage.name, table, stats, suite=suite, rejects=rejects)
+                                                                       suites[stage.name]))
     too_many = infra_failure(stage.name, infos, units, ctx.config.gate.max_infra_share)
-    if too_many:
-        report.update(success=False, failures=[{"name": f"{stage.name}.max_infra_share", **too_many},
-                                               *report["failures"]])
-    report = accept_failures(report, ctx.runtime.get("accept_gates", []))
-    report["regated"] = plan.regate
-    gate_file = posixpath.join(plan.dir, "gate.json")
-    store.write_json(gate_file, report)
-    if not report["success"]:
-        raise GateFailed(gate_failure_message(stage.name, store.url(plan.dir), store.url(gate_file), report), report)
+    report = check_gate(ctx, stage.name, suites[stage.name], table, stats, plan.dir,
+                        posixpath.join(plan.dir, "gate.json"), rejects=rejects,
+                        failures=[{"name": f"{stage.name}.max_infra_share", **too_many}] if too_many else [],
+                        regated=plan.regate)
     stats["gate_accepted"] = report["accepted"]  # finalize adds those of its own gates (export configs)
     stage.finalize(ctx, plan.dir, stats, upstream or {})
     accepted = stats.pop("gate_accepted")
@@ -223,12 +215,47 @@ def commit(stage: Stage, ctx: StageContext, plan: StagePlan, upstream: dict[str,
                         parts=parts, rows=stats["rows"], rejects=rejects.num_rows, reject_reasons=reasons,
                         stats=stats, components={**plan.components, "gate": gate_hash(suites)},
                         gate={"success": True, "evaluated": report["evaluated"], "suite": gate_hash(suites),
-                              "accepted": [brief(f) for f in accepted], "disabled": report["disabled"],
+                              "accepted": [brief_failure(f) for f in accepted], "disabled": report["disabled"],
                               "overridden": report["overridden"], "regated": plan.regate},
                         created_at=dt.datetime.now(dt.timezone.utc).isoformat(),
                         revision=revision(store, plan.dir))
     store.write_json(posixpath.join(plan.dir, "manifest.json"), manifest.model_dump(mode="json"))
     return manifest
+
+
+def brief_failure(failure: dict[str, Any]) -> dict[str, Any]:
+    """A gate failure as build.json, a manifest and the dataset card keep it (no GX internals)."""
+    from ...expectations.gate import brief
+
+    return brief(failure)
+
+
+def gate_columns(suite_name: str, schema: Any, suite: dict[str, Any]) -> list[str]:
+    """The scalar columns of `schema` that `suite` reads: all a gate is given (never messages)."""
+    from ...expectations.gate import gate_columns as columns
+
+    return columns(suite_name, schema, suite=suite)
+
+
+def check_gate(ctx: StageContext, suite_name: str, suite: dict[str, Any], table: Any, stats: dict[str, Any],
+               out_dir: str, gate_file: str, rejects: Any = None, failures: list[dict[str, Any]] = (),
+               regated: bool | None = None) -> dict[str, Any]:
+    """The one gate path: run `suite` on `table` (and `stats`), put `failures` found outside it first,
+    move the failures named by `--accept-gate` to `accepted`, write the report to `gate_file`, and
+    raise GateFailed (naming `out_dir`, where the output stays) unless it passed. Returns the report."""
+    from ...expectations.gate import accept_failures, run_gate  # GX: only where a gate runs
+
+    report = run_gate(suite_name, table, stats, suite=suite, rejects=rejects)
+    if failures:
+        report.update(success=False, failures=[*failures, *report["failures"]])
+    report = accept_failures(report, ctx.runtime.get("accept_gates", []))
+    if regated is not None:
+        report["regated"] = regated
+    ctx.store.write_json(gate_file, report)
+    if not report["success"]:
+        raise GateFailed(gate_failure_message(suite_name, ctx.store.url(out_dir), ctx.store.url(gate_file), report),
+                         report)
+    return report
 
 
 def gate_failure_message(stage: str, out_dir: str, gate_file: str, report: dict[str, Any]) -> str:

@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from ...schemas.arrow import arrow_schema, from_table, to_table
 from ...schemas.build import BuildRecord
 from ...schemas.common import Reject
-from ..dataset.parquet import ParquetOptions, write_parquet
+from .parquet import ParquetOptions, write_parquet
 
 PARQUET_OPTS = {"compression": "zstd"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a build id or a dataset: one path segment
@@ -77,8 +77,6 @@ def _fsync(path: str) -> None:
 
 class RunStore:
     """Paths and atomic-enough writes under `<runs>/<dataset>`."""
-
-    parquet_options = ParquetOptions()  # how tables are laid out (a stage may set its own: export does)
 
     def __init__(self, runs_url: str, dataset: str, storage_options: dict | None = None, create: bool = True):
         """`create=False`: a store to read from; a dataset that does not exist raises FileNotFoundError
@@ -225,8 +223,8 @@ class RunStore:
         """Locally: to a temporary, fsynced, moved into place and the move fsynced, so the file is
         complete on the disk before the caller writes anything that trusts it (a `_done` marker).
         `fence()`, if given, runs right before the file takes its name (it raises to refuse the write).
-        Row groups bounded in bytes, with a page index (`options`, else `self.parquet_options`)."""
-        options = options or self.parquet_options
+        Row groups bounded in bytes, with a page index (`options`, else the defaults)."""
+        options = options or ParquetOptions()
         with self._writing(path) as tmp:
             if tmp:
                 write_parquet(table, tmp, options)
@@ -244,9 +242,9 @@ class RunStore:
                     f.write(buf.getvalue())
 
     def write_records(self, path: str, model: type[BaseModel], rows: Iterable[BaseModel],
-                      fence: Callable[[], None] | None = None) -> int:
+                      fence: Callable[[], None] | None = None, options: ParquetOptions | None = None) -> int:
         table = to_table(model, rows)
-        self.write_table(path, table, fence)
+        self.write_table(path, table, fence, options)
         return table.num_rows
 
     def read_table(self, paths: list[str], model: type[BaseModel] | None = None,
@@ -281,8 +279,9 @@ class RunStore:
     def read_records(self, paths: list[str], model: type[BaseModel], filters: list | None = None) -> list:
         return from_table(model, self.read_table(paths, model, filters=filters))
 
-    def write_rejects(self, path: str, rejects: list[Reject], fence: Callable[[], None] | None = None) -> None:
-        self.write_records(path, Reject, rejects, fence)
+    def write_rejects(self, path: str, rejects: list[Reject], fence: Callable[[], None] | None = None,
+                      options: ParquetOptions | None = None) -> None:
+        self.write_records(path, Reject, rejects, fence, options)
 
     # -- discovery -----------------------------------------------------------------------------
     def builds(self) -> list[str]:

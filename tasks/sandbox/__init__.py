@@ -5,8 +5,8 @@ the reverse."""
 
 from .container import ExecResult, Sandbox, docker_client
 from .errors import DockerUnavailable, FinalStateUnavailable, SandboxError, StateTooLarge
-from .reaper import LABEL, owner_alive, owner_label, reap_here, reap_orphans
+from .reaper import LABEL, reap_here, reap_orphans
 from .users import AGENT_UID, USERS, WORKDIR
 
 __all__ = ["AGENT_UID", "USERS", "WORKDIR", "DockerUnavailable", "ExecResult", "FinalStateUnavailable", "Sandbox", "SandboxError",
-           "StateTooLarge", "docker_client", "LABEL", "owner_alive", "owner_label", "reap_here", "reap_orphans"]
+           "StateTooLarge", "docker_client", "LABEL", "reap_here", "reap_orphans"]

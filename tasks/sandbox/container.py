@@ -28,6 +28,7 @@ import docker.errors
 from ...schemas.common import ChangeSet, FileSpec
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import DEFAULT_WORKDIR
+from ..engine.identity import owner_label
 from .checksums import digest_command
 from .errors import (
     OutputTooLarge,
@@ -38,7 +39,7 @@ from .errors import (
 from .layer import HARNESS_PATH, SYSTEM, classify, toolchain_changes, under, upper_changes
 from .limits import create_capped, ulimits
 from .providers import connect
-from .reaper import LABEL, owner_label
+from .reaper import LABEL
 from .streams import META, ExecHung, capture_argv, run_exec
 from .users import AGENT_UID, ROOT_FILE_CAPS, USERS
 from .walk import _AGENT_ROOTS, _BASELINES, _NOISE, DECISION_CAP, ChangeWalk, _has_child

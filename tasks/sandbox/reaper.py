@@ -1,6 +1,6 @@
 """Reaping sandboxes that outlived their run (operational: no stage fingerprints this module).
 
-Every sandbox carries `trajforge.sandbox`, `trajforge.owner` (host:pid:start time) and
+Every sandbox carries `trajforge.sandbox`, `trajforge.owner` (host:pid:start time, `engine.identity`) and
 `trajforge.build` labels. A sandbox whose owning process is gone, or any sandbox of a build that is
 about to (re)start, is removed. Each Dask worker reaps its own host's engine. A build's sandboxes
 are reaped by build id only by the holder of that build's lease (tasks/engine/lease.py): a second
@@ -10,41 +10,14 @@ touched.
 
 from __future__ import annotations
 
-import os
 import socket
 
 import docker
 import docker.errors
 
+from ..engine.identity import owner_alive
+
 LABEL = "trajforge.sandbox"
-
-
-def _process_identity(pid: int) -> str | None:
-    """`pid:start time` of a live process, or None. PIDs wrap (32768 here, and every `docker exec`
-    spends several), so a pid alone could name a newer process than the one that owned a sandbox."""
-    import psutil
-
-    try:
-        return f"{pid}:{psutil.Process(pid).create_time():.2f}"
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return None
-    except psutil.AccessDenied:
-        return f"{pid}:?"
-
-
-def owner_label() -> str:
-    return f"{socket.gethostname()}:{_process_identity(os.getpid())}"
-
-
-def owner_alive(owner: str) -> bool | None:
-    """Whether the process an `owner_label()` names still runs: None when that cannot be told from
-    here (another host, or no pid in the label). The one liveness check of sandboxes and build leases."""
-    host, _, ident = owner.partition(":")
-    pid, _, started = ident.partition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return None
-    now = _process_identity(int(pid))
-    return now is not None and (now == ident or now.endswith(":?") or not started)
 
 
 def reap_here(build_id: str | None = None) -> int:

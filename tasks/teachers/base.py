@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Protocol
+from typing import Any, ClassVar, Iterator, Literal, Protocol
 
 from ...schemas.config import TeacherConfig
 from ...schemas.environment import EnvSpec
@@ -65,6 +65,18 @@ class Teacher(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Readiness:
+    """One finding of `trajforge doctor` about a configured teacher: `fail` (a build could not use it),
+    `warn` (it works, slower than it could) or `ok`, what was found and a one-line fix. `aspect`: empty
+    for whether the teacher can answer at all, else what else was looked at (`setup`)."""
+
+    status: Literal["ok", "warn", "fail"]
+    detail: str
+    fix: str = ""
+    aspect: str = ""
+
+
 class TeacherBackend(ABC):
     """One teacher backend. `config` is its settings model; `make` builds a Teacher for one shard
     driver (event loop); `service` is what the build starts before the stages that need a teacher
@@ -82,3 +94,17 @@ class TeacherBackend(ABC):
     def service(self, cfg: Any, ctx: Any, console: Any) -> Iterator[dict[str, Any]]:
         """Start what the backend needs for a build and stop it after; default: nothing."""
         yield {}
+
+    def readiness(self, cfg: Any) -> list[Readiness]:
+        """Whether this machine can serve `cfg` (`trajforge doctor`). Default: the endpoints it names
+        answer `GET /models`, or nothing to check."""
+        endpoints = list(getattr(cfg, "all_endpoints", lambda: [])())
+        if not endpoints:
+            return [Readiness("ok", f"backend {cfg.backend}: no server needed")]
+        from .openai import probe
+
+        bad = [(u, why) for u in endpoints if (why := probe(u, timeout=5)) is not None]
+        if bad:
+            return [Readiness("fail", f"{bad[0][0]}: {bad[0][1]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""),
+                              "start the server or fix teacher.endpoints / base_url")]
+        return [Readiness("ok", f"{len(endpoints)} endpoint(s) answer GET /models")]

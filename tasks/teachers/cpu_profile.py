@@ -198,7 +198,7 @@ def choose(machine: Machine, v: "VLLMServerConfig", env: Mapping[str, str]) -> C
 
 def server_env(v: "VLLMServerConfig", base: Mapping[str, str] | None = None) -> dict[str, str]:
     """`vllm.env` on top of `base` (default: the process environment), without redacted values."""
-    from ..dataset.secrets import REDACTED
+    from ..redaction.secrets import REDACTED
 
     return {**(os.environ if base is None else base), **{k: x for k, x in v.env.items() if x != REDACTED}}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from ...schemas.config import TeacherConfig
+from ...schemas.config import TeacherConfig, register_teacher_settings
 from .base import Teacher, TeacherBackend
 from .openai import OpenAIBackend
 from .replay import ReplayBackend
@@ -22,8 +22,11 @@ BACKENDS: dict[str, TeacherBackend] = {}
 
 
 def register(backend: TeacherBackend) -> TeacherBackend:
-    """Make `backend` available under `backend.name` (a second registration replaces the first)."""
+    """Make `backend` available under `backend.name` (a second registration replaces the first); its
+    settings model joins the records' table (`schemas.config.TEACHER_SETTINGS`), which validates
+    teacher sections."""
     BACKENDS[backend.name] = backend
+    register_teacher_settings(backend.name, backend.config)
     return backend
 
 

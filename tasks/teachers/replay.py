@@ -48,6 +48,10 @@ class ReplayTeacherConfig(TeacherConfig):
             return self.name
         return "replay" if self.replay.source == "solution" else f"replay:{Path(self.replay.source).name}"
 
+    @property
+    def card_model(self) -> str | None:
+        return self.model or "reference solution (replay)"
+
     def fingerprint(self) -> dict[str, Any]:
         view = super().fingerprint()
         if self.replay.source != "solution":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import posixpath
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Iterator, Literal
@@ -20,7 +21,7 @@ from pydantic import Field
 
 from ...schemas.config import Section, operational
 from ..engine.contract import LimiterFactory, StageContext
-from .base import TeacherBackend, TeacherError
+from .base import Readiness, TeacherBackend, TeacherError
 from .endpoints import DEAD_KEY
 from .openai import OpenAIClientConfig, OpenAITeacher
 
@@ -76,6 +77,10 @@ class VLLMTeacherConfig(OpenAIClientConfig):
     def label(self) -> str:
         return self.name or f"vllm:{self.vllm.model.removeprefix('embedded:')}"
 
+    @property
+    def card_model(self) -> str | None:
+        return self.vllm.model or self.model
+
     def context_budget(self) -> int | None:
         return self.vllm.max_model_len
 
@@ -98,6 +103,42 @@ class VLLMBackend(TeacherBackend):
             raise TeacherError("backend 'vllm' has no running server: the build starts it before the first "
                                "stage that needs a teacher; none was passed to this stage")
         return OpenAITeacher(cfg, endpoints, limiter, runtime.get(DEAD_KEY))
+
+    def readiness(self, cfg: VLLMTeacherConfig) -> list[Readiness]:
+        """An interpreter that imports vllm and the model folder; on a CPU, what the server will be
+        started with (dtype, threads, KV cache) and whether this CPU has a fast path for its dtype."""
+        out = [self._servable(cfg)]
+        if cfg.vllm.gpu_memory_utilization is None:
+            from .cpu_profile import FAST_BF16_FLAGS, cpu_flags, resolve, server_env
+
+            choice = resolve(cfg.vllm)
+            if choice.dtype in ("bfloat16", "float16") and not set(FAST_BF16_FLAGS) & cpu_flags(server_env(cfg.vllm))[0]:
+                out.append(Readiness("warn", f"{choice.line()}: this CPU has no fast {choice.dtype} path",
+                                     "set teacher.vllm.dtype: auto (float32 here)", "setup"))
+            else:
+                out.append(Readiness("ok", choice.line(), aspect="setup"))
+        return out
+
+    @staticmethod
+    def _servable(cfg: VLLMTeacherConfig) -> Readiness:
+        from .vllm_server import TeacherServerError, resolve_model, resolve_python
+
+        v, fix = cfg.vllm, "make teacher (or set $TRAJFORGE_VLLM_PYTHON)"
+        try:
+            python = resolve_python(v.python)
+            model = resolve_model(v.model)
+        except TeacherServerError as err:
+            return Readiness("fail", str(err).split(": run")[0], fix)
+        if v.command is None:
+            try:
+                found = subprocess.run([python, "-c", "import importlib.util as u, sys; "
+                                        "sys.exit(u.find_spec('vllm') is None)"], capture_output=True, timeout=60)
+                importable = found.returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                importable = False
+            if not importable:
+                return Readiness("fail", f"{python} cannot import vllm", fix)
+        return Readiness("ok", f"vLLM via {python}, model {model}")
 
     @contextlib.contextmanager
     def service(self, cfg: VLLMTeacherConfig, ctx: StageContext, console: Any) -> Iterator[dict[str, Any]]:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Callable
 
 import psutil
 
-from ..dataset.secrets import redact_args
+from ..redaction.secrets import redact_args
 from .cpu_profile import STARTUP_THREAD_ENV, THREAD_ENV, compile_cache_env, resolve, server_env
 
 if TYPE_CHECKING:
