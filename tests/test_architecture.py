@@ -133,6 +133,18 @@ def test_every_import_points_down():
     assert set(UPWARD) <= used, f"UPWARD lists exceptions no module needs any more: {set(UPWARD) - used}"
 
 
+def test_the_architecture_page_draws_this_layering():
+    """docs/architecture.md's picture names the layers' folders in this order and the machinery
+    packages in `MACHINERY` order (highest first), and lists the `UPWARD` exceptions."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    picture = text[text.index("## Layers"):].split("```")[1]
+    rows = [line.split()[0] for line in picture.strip().splitlines() if line.strip() and not line.startswith(" ")]
+    assert rows == ["flows/", "tasks/*.py", "machinery", "tasks/engine/", "expectations/", "schemas/"], rows
+    assert " ▸ ".join(reversed(MACHINERY)) in picture, "the machinery order in the picture differs from MACHINERY"
+    for low, high in UPWARD:
+        assert f"`{low}` → `{high}`" in text, f"the page does not list the upward import {low} -> {high}"
+
+
 def test_the_layering_rule_sees_lazy_and_relative_imports():
     """The rule is not blind: an import inside a function, a relative one and a machinery package
     importing one above it are each caught (the import forms records took before this rule)."""
