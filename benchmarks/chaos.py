@@ -6,8 +6,9 @@ watched: its wall time T, the span of each stage in it (build.json polled), its 
 rows are the reference. Kill points are drawn where the build spends its working time, not uniformly
 over its wall time (start-up and bookkeeping between stages were most of it, so only ~1 kill in 20 fell
 in rollout): a stage is drawn with a weight equal to its duration in the reference, and a fraction f of
-it; the victim is killed f x (that duration) after the stage started running, and in rollout and verify
-only once a sandbox of the build is running (episodes in flight). Then N times, each in a fresh runs
+it; the victim is killed f x (that duration, scaled by how fast the victim reached the stage compared
+with the reference) after the stage started running, and in rollout and verify only once a sandbox of
+the build is running (episodes in flight). Then N times, each in a fresh runs
 folder: start the same build, SIGKILL the driver alone (not its process group) at that point, and run
 the same command again (it resumes the killed build). A build that ends before its kill point is one
 more uninterrupted build (T: the median) and the point is drawn again, up to 3 times. Printed: each
@@ -61,8 +62,9 @@ from trajforge.tasks.sandbox import docker_client  # noqa: E402
 IN_FLIGHT = ("rollout", "verify")  # stages whose kill waits for a running sandbox (episodes in flight)
 
 
-def reference(folder: Path) -> tuple[float, dict[str, float], dict, dict]:
-    """(wall s, {stage: seconds it was running}, rollout ids, export content) of an uninterrupted build."""
+def reference(folder: Path) -> tuple[float, dict[str, tuple[float, float]], dict, dict]:
+    """(wall s, {stage: (s from the start to it, s it was running)}, rollout ids, export content) of an
+    uninterrupted build."""
     cfg = chaos_config(folder / "runs")
     driver = Driver(write_config(folder, cfg), folder / "build.log")
     store = RunStore(cfg["runs"], cfg["dataset"])
@@ -80,7 +82,7 @@ def reference(folder: Path) -> tuple[float, dict[str, float], dict, dict]:
     if code != 0:
         sys.exit(f"the uninterrupted build failed (code {code}):\n{driver.tail()}")
     build_id = newest_build(store)
-    spans = {stage: max(b - a, 0.05) for stage, (a, b) in seen.items()}
+    spans = {stage: (a, max(b - a, 0.05)) for stage, (a, b) in seen.items()}
     return wall, spans, rollout_ids(store, build_id), export_content(store, build_id)
 
 
@@ -100,9 +102,13 @@ def live_sandboxes(client, store: RunStore) -> int:
     return sum(c.attrs.get("State") == "running" for c in build_containers(client, build_id))
 
 
-def one_kill(folder: Path, stage: str, after_s: float, ref_ids: dict, ref_export: dict, client) -> dict:
-    """Start a build, SIGKILL its driver `after_s` into `stage` (in rollout and verify: once a sandbox of
-    the build runs as well), resume it with the same command and audit the resume."""
+def one_kill(folder: Path, stage: str, frac: float, span: tuple[float, float], ref_ids: dict, ref_export: dict,
+             client) -> dict:
+    """Start a build, SIGKILL its driver `frac` of the way into `stage` (in rollout and verify: once a sandbox
+    of the build runs as well), resume it with the same command and audit the resume. `span`: (start,
+    duration) of the stage in the reference; the duration is scaled by how fast this build reached the
+    stage compared with the reference (the host's load changes from build to build: unscaled, a point
+    late in a stage often fell after its end)."""
     cfg = chaos_config(folder / "runs")
     config = write_config(folder, cfg)
     store = RunStore(cfg["runs"], cfg["dataset"])
@@ -115,6 +121,7 @@ def one_kill(folder: Path, stage: str, after_s: float, ref_ids: dict, ref_export
         now = time.monotonic()
         if began is None and status == "running":
             began = now
+            after_s = frac * span[1] * min(4.0, max(0.25, (began - victim.t0) / max(span[0], 0.1)))
         if began is not None and (status != "running" or now - began >= after_s):
             live = live_sandboxes(client, store)
             if status != "running" or stage not in IN_FLIGHT or live:
@@ -172,14 +179,14 @@ def main() -> int:
         wall, spans, ref_ids, ref_export = reference(work / "reference")
         print(f"uninterrupted build: {wall:.1f} s, {len(ref_ids)} rollouts, "
               f"{sum(len(v) for v in ref_export.values())} export rows; stages (s): "
-              + ", ".join(f"{k} {v:.1f}" for k, v in spans.items()), file=sys.stderr)
+              + ", ".join(f"{k} {v[1]:.1f}" for k, v in spans.items()), file=sys.stderr)
         stages = list(spans)
         rows, walls = [], [wall]
         for i in range(args.n):
             for attempt in range(3):  # a build that ends before its kill point was an uninterrupted one:
-                stage = rng.choices(stages, weights=[spans[k] for k in stages])[0]  # its time is measured too,
-                after = rng.random() * spans[stage]  # and the point is drawn again
-                r = one_kill(work / f"kill-{i:02d}-{attempt}", stage, after, ref_ids, ref_export, client)
+                stage = rng.choices(stages, weights=[spans[k][1] for k in stages])[0]  # its time is measured
+                r = one_kill(work / f"kill-{i:02d}-{attempt}", stage, rng.random(), spans[stage], ref_ids,
+                             ref_export, client)  # too, and the point is drawn again
                 if r["stage"] != "ended first":
                     break
                 walls.append(r["at"])
@@ -195,7 +202,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     wall = statistics.median(walls)
-    work_s = sum(spans.values())
+    work_s = sum(d for _, d in spans.values())
     print_table(f"Kill points (uninterrupted build: median {wall:.1f} s of {len(walls)}; its stages ran {work_s:.1f} s, "
                 "kill points drawn over that time)",
                 ["#", "kill at (s)", "aimed", "s into it", "landed in", "live sandboxes", "resume (s)", "survived",
@@ -206,7 +213,7 @@ def main() -> int:
     landed = collections.Counter(r["stage"] for r in rows)
     print_table("Kill points per stage (weight: the stage's share of the reference build's stage time)",
                 ["stage", "reference (s)", "weight", "aimed", "landed", "landed with sandboxes live"],
-                [[k, f"{spans.get(k, 0):.1f}", f"{spans.get(k, 0) / work_s:.2f}" if k in spans else "-",
+                [[k, f"{spans[k][1]:.1f}" if k in spans else "-", f"{spans[k][1] / work_s:.2f}" if k in spans else "-",
                   sum(r["aimed"] == k for r in rows), landed.get(k, 0),
                   sum(r["stage"] == k and r["live"] > 0 for r in rows)]
                  for k in [*stages, *sorted(set(landed) - set(stages))]])
