@@ -48,6 +48,29 @@ from .walk import _AGENT_ROOTS, _BASELINES, _NOISE, DECISION_CAP, ChangeWalk, _h
 _WORK_SEEDS: dict[tuple[str, str], tuple[bytes, int, int, int] | None] = {}
 
 
+def _ns_pid(host_pid: int) -> int | None:
+    """The innermost namespace's pid of a host process (`NSpid`), None when it is gone."""
+    try:
+        with open(f"/proc/{host_pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _host_children(host_pid: int) -> set[int] | None:
+    """The container pids of a host process's children (read from this host's /proc), None when it is gone."""
+    try:
+        with open(f"/proc/{host_pid}/task/{host_pid}/children") as f:
+            kids = [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return None
+    pids = {_ns_pid(k) for k in kids}
+    return {p for p in pids if p is not None}
+
+
 def _spellings(path: str) -> list[bytes]:
     """The names a change-set path may stand for: as written, and, when it holds the walk's `\\xNN`
     spelling of bytes that are not UTF-8, with those bytes (a literal `\\x41` in a name looks alike)."""
@@ -267,9 +290,20 @@ class Sandbox(ChangeWalk):
 
     def _init_children(self) -> set[int]:
         """The pids of the container init's children (its `sleep infinity`; right after a start the init
-        may not have started it yet)."""
+        may not have started it yet), read from this host's /proc when the engine is local (no exec), else
+        with `cat` in the container."""
         children: set[int] = set()
+        host = self._host_init_pid()
         for _ in range(50):
+            if host is not None:  # read from outside: no exec, and no program of the container runs
+                children = _host_children(host)
+                if children is None:  # the init went away between two reads: ask the container
+                    host = None
+                    continue
+                if children:
+                    break
+                time.sleep(0.02)
+                continue
             _, out = run_exec(self.client.api, self.container.id, ["cat", "/proc/1/task/1/children"],
                               time.monotonic() + self.cfg.exec_grace_s, 1 << 16, user="0:0",
                               environment={"PATH": HARNESS_PATH})
@@ -278,6 +312,24 @@ class Sandbox(ChangeWalk):
                 break
             time.sleep(0.02)
         return children
+
+    def _host_init_pid(self) -> int | None:
+        """The host pid of this start's init when the engine is local and its pid namespace is readable here
+        (the init's own `NSpid` ends in 1, its cgroup names this container), else None."""
+        if not str(getattr(self.client.api, "base_url", "")).startswith("http+docker://"):
+            return None
+        try:
+            self.container.reload()  # this start's State.Pid (one inspect: cheaper than an exec)
+            pid = int((self.container.attrs.get("State") or {}).get("Pid") or 0)
+        except (docker.errors.DockerException, ValueError):
+            return None
+        if not pid or _ns_pid(pid) != 1:
+            return None
+        try:  # this container's init, not a process of the same number in another pid namespace
+            with open(f"/proc/{pid}/cgroup") as f:
+                return pid if self.container.id in f.read() else None
+        except OSError:
+            return None
 
     def restart(self) -> None:
         """Kill every process of the container, whatever its pid (the init and its `sleep infinity`
