@@ -282,9 +282,20 @@ def run_build(cfg: Path, *extra: str) -> Path:
     return max((p for p in builds.iterdir() if p.is_dir() and p.name[:1].isdigit()), key=lambda p: p.name)
 
 
+def stage_folder(build: Path, stage: str) -> tuple[Path, bool]:
+    """(the folder of the stage's output, whether this build ran it) from build.json: a stage whose fingerprint
+    an earlier build committed is reused from there (`--force rollout` recomputes the rollout stage only; the
+    verify stage's fingerprint does not change with it)."""
+    entry = json.loads((build / "build.json").read_text())["stages"][stage]
+    return Path(entry["manifest"]), entry.get("status") != "reused"
+
+
 def stage_seconds(build: Path, stage: str) -> float:
-    """A stage of a build, from its first shard's start to its manifest (the run folder's own timestamps)."""
-    folder = next(p for p in (build / stage).iterdir() if (p / "manifest.json").exists())
+    """A stage of a build, from its first shard's start to its manifest (the run folder's own timestamps);
+    0 when the build reused it."""
+    folder, ran = stage_folder(build, stage)
+    if not ran:
+        return 0.0
     starts = [json.loads(f.read_text())["started_at"] for f in (folder / "_done").iterdir()]
     from datetime import datetime
     done = datetime.fromisoformat(json.loads((folder / "manifest.json").read_text())["created_at"]).timestamp()
@@ -301,7 +312,8 @@ def build_side(cfg: Path) -> tuple[int, dict]:
     if rerun:  # their code changed since the set-up build (a tree being edited): the wall time includes them
         print(f"    (f): {', '.join(rerun)} ran again, not reused: the code they depend on changed since the set-up "
               "build; this round's whole-command time includes them", flush=True)
-    folder = next(p for p in (build / "verify").iterdir() if (p / "manifest.json").exists())
+    # the verdicts: this build's, or (verify reused) those of the build that committed them
+    folder = stage_folder(build, "verify")[0]
     rows = pq.read_table(sorted(str(p) for p in folder.glob("part-*.parquet")),
                          columns=["env_id", "sample", "passed", "verifier_output"]).to_pylist()
     failed = {f"{r['env_id'][:12]} #{r['sample']}": r["verifier_output"][-200:] for r in rows if not r["passed"]}
@@ -311,7 +323,7 @@ def build_side(cfg: Path) -> tuple[int, dict]:
 
 
 def committed_envs(build: Path) -> list[EnvSpec]:
-    folder = next(p for p in (build / "synthesize").iterdir() if (p / "manifest.json").exists())
+    folder = stage_folder(build, "synthesize")[0]
     rows = pq.read_table(sorted(str(p) for p in folder.glob("part-*.parquet"))).to_pylist()
     return [EnvSpec.model_validate(r) for r in rows]
 
