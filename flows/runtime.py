@@ -135,22 +135,23 @@ def flow_scheduler_address() -> str | None:
     return getattr(context.task_runner, "address", None) if context is not None else None
 
 
-def reap_on_workers(address: str, build_id: str | None = None) -> dict[str, int]:
+def reap_on_workers(address: str, build_id: str | None = None, engine: str | None = None) -> dict[str, int]:
     """Reap leftover sandboxes on the host of every worker of the scheduler at `address` (sandboxes
-    live on the engine of the worker that ran them; the driver can only clean its own host).
+    live on the engine of the worker that ran them, `engine` = the config's `sandbox.engine` unless the
+    worker's $TRAJFORGE_DOCKER_HOST names another; the driver can only clean its own host).
     Returns {worker: containers removed}; a worker that cannot reach its engine reports -1."""
     from distributed import Client
 
     from ..tasks.sandbox import reap_here
 
-    def safe(build_id: str | None) -> int:
+    def safe(build_id: str | None, engine: str | None) -> int:
         try:
-            return reap_here(build_id)
+            return reap_here(build_id, engine)
         except Exception:
             return -1
 
     with Client(address, timeout=30) as c:
-        return c.run(safe, build_id)
+        return c.run(safe, build_id, engine)
 
 
 def task_runner(address: str | None, n_workers: int, threads_per_worker: int):

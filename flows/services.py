@@ -51,7 +51,7 @@ def _reap(ctx: Any, console: Any, whose: str) -> None:
     if address is None:  # a local cluster: its workers share this host's engine
         return
     try:
-        on_workers = reap_on_workers(address, ctx.build_id)
+        on_workers = reap_on_workers(address, ctx.build_id, ctx.config.sandbox.engine)
     except Exception as err:
         console.print(f"[yellow]![/] could not reach the workers to reap sandboxes ({err.__class__.__name__})")
         return

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
+import sys
 import time
 
 import docker
@@ -21,6 +23,7 @@ from trajforge.flows.doctor import docker_checks
 from trajforge.schemas.config import SandboxConfig, parse_config
 from trajforge.tasks.agent.driver import run_episodes
 from trajforge.tasks.engine import StageContext
+from trajforge.tasks.engine.identity import owner_label
 from trajforge.tasks.envs.families import get_family
 from trajforge.tasks.envs.images import ensure_image
 from trajforge.tasks.sandbox import DockerUnavailable, docker_client
@@ -201,3 +204,32 @@ def test_a_second_engine_by_url_gives_the_local_verdicts(tmp_path, monkeypatch, 
     assert [v[5] for v in here] == [True, False]
     assert there == here
     assert client.containers.list(all=True) == [], "no sandbox outlives its stage on the second engine"
+
+
+@pytest.mark.docker
+def test_reaping_a_worker_host_cleans_the_engine_the_config_names(monkeypatch, second_engine, docker_client):
+    """A dead owner's sandbox on the config's engine is removed by `reap_here(engine=...)` (what each Dask
+    worker runs); reaping the local engine leaves it, and a live owner's sandbox is never touched."""
+    from trajforge.tasks.sandbox import LABEL, reap_here
+
+    monkeypatch.delenv(ENV, raising=False)
+    sock, client = second_engine
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    labels = {LABEL: "1", "trajforge.build": "reap-test"}
+    orphan = client.containers.run(BASE, ["sleep", "600"], detach=True, network_mode="none",
+                                   labels={**labels, "trajforge.owner": f"{host}:{dead.pid}"})
+    alive = client.containers.run(BASE, ["sleep", "600"], detach=True, network_mode="none",
+                                  labels={**labels, "trajforge.owner": owner_label()})
+    try:
+        reap_here()  # the local engine: nothing of the second engine's
+        assert {c.id for c in client.containers.list(all=True)} >= {orphan.id, alive.id}
+        assert reap_here(engine=sock) == 1
+        assert [c.id for c in client.containers.list(all=True)] == [alive.id]
+    finally:
+        for c in (orphan, alive):
+            try:
+                c.remove(force=True)
+            except docker.errors.NotFound:
+                pass

@@ -20,12 +20,14 @@ from ..engine.identity import owner_alive
 LABEL = "trajforge.sandbox"
 
 
-def reap_here(build_id: str | None = None) -> int:
+def reap_here(build_id: str | None = None, engine: str | None = None) -> int:
     """On the calling host: sandboxes of dead owners, plus every sandbox of `build_id` (a build about
-    to (re)start has none running). Run on each Dask worker so every host's engine is cleaned."""
+    to (re)start has none running). Run on each Dask worker so every host's engine is cleaned: the
+    engine this worker's episodes use ($TRAJFORGE_DOCKER_HOST, else the config's `engine`, else local)."""
+    from ...schemas.config import SandboxConfig
     from .container import docker_client
 
-    client = docker_client()
+    client = docker_client(sandbox=SandboxConfig(engine=engine)) if engine else docker_client()
     try:
         return reap_orphans(client) + (reap_orphans(client, build_id=build_id) if build_id else 0)
     finally:
