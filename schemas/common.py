@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# The failure taxonomy (README, "Teachers"). The first five are the model's outcome on the task; the last two
+# The failure taxonomy (docs/teachers.md). The first five are the model's outcome on the task; the last two
 # are infrastructure: retried, never counted as the teacher failing, excluded from difficulty stats.
 Status = Literal["ok", "max_turns", "agent_timeout", "context_overflow", "format_error",
                  "infra_error", "teacher_error"]

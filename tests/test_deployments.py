@@ -191,7 +191,7 @@ def hub(tmp_path_factory):
 @pytest.fixture(scope="module")
 def shipped(stack, tmp_path_factory):
     """configs/replay.yaml as shipped (`runs: ./runs`, a relative path), deployed with `trajforge deploy` from a
-    folder of its own as README "Scheduled builds" says, and a run of it under way: a `worker --run-once` in the
+    folder of its own as docs/scheduled-builds.md says, and a run of it under way: a `worker --run-once` in the
     background that has claimed the run (so no other test's worker takes it, and it takes no other run). The
     biggest build of the module runs beside the others (`first_build` starts it); the test joins it.
     Yields (the clone folder, `deploy`'s result, the run id, the worker's future)."""
@@ -353,7 +353,7 @@ def test_stage_deployment_reruns_one_stage_and_reuses_the_others(stack, first_bu
 
 def test_a_shipped_config_runs_unchanged_as_a_deployment(stack, shipped):
     """configs/replay.yaml as shipped (`runs: ./runs`, a relative path), deployed with `trajforge deploy` from a
-    folder of its own as README "Scheduled builds" says (the `shipped` fixture): the build commits on the stack's
+    folder of its own as docs/scheduled-builds.md says (the `shipped` fixture): the build commits on the stack's
     Dask workers (which run in the stack's state folder), in the run store of the folder `deploy` ran from, and
     nothing is written under the workers' folder."""
     work, deployed, run_id, worker = shipped

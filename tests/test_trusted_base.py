@@ -1,4 +1,4 @@
-"""The trusted base of judging (README "Verification"): after an episode nothing inside its container
+"""The trusted base of judging (docs/verification.md): after an episode nothing inside its container
 takes part in judging it. Processes: a root agent's container is restarted, so none survives whatever
 its pid. Programs: what the episode changed of the system programs and libraries is read from outside
 (the overlay upper folder on this host, or the engine's diff: both agree), and such an episode is never

@@ -1,7 +1,7 @@
 """Whether a task's hidden tests execute code the agent wrote or could change, read from the tests' text.
 
 Code the tests execute runs with the tests' powers: it can reach their reward channel and, in the same
-Python process, their runner. Some hacks are then undetectable from outside (README, "Still open"), so
+Python process, their runner. Some hacks are then undetectable from outside (docs/verification.md, "Still open"), so
 the validator marks each environment (`EnvSpec.tests_run_agent_code`) and the dataset carries the mark:
 
 - `in_process`: a Python test file imports a module that lives in the solved work dir (top-level

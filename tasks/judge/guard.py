@@ -21,7 +21,7 @@ plugin loaded before any test module (so before the agent's code):
 The validator runs the same on the reference solution's state (`EnvSpec.guard_tests`, `guard_types`):
 only tests that pass guarded there are required here, and a compared type counts only when the
 reference's run never compared it. Invariant: the guarded run can
-only take a pass away. What stays open (README): code that targets this plugin itself, and an answer
+only take a pass away. What stays open (docs/verification.md, "Still open"): code that targets this plugin itself, and an answer
 special-cased for the tested inputs.
 """
 

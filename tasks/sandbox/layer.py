@@ -1,6 +1,6 @@
 """What an episode did to the programs the harness runs, read from outside the container.
 
-Threat model (README "Verification"): after an episode nothing inside its container is trusted: a
+Threat model (docs/verification.md): after an episode nothing inside its container is trusted: a
 root agent may have replaced `sh`, `find`, `python3` or a library they load. Every later harness step
 (the change walk, the checksums, the hidden tests' runner) runs programs of that container, so before
 any of them runs, `toolchain_changes` says from outside whether the agent changed one of them:
