@@ -107,8 +107,8 @@ def effective_suite(stage: str, overrides: dict[str, Any] | None = None, extra: 
     out: dict[str, list] = {"expectations": [], "stats_expectations": []}
     disabled: dict[str, str] = {}
     overridden: dict[str, dict[str, Any]] = {}
-    for kind in out:
-        for e in spec[kind]:
+    for section in out:
+        for e in spec[section]:
             e = _resolve_facts(e, facts)
             name, enabled, reason = e["name"], e.get("enabled", True), e.get("reason")
             o = overrides.pop(name, None)
@@ -119,18 +119,18 @@ def effective_suite(stage: str, overrides: dict[str, Any] | None = None, extra: 
                 changes = {k: o[k] for k in THRESHOLD_KEYS if k in o}
                 if "value" in o:
                     changes[e.get("threshold", "max_value")] = o["value"]
-                target = e["kwargs"] if kind == "expectations" else e
+                target = e["kwargs"] if section == "expectations" else e
                 target.update(changes)
                 if changes or "enabled" in o:
                     overridden[name] = {**changes, **({"enabled": enabled} if "enabled" in o else {}),
                                         **({"reason": o["reason"]} if o.get("reason") else {})}
             if enabled and e.get("type", "").endswith("_to_be_between") and \
-                    all((e["kwargs"] if kind == "expectations" else e).get(k) is None for k in ("min_value", "max_value")):
+                    all((e["kwargs"] if section == "expectations" else e).get(k) is None for k in ("min_value", "max_value")):
                 enabled, reason = False, "no threshold: it comes from the build config (`$fact`), none was given"
             if not enabled:
                 disabled[name] = reason or "disabled"
                 continue
-            out[kind].append({k: v for k, v in e.items() if k not in ("enabled", "reason", "doc")})
+            out[section].append({k: v for k, v in e.items() if k not in ("enabled", "reason", "doc")})
     if overrides:
         known = [e["name"] for k in out for e in spec[k]]
         raise KeyError(f"gates.{stage}: no expectation named {', '.join(sorted(overrides))} "

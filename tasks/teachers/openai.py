@@ -195,11 +195,11 @@ class _Session:
                     continue  # dead for good: another endpoint, or `pick` ends the turn (TeacherError)
                 if time.monotonic() >= deadline:
                     raise out_of_time(last) from None
-                kind = failure_kind(err)
-                failures += kind == "failed"
+                failure = failure_kind(err)
+                failures += failure == "failed"
                 if failures > cfg.retries:
                     raise TeacherError(f"teacher {endpoint.url} failed after {attempts} attempt(s): {last}") from None
-                pause = backoff(attempts, retry_after(err) if kind == "rate_limited" else None)
+                pause = backoff(attempts, retry_after(err) if failure == "rate_limited" else None)
                 if time.monotonic() + pause >= deadline:
                     raise out_of_time(last) from None
                 await asyncio.sleep(pause)
