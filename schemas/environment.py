@@ -10,7 +10,7 @@ import hashlib
 import json
 import posixpath
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -27,6 +27,12 @@ WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 ENV_KINDS: set[str] = {"terminal", "tools"}
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
                "/sys", "/usr", "/var/lib")
+
+
+def found(default: Any, description: str) -> Any:
+    """A field the validator sets from the reference solution's run (never the author); `default` is
+    what an unvalidated spec holds (a mutable default is copied per instance by pydantic)."""
+    return Field(default, description=f"{description} (set by the validator)")
 
 
 def check_workdir(path: str) -> str:
@@ -119,30 +125,29 @@ class EnvSpec(Record):
         "who runs the agent's commands: the unprivileged `agent` (procedural and LLM-written environments) or "
         "`root` with root's file powers (imported tasks, which assume it, as their own harness runs them); "
         "no network and no-new-privileges either way"))
-    expected_changes: list[str] = Field(default_factory=list, description=(
-        "paths the reference solution changed in the container (set by the validator): a change an agent "
-        "makes that is not here is `unexpected`"))
-    expected_tests: list[str] = Field(default_factory=list, description=(
-        "pytest tests the reference solution's test run reported passed (set by the validator, script verifiers): "
-        "a pass must report each of them passed"))
-    tests_run_agent_code: Literal["unknown", "no", "subprocess", "in_process"] = Field("unknown", description=(
-        "whether the hidden tests execute code the agent wrote or could change (set by the validator from the "
-        "tests' text and the solved work dir): `in_process` (a Python test imports it), `subprocess` (a test runs "
-        "it as a program); such code runs with the tests' powers, so some hacks stay undetectable (README)"))
-    tests_leave_processes: bool = Field(False, description=(
-        "the reference solution's test run left processes running when it ended (set by the validator)"))
-    reward_files: list[str] = Field(default_factory=list, description=(
+    # What the validator found running the reference solution (never written by an environment's author).
+    expected_changes: list[str] = found([], "paths the reference solution changed in the container: a change "
+                                        "an agent makes that is not here is `unexpected`")
+    expected_tests: list[str] = found([], "pytest tests the reference solution's test run reported passed "
+                                      "(script verifiers): a pass must report each of them passed")
+    tests_run_agent_code: Literal["unknown", "no", "subprocess", "in_process"] = found("unknown", (
+        "whether the hidden tests execute code the agent wrote or could change (read from the tests' text and "
+        "the solved work dir): `in_process` (a Python test imports it), `subprocess` (a test runs it as a "
+        "program); such code runs with the tests' powers, so some hacks stay undetectable (README)"))
+    tests_leave_processes: bool = found(False, "the reference solution's test run left processes running when "
+                                               "it ended")
+    reward_files: list[str] = found([], (
         "the reward files (`reward.json`, `reward.txt`) the task's tests wrote on the untouched environment and on "
-        "the reference solution (set by the validator): the reward channel; a run that leaves another is tampered"))
-    test_writes: list[str] | None = Field(None, description=(
+        "the reference solution: the reward channel; a run that leaves another is tampered"))
+    test_writes: list[str] | None = found(None, (
         "files the task's tests wrote outside /tests and /logs on the untouched environment and the reference "
-        "solution (set by the validator from the engine's host; None: not known): a run that rewrites a file "
-        "that existed before it and is not among these had what the tests read changed under them"))
-    guard_tests: list[str] = Field(default_factory=list, description=(
+        "solution (read on the engine's host; None: not known): a run that rewrites a file that existed before "
+        "it and is not among these had what the tests read changed under them"))
+    guard_tests: list[str] = found([], (
         "tests that pass, running their own body, in trajforge's guarded pytest run on the reference solution's "
-        "state (set by the validator when the tests import agent code; tasks/judge/guard.py): a pass must show each"))
-    guard_types: list[str] = Field(default_factory=list, description=(
-        "types other than plain Python data that the test code compared in the reference solution's guarded run"))
+        "state (when the tests import agent code; tasks/judge/guard.py): a pass must show each"))
+    guard_types: list[str] = found([], "types other than plain Python data that the test code compared in the "
+                                       "reference solution's guarded run")
     image: str | None = None
     base_images: list[BaseImage] = Field(default_factory=list, description=(
         "set at build: each `FROM` image of `dockerfile` mapped through the alias table -> the local image "

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from trajforge.schemas.config import TeacherConfig
 from trajforge.schemas.trajectory import FunctionCall, Message, ToolCall
 from trajforge.tasks.teachers import register
-from trajforge.tasks.teachers.base import TeacherBackend, Turn
+from trajforge.tasks.teachers.base import ConfiguredTeacher, TeacherBackend, Turn
 
 
 class EchoConfig(TeacherConfig):
@@ -34,23 +34,15 @@ class _Session:
                     finish_reason="tool_calls")
 
 
-class EchoTeacher:
-    def __init__(self, cfg: EchoConfig):
-        self.label, self.text = cfg.label, cfg.text
-
+class EchoTeacher(ConfiguredTeacher):
     def session(self, env, sample: int, rollout_id: str = "") -> _Session:
-        return _Session(self.text)
-
-    async def aclose(self) -> None:
-        return None
+        return _Session(self.cfg.text)
 
 
 class EchoBackend(TeacherBackend):
     name = "echo"
     config = EchoConfig
-
-    def make(self, cfg: EchoConfig, runtime: dict[str, Any], limiter: Any = None) -> EchoTeacher:
-        return EchoTeacher(cfg)
+    teacher = EchoTeacher
 
 
 register(EchoBackend())

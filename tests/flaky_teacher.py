@@ -14,7 +14,7 @@ from pydantic import Field
 from trajforge.schemas.config import TeacherConfig, operational
 from trajforge.schemas.trajectory import Message
 from trajforge.tasks.teachers import register
-from trajforge.tasks.teachers.base import TeacherBackend, TeacherError, Turn
+from trajforge.tasks.teachers.base import ConfiguredTeacher, TeacherBackend, TeacherError, Turn
 from trajforge.tasks.teachers.replay import _ReplaySession
 
 
@@ -39,10 +39,7 @@ class _Session:
         return await self.inner.next_turn(messages, tools)
 
 
-class FlakyTeacher:
-    def __init__(self, cfg: FlakyConfig):
-        self.cfg, self.label = cfg, cfg.label
-
+class FlakyTeacher(ConfiguredTeacher):
     def session(self, env, sample: int, rollout_id: str = "") -> _Session:
         cfg = self.cfg
         if cfg.log_file:
@@ -52,16 +49,11 @@ class FlakyTeacher:
                   and (not cfg.down_families or env.family in cfg.down_families))
         return _Session(_ReplaySession(list(env.solution)), doomed, self.label)
 
-    async def aclose(self) -> None:
-        return None
-
 
 class FlakyBackend(TeacherBackend):
     name = "flaky"
     config = FlakyConfig
-
-    def make(self, cfg: FlakyConfig, runtime: dict[str, Any], limiter: Any = None) -> FlakyTeacher:
-        return FlakyTeacher(cfg)
+    teacher = FlakyTeacher
 
 
 register(FlakyBackend())

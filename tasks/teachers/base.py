@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from abc import ABC, abstractmethod
+from abc import ABC
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Literal, Protocol
+from typing import Any, Callable, ClassVar, Iterator, Literal, Protocol
 
 from ...schemas.config import TeacherConfig
 from ...schemas.environment import EnvSpec
@@ -77,6 +77,17 @@ class Readiness:
     aspect: str = ""
 
 
+class ConfiguredTeacher:
+    """A teacher that holds only its settings (`cfg`, `label`) and has nothing to close; subclasses
+    implement `session`."""
+
+    def __init__(self, cfg: TeacherConfig):
+        self.cfg, self.label = cfg, cfg.label
+
+    async def aclose(self) -> None:
+        return None
+
+
 class TeacherBackend(ABC):
     """One teacher backend. `config` is its settings model; `make` builds a Teacher for one shard
     driver (event loop); `service` is what the build starts before the stages that need a teacher
@@ -84,11 +95,15 @@ class TeacherBackend(ABC):
 
     name: ClassVar[str]
     config: ClassVar[type[TeacherConfig]]
+    teacher: ClassVar[Callable[[Any], Teacher] | None] = None
 
-    @abstractmethod
     def make(self, cfg: Any, runtime: dict[str, Any], limiter: Any = None) -> Teacher:
         """A teacher for `cfg`; `runtime` carries what the build's service started (never fingerprinted),
-        `limiter` a cross-process limit on concurrent requests (see engine.contract.LimiterFactory)."""
+        `limiter` a cross-process limit on concurrent requests (see engine.contract.LimiterFactory).
+        Default: `teacher(cfg)`, for a backend whose teacher needs neither."""
+        if self.teacher is None:
+            raise NotImplementedError(f"teacher backend {self.name!r}: set `teacher` or override `make`")
+        return self.teacher(cfg)
 
     @contextlib.contextmanager
     def service(self, cfg: Any, ctx: Any, console: Any) -> Iterator[dict[str, Any]]:

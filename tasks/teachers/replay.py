@@ -26,7 +26,7 @@ from ...schemas.config import Section, TeacherConfig
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import FunctionCall, Message, ToolCall
 from ..envs.kinds import of as kind_of
-from .base import TeacherBackend, Turn
+from .base import ConfiguredTeacher, TeacherBackend, Turn
 
 
 class ReplayConfig(Section):
@@ -37,10 +37,12 @@ class ReplayConfig(Section):
 
 
 class ReplayTeacherConfig(TeacherConfig):
-    generates_text: ClassVar[bool] = False
+    """A teacher that writes no text: it replays commands (`replay.source`)."""
 
     backend: Literal["replay"]
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
+
+    generates_text: ClassVar[bool] = False
 
     @property
     def label(self) -> str:
@@ -93,13 +95,13 @@ class _ReplaySession:
         return Turn(Message(role="assistant", content=None, tool_calls=[call]), finish_reason="tool_calls")
 
 
-class ReplayTeacher:
+class ReplayTeacher(ConfiguredTeacher):
     """Replays recorded commands: each environment's reference solution, or the k-th recorded
     trajectory of that environment for sample k (cycling when fewer were recorded)."""
 
     def __init__(self, cfg: ReplayTeacherConfig, recorded: dict[str, list[list[str]]] | None = None,
                  recorded_tools: dict[str, list[list[str]]] | None = None):
-        self.label = cfg.label
+        super().__init__(cfg)
         self.recorded = recorded
         self.recorded_tools = recorded_tools or recorded  # what `tools` environments replay
         if recorded is None and cfg.replay.source != "solution":
@@ -122,13 +124,8 @@ class ReplayTeacher:
         runs = (self.recorded_tools if replay_call else self.recorded).get(env.env_id) or [[]]
         return _ReplaySession(list(runs[sample % len(runs)]), replay_call=replay_call)
 
-    async def aclose(self) -> None:
-        return None
-
 
 class ReplayBackend(TeacherBackend):
     name = "replay"
     config = ReplayTeacherConfig
-
-    def make(self, cfg: ReplayTeacherConfig, runtime: dict[str, Any], limiter: Any = None) -> ReplayTeacher:
-        return ReplayTeacher(cfg)
+    teacher = ReplayTeacher
