@@ -47,7 +47,7 @@ test: setup teacher
 
 # The fast tier: no Docker engine, no Prefect server, no teacher (< 1 minute).
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -m "not docker and not slow and not vllm" $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto -m "not docker and not slow and not vllm" $(PYTEST_ARGS)
 
 # Every benchmark (benchmarks/README.md), never stopping at one; a summary table at the end. Exit code
 # non-zero only if a benchmark broke (a missed target is printed as MISSED, not failed).

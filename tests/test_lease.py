@@ -121,6 +121,10 @@ def test_hold_is_reentrant_released_on_error_and_a_takeover_is_noticed(tmp_path)
         _plant(store, "b3", "elsewhere:7:1.00", heartbeat_age=0)  # another driver took it (thought us stale)
         while not lease.lost:
             assert time.time() < deadline, "the takeover went unnoticed"
+            if LeaseInfo.model_validate_json(store.read_text(path)).token == lease.info.token:
+                # our beat read the file before the plant and wrote after it (a file has no compare-and-swap):
+                # the other driver's takeover happens again, as its next acquire would
+                _plant(store, "b3", "elsewhere:7:1.00", heartbeat_age=0)
             time.sleep(0.02)
         with pytest.raises(LeaseLost, match="taken over by process 7 on elsewhere"):
             lease.check()
