@@ -228,9 +228,10 @@ def test_export_fingerprint_holds_file_bytes_and_the_scanner_version():
 
 def test_cli_stage_of_a_build_with_redacted_secrets_asks_for_its_config(tmp_path):
     import yaml
-    from helpers import run_cli
+    from typer.testing import CliRunner
 
     from trajforge.flows.build import DEFAULT_PIPELINE, _Build
+    from trajforge.flows.cli import app
 
     real = _demo(extra_args=[*DEMO_ARGS, "--api-key", OPENAI]).model_copy(update={"runs": str(tmp_path / "runs")})
     _Build(DEFAULT_PIPELINE, real, "b1", ["rollout"], set())
@@ -238,5 +239,6 @@ def test_cli_stage_of_a_build_with_redacted_secrets_asks_for_its_config(tmp_path
     other.write_text(yaml.safe_dump(_demo().model_dump(mode="json")))
     for extra, want in (([], "pass the build's real config with --config FILE"),
                         (["--config", str(other)], "--config FILE: not the config of")):
-        r = run_cli("stage", "verify", "--build", "b1", "--runs", str(tmp_path / "runs"), *extra, cwd=tmp_path)
-        assert r.returncode != 0 and want in " ".join((r.stdout + r.stderr).split()), r.stdout + r.stderr
+        r = CliRunner().invoke(app, ["stage", "verify", "--build", "b1", "--runs", str(tmp_path / "runs"), *extra],
+                               env={"COLUMNS": "200"})  # in-process: it stops at the config check
+        assert r.exit_code != 0 and want in " ".join(r.output.split()), r.output

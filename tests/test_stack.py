@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from helpers import run_cli
+from typer.testing import CliRunner
 
 from trajforge.flows.stack import Stack, StackError, StackSettings, host_address, load_settings
 
@@ -186,13 +186,20 @@ def test_status_without_postgresql_says_not_installed(tmp_path, monkeypatch):
         st._start_postgres()
 
 
+def _cli(*args: str):
+    """The CLI in-process (what a subprocess would add here is only interpreter start-up)."""
+    from trajforge.flows.cli import app
+
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "250", "PREFECT_API_URL": None})
+
+
 def test_cli_stack_status_of_a_stopped_stack(tmp_path):
     home = tmp_path / "stopped"
     home.mkdir()
     (home / "stack.json").write_text(StackSettings(home=home, prefect_port=1, dask_port=2, pg_port=3).model_dump_json(
         exclude={"home"}))  # a stack that was up once (ports nothing listens on)
-    r = run_cli("stack", "status", "--home", str(home), cwd=tmp_path, env={"COLUMNS": "250"})
-    assert r.returncode == 1
+    r = _cli("stack", "status", "--home", str(home))
+    assert r.exit_code == 1
     assert "prefect-server" in r.stdout and "dask-workers" in r.stdout
 
 
@@ -247,15 +254,15 @@ def test_cli_stack_status_of_an_empty_home_fails_even_with_a_stack_on_the_defaul
         api = None
     try:
         empty = tmp_path / "empty"
-        r = run_cli("stack", "status", "--home", str(empty), cwd=tmp_path, env={"COLUMNS": "250"})
+        r = _cli("stack", "status", "--home", str(empty))
     finally:
         if api is not None:
             api.close()
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.exit_code == 1, r.output
     assert f"no stack at {empty}" in " ".join(r.stderr.split()) and "stack up --home" in r.stderr, r.stderr
     assert "prefect-server" not in r.stdout  # nothing of the other stack is reported as this one's
 
 
 def test_cli_deploy_needs_an_api_url(tmp_path):
-    r = run_cli("deploy", str(ROOT / "configs" / "replay.yaml"), "--cron", "0 2 * * *", cwd=tmp_path)
-    assert r.returncode != 0 and "PREFECT_API_URL is not set" in r.stderr + r.stdout
+    r = _cli("deploy", str(ROOT / "configs" / "replay.yaml"), "--cron", "0 2 * * *")
+    assert r.exit_code != 0 and "PREFECT_API_URL is not set" in r.output
