@@ -439,6 +439,17 @@ def ratio_rows(name: str, r: dict) -> list[list[str]]:
     return rows
 
 
+def common_sides(runs: str, envs: list, root: Path, parallel: int) -> dict:
+    """Sides (a) every defence on, (c) the shell script and (d) the docker-SDK loop over `envs`' reference
+    solutions, each a function of the trial count (the script's folders are prepared under `root`)."""
+    plans = [plan(e) for e in envs]
+    dirs = script_prepare(plans, root)
+    sdk = SdkLoop(plans, parallel)
+    return {"a": lambda n: pipeline_side(runs, envs, n, parallel, isolated=False),
+            "c": lambda n: script_side(root, dirs, plans, n, parallel),
+            "d": lambda n: sdk.run(n)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", choices=["both", "procedural", "imported"], default="both")
@@ -467,14 +478,8 @@ def main() -> int:
         if args.tasks in ("both", "procedural"):
             t_setup = time.monotonic()
             _, envs = build_envs(runs, n_per_family=args.per_family, families=QUICK_FAMILIES if args.quick else None)
-            plans = [plan(e) for e in envs]
-            root = work / "procedural"
-            dirs = script_prepare(plans, root)
-            sdk = SdkLoop(plans, args.parallel)
-            sides = {"a": lambda n: pipeline_side(runs, envs, n, args.parallel, isolated=False),
-                     "c": lambda n: script_side(root, dirs, plans, n, args.parallel),
-                     "d": lambda n: sdk.run(n),
-                     "b": lambda n: pipeline_side(runs, envs, n, args.parallel, isolated=True)}
+            sides = common_sides(runs, envs, work / "procedural", args.parallel)
+            sides["b"] = lambda n: pipeline_side(runs, envs, n, args.parallel, isolated=True)
             if not (args.no_build or args.quick):  # quick: the build side runs on the imported tasks only
                 families = sorted({e.family for e in envs})
                 samples = max(1, round(args.trials / len(envs)))
@@ -496,13 +501,7 @@ def main() -> int:
                                attempts, args.parallel)
             build = run_build(cfg)  # set-up: imports, image builds, validation, every stage once
             envs = committed_envs(build)
-            plans = [plan(e) for e in envs]
-            root = work / "imported"
-            dirs = script_prepare(plans, root)
-            sdk_i = SdkLoop(plans, args.parallel)
-            sides = {"a": lambda n: pipeline_side(runs, envs, n, args.parallel, isolated=False),
-                     "c": lambda n: script_side(root, dirs, plans, n, args.parallel),
-                     "d": lambda n: sdk_i.run(n)}
+            sides = common_sides(runs, envs, work / "imported", args.parallel)
             if not args.no_build:
                 sides["f"] = lambda n: build_side(cfg)
             if not args.no_harbor:
