@@ -52,6 +52,11 @@ TEACHER = {"backend": "vllm", "model": "smollm2", "tool_calling": False, "max_to
 ISA_ENV = {"native": {}, "avx": {"ONEDNN_MAX_CPU_ISA": "AVX", "ATEN_CPU_CAPABILITY": "default"}}
 
 
+def docker_daemons(psutil) -> list:
+    """dockerd, containerd and its shims (the sandboxes' processes are the shims' children)."""
+    return [p for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith(("dockerd", "containerd"))]
+
+
 class CPU:
     """CPU seconds (user + system) of process groups, read from psutil before/after a phase."""
 
@@ -60,8 +65,7 @@ class CPU:
 
         self.psutil = psutil
         self.groups = {"vLLM server": lambda: self._tree(server_pid),
-                       "dockerd+containerd+shims": lambda: [p for p in psutil.process_iter(["name"])
-                                                            if (p.info["name"] or "").startswith(("dockerd", "containerd"))],
+                       "dockerd+containerd+shims": lambda: docker_daemons(psutil),
                        "this driver": lambda: [psutil.Process(os.getpid())]}
 
     def _tree(self, pid: int):
@@ -211,19 +215,16 @@ class Placement:
         self.mode, self.psutil, self.server_pid = mode, psutil, server_pid
         self.cores = sorted(os.sched_getaffinity(0))
 
-    def daemons(self):
-        return [p for p in self.psutil.process_iter(["name"]) if (p.info["name"] or "").startswith(("dockerd", "containerd"))]
-
     def __enter__(self):
         if self.mode == "pinned":
             server = self.psutil.Process(self.server_pid)
             _set_affinity([server, *server.children(recursive=True)], {self.cores[-1]})
-            _set_affinity([self.psutil.Process(os.getpid()), *self.daemons()], set(self.cores[:-1]))
+            _set_affinity([self.psutil.Process(os.getpid()), *docker_daemons(self.psutil)], set(self.cores[:-1]))
         return self
 
     def __exit__(self, *exc):
         if self.mode == "pinned":
-            _set_affinity([self.psutil.Process(os.getpid()), *self.daemons()], set(self.cores))
+            _set_affinity([self.psutil.Process(os.getpid()), *docker_daemons(self.psutil)], set(self.cores))
 
 
 def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, isa: str, placement: str) -> dict:

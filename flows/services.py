@@ -34,15 +34,11 @@ def sandboxes_service(cfg: Any, ctx: Any, console: Any) -> Iterator[dict[str, An
 def _reap(ctx: Any, console: Any, whose: str) -> None:
     """Dead owners' and this build's sandboxes on this host's engine and on every worker's host; never
     fails the stage."""
-    from ..tasks.sandbox import docker_client, reap_orphans
+    from ..tasks.sandbox import reap_here
     from .runtime import flow_scheduler_address, reap_on_workers
 
     try:  # the engine the config names for this host (`sandbox.engine`, $TRAJFORGE_DOCKER_HOST)
-        client = docker_client(sandbox=ctx.config.sandbox)
-        try:
-            here = reap_orphans(client) + reap_orphans(client, build_id=ctx.build_id)
-        finally:
-            client.close()
+        here = reap_here(ctx.build_id, ctx.config.sandbox.engine)
     except Exception:  # no engine on the driver's host: its workers may still have one
         here = 0
     if here:

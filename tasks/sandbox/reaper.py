@@ -27,7 +27,7 @@ def reap_here(build_id: str | None = None, engine: str | None = None) -> int:
     from ...schemas.config import SandboxConfig
     from .container import docker_client
 
-    client = docker_client(sandbox=SandboxConfig(engine=engine)) if engine else docker_client()
+    client = docker_client(sandbox=SandboxConfig(engine=engine))  # the worker's variable still wins
     try:
         return reap_orphans(client) + (reap_orphans(client, build_id=build_id) if build_id else 0)
     finally:
