@@ -44,16 +44,7 @@ FIXTURE_CORPUS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" /
 PACKAGES = ("bc", "tree", "dc")
 BROKEN = {7: "malformed", 11: "binary_test", 13: "package_not_found", 17: "base_image_missing", 21: "noop_passes"}
 PERIOD = 25  # in every 25 folders, one of each broken kind
-TEST_SH = """#!/bin/bash
-mkdir -p /logs/verifier
-cd /app
-if python3 -m pytest -q -p no:cacheprovider -rA /tests/test_outputs.py > /logs/verifier/pytest.txt 2>&1; then
-  echo 1 > /logs/verifier/reward.txt
-else
-  echo 0 > /logs/verifier/reward.txt
-fi
-cat /logs/verifier/pytest.txt
-"""
+TEST_SH = (FIXTURE_CORPUS / "tally-words" / "tests" / "test.sh").read_text()  # the pytest-style verifier
 
 
 def generate(root: Path, n: int, seed: int = 0) -> None:

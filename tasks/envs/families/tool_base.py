@@ -46,7 +46,7 @@ S = {"type": "string", "minLength": 1}
 ID = {"type": "integer", "minimum": 1}
 DATE = {"type": "string", "minLength": 10, "maxLength": 10, "description": "YYYY-MM-DD"}
 
-HELPERS = "\nimport datetime as _dt\n\n" + statements(code, "_dicts", "_date")
+HELPERS = "\nimport datetime as _dt\n\n" + statements(code, "_dicts", "_set")
 COLLATERAL_CHECK = "\n" + source(code.test_nothing_else_changed)
 REQUESTED_CHECK = "\n" + source(code.test_requested_changes)
 ADDED_CHECK = "\n" + source(code.test_requested_additions)

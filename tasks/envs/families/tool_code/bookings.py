@@ -5,7 +5,7 @@ one function per tool, shipped by their source text (see `tool_code`). Standard 
 import datetime as _dt
 
 from ...tools.server import ToolError
-from .common import _date, _dicts, _one
+from .common import _cancel, _date, _dicts, _like, _one
 
 ROOM_TYPES = ("standard", "deluxe", "suite")
 
@@ -27,11 +27,8 @@ def _booking(db, booking_id):
 
 
 def find_guest(db, name):
-    found = _dicts(db.execute("SELECT id, name, email, phone FROM guests WHERE lower(name) LIKE ? ORDER BY id",
-                              (f"%{name.strip().lower()}%",)))
-    if not found:
-        raise ToolError(f"no guest whose name contains {name!r}")
-    return found
+    return _like(db, "SELECT id, name, email, phone FROM guests WHERE lower(name) LIKE ? ORDER BY id", name,
+                 f"no guest whose name contains {name!r}")
 
 
 def list_bookings(db, guest_id):
@@ -69,11 +66,7 @@ def update_booking(db, booking_id, room=None, check_in=None, nights=None):
 
 
 def cancel_booking(db, booking_id):
-    b = _booking(db, booking_id)
-    if b["status"] != "confirmed":
-        raise ToolError(f"booking {booking_id} is already {b['status']}")
-    db.execute("UPDATE bookings SET status = 'cancelled' WHERE id = ?", (booking_id,))
-    return {"id": booking_id, "status": "cancelled"}
+    return _cancel(db, "bookings", _booking(db, booking_id), "booking")
 
 
 def create_booking(db, guest_id, room, check_in, nights):

@@ -5,7 +5,7 @@ one function per tool, shipped by their source text (see `tool_code`). Standard 
 import datetime as _dt
 
 from ...tools.server import ToolError
-from .common import _date, _dicts, _one
+from .common import _cancel, _date, _dicts, _like, _one, _set
 
 OPEN, CLOSE = 8 * 60, 18 * 60
 
@@ -81,11 +81,7 @@ def move_event(db, event_id, start):
 
 
 def cancel_event(db, event_id):
-    e = _event(db, event_id)
-    if e["status"] != "confirmed":
-        raise ToolError(f"event {event_id} is already {e['status']}")
-    db.execute("UPDATE events SET status = 'cancelled' WHERE id = ?", (event_id,))
-    return {"id": event_id, "status": "cancelled"}
+    return _cancel(db, "events", _event(db, event_id), "event")
 
 
 def create_event(db, title, start, minutes):
@@ -100,11 +96,8 @@ def create_event(db, title, start, minutes):
 
 
 def find_contact(db, name):
-    found = _dicts(db.execute("SELECT id, name, email FROM contacts WHERE lower(name) LIKE ? ORDER BY id",
-                              (f"%{name.strip().lower()}%",)))
-    if not found:
-        raise ToolError(f"no contact whose name contains {name!r}")
-    return found
+    return _like(db, "SELECT id, name, email FROM contacts WHERE lower(name) LIKE ? ORDER BY id", name,
+                 f"no contact whose name contains {name!r}")
 
 
 def add_attendee(db, event_id, email):
@@ -125,9 +118,7 @@ def remove_attendee(db, event_id, email):
 
 
 def rename_event(db, event_id, title):
-    _event(db, event_id)
-    db.execute("UPDATE events SET title = ? WHERE id = ?", (title, event_id))
-    return _event(db, event_id)
+    return _set(db, _event, event_id, "UPDATE events SET title = ? WHERE id = ?", title, event_id)
 
 
 def set_reminder(db, event_id, minutes_before):

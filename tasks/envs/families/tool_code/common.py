@@ -1,5 +1,5 @@
 """The code every procedural tool family ships into the sandbox, kept as a real module and shipped by
-source text (tasks/envs/tools/code_text.py): the helpers its tools share (`_dicts`, `_one`, `_date`),
+source text (tasks/envs/tools/code_text.py): the helpers its tools share (`_dicts` to `_set`),
 the end-state checks every family appends (requested changes, requested additions, nothing else
 changed; `EXPECTED` and `rows`/`value` are the hidden test file's, see tasks/envs/tools/checks.py), and
 the tools more than one family offers.
@@ -27,6 +27,32 @@ def _date(text, what="date"):
         return _dt.date.fromisoformat(text)
     except ValueError:
         raise ToolError(f"{what} must be YYYY-MM-DD, got {text!r}") from None
+
+
+def _like(db, sql, text, missing):
+    """The rows of `sql`, each of whose `?` is `%text%` lowercased (a case-insensitive search); the
+    ToolError `missing` when there are none."""
+    q = f"%{text.strip().lower()}%"
+    found = _dicts(db.execute(sql, (q,) * sql.count("?")))
+    if not found:
+        raise ToolError(missing)
+    return found
+
+
+def _cancel(db, table, row, what):
+    """Cancel `row` of `table` (a dict with its `id` and `status`), which must be confirmed."""
+    if row["status"] != "confirmed":
+        raise ToolError(f"{what} {row['id']} is already {row['status']}")
+    db.execute(f"UPDATE {table} SET status = 'cancelled' WHERE id = ?", (row["id"],))
+    return {"id": row["id"], "status": "cancelled"}
+
+
+def _set(db, fetch, key, sql, *params):
+    """Run `sql` on the row `fetch(db, key)` finds (`fetch` raises a ToolError when there is none, or when
+    it may not change); the row as it is after."""
+    fetch(db, key)
+    db.execute(sql, params)
+    return fetch(db, key)
 
 
 def test_nothing_else_changed():

@@ -3,7 +3,7 @@ that runs inside the sandbox as `.tools/tools.py`: its helpers (from `_order` to
 one function per tool, shipped by their source text (see `tool_code`). Standard library only."""
 
 from ...tools.server import ToolError
-from .common import _dicts, _one
+from .common import _dicts, _like, _one, _set
 
 
 def _order(db, order_id):
@@ -38,12 +38,8 @@ def _take(db, sku, qty):
 
 
 def find_customer(db, text):
-    q = f"%{text.strip().lower()}%"
-    found = _dicts(db.execute("SELECT id, name, email, city FROM customers WHERE lower(name) LIKE ? OR "
-                              "lower(email) LIKE ? ORDER BY id", (q, q)))
-    if not found:
-        raise ToolError(f"no customer matches {text!r}")
-    return found
+    return _like(db, "SELECT id, name, email, city FROM customers WHERE lower(name) LIKE ? OR lower(email) LIKE ? "
+                 "ORDER BY id", text, f"no customer matches {text!r}")
 
 
 def list_orders(db, customer_id, status=None):
@@ -61,11 +57,8 @@ def get_order(db, order_id):
 
 
 def search_products(db, text):
-    found = _dicts(db.execute("SELECT sku, name, price_cents FROM products WHERE lower(name) LIKE ? ORDER BY sku",
-                              (f"%{text.strip().lower()}%",)))
-    if not found:
-        raise ToolError(f"no product name contains {text!r}")
-    return found
+    return _like(db, "SELECT sku, name, price_cents FROM products WHERE lower(name) LIKE ? ORDER BY sku", text,
+                 f"no product name contains {text!r}")
 
 
 def get_product(db, sku):
@@ -122,15 +115,11 @@ def issue_refund(db, order_id, amount_cents):
 
 
 def restock_product(db, sku, qty):
-    _product(db, sku)
-    db.execute("UPDATE products SET stock = stock + ? WHERE sku = ?", (qty, sku))
-    return _product(db, sku)
+    return _set(db, _product, sku, "UPDATE products SET stock = stock + ? WHERE sku = ?", qty, sku)
 
 
 def apply_coupon(db, order_id, code):
-    _pending(db, order_id)
-    db.execute("UPDATE orders SET coupon = ? WHERE id = ?", (code, order_id))
-    return _order(db, order_id)
+    return _set(db, _pending, order_id, "UPDATE orders SET coupon = ? WHERE id = ?", code, order_id)
 
 
 def list_warehouses(db):

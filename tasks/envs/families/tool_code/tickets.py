@@ -3,7 +3,7 @@ that runs inside the sandbox as `.tools/tools.py`: its helpers (from `_ticket` t
 one function per tool, shipped by their source text (see `tool_code`). Standard library only."""
 
 from ...tools.server import ToolError
-from .common import _dicts, _one
+from .common import _dicts, _like, _one, _set
 
 
 def _ticket(db, ticket_id):
@@ -21,12 +21,8 @@ def _live(db, ticket_id):
 
 
 def search_customers(db, text):
-    q = f"%{text.strip().lower()}%"
-    found = _dicts(db.execute("SELECT id, name, company, email FROM customers WHERE lower(name) LIKE ? OR "
-                              "lower(company) LIKE ? OR lower(email) LIKE ? ORDER BY id", (q, q, q)))
-    if not found:
-        raise ToolError(f"no customer matches {text!r}")
-    return found
+    return _like(db, "SELECT id, name, company, email FROM customers WHERE lower(name) LIKE ? OR lower(company) "
+                 "LIKE ? OR lower(email) LIKE ? ORDER BY id", text, f"no customer matches {text!r}")
 
 
 def list_tickets(db, customer_id=None, status=None):
@@ -58,9 +54,7 @@ def assign_ticket(db, ticket_id, agent_id):
 
 
 def set_priority(db, ticket_id, priority):
-    _live(db, ticket_id)
-    db.execute("UPDATE tickets SET priority = ? WHERE id = ?", (priority, ticket_id))
-    return _ticket(db, ticket_id)
+    return _set(db, _live, ticket_id, "UPDATE tickets SET priority = ? WHERE id = ?", priority, ticket_id)
 
 
 def set_status(db, ticket_id, status):
