@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Iterator, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ...schemas.config import Section, operational
 from ..engine.contract import LimiterFactory, StageContext
@@ -47,7 +47,11 @@ class VLLMServerConfig(Section):
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list)
     python: str | None = operational(None, description="interpreter with vLLM (default: auto-detect)")
-    host: str = operational("127.0.0.1")
+    host: str = operational("127.0.0.1", description=(
+        "the address the server binds; 0.0.0.0 (or ::) serves every interface, and then `advertise` is required"))
+    advertise: str | None = operational(None, description=(
+        "the address in the server's URL, which every Dask worker (on any host) uses to reach it; default: "
+        "`host`. Set it when workers on other hosts reach the driver's server by its routable address"))
     port: int = operational(0, ge=0, le=65535, description="0 = a free port")
     max_num_seqs: int | None = operational(None, ge=1)
     enforce_eager: bool | Literal["auto"] = operational("auto", description=(
@@ -61,6 +65,25 @@ class VLLMServerConfig(Section):
     command: list[str] | None = operational(None, description=(
         "start this instead of vLLM's OpenAI server (a custom launcher); `{host}`, `{port}` and `{python}` are "
         "filled in; it must serve the OpenAI API and GET /health on that port"))
+
+
+    @model_validator(mode="after")
+    def _reachable_address(self) -> "VLLMServerConfig":
+        if self.host in WILDCARDS and not self.advertise:
+            raise ValueError(f"teacher.vllm.host {self.host!r} binds every interface, which no worker can "
+                             "connect to: set teacher.vllm.advertise to the address workers reach the server at")
+        if self.advertise in WILDCARDS:
+            raise ValueError(f"teacher.vllm.advertise {self.advertise!r} is not an address a worker can connect to")
+        return self
+
+    @property
+    def url_host(self) -> str:
+        """The server's address as its URL writes it (IPv6 in brackets)."""
+        a = self.advertise or self.host
+        return f"[{a}]" if ":" in a else a
+
+
+WILDCARDS = ("0.0.0.0", "::", "")
 
 
 class VLLMTeacherConfig(OpenAIClientConfig):

@@ -204,7 +204,7 @@ class VLLMServer:
         self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen | None = None
         self.port = self.v.port or free_port(self.v.host)
-        self.url = f"http://{self.v.host}:{self.port}/v1"
+        self.url = f"http://{self.v.url_host}:{self.port}/v1"  # advertised: what every worker dials
         self.choice = resolve(self.v)  # dtype, threads, KV cache for this machine (fixed for restarts)
         self.reaped: list[str] = []  # what the first start cleaned up after killed builds
         self.restarts = 0
