@@ -359,3 +359,18 @@ def test_hidden_tests_in_the_exec_stay_hidden_from_the_code_they_run(docker_clie
                  cap_add=VERIFIER_CAPS) as sb:
         run = run_hidden_tests(sb, env, 60)
     assert run.passed, (run.error, run.output, run.results)
+
+
+@pytest.mark.docker
+def test_an_exec_whose_output_the_engine_lost_is_infrastructure_not_a_result(sb, monkeypatch):
+    """Seen under load: an exec that exited 0 with an empty stream (the capture always ends with its own
+    trailer). Read as a result, hidden tests would give 'no result' and reject a sound environment as
+    `verifier_error`; it is a SandboxError instead, which every stage retries as infrastructure."""
+    import trajforge.tasks.sandbox.container as container
+    from trajforge.tasks.sandbox import SandboxError
+
+    monkeypatch.setattr(container, "run_exec", lambda *a, **kw: (0, b""))
+    with pytest.raises(SandboxError, match="empty output stream"):
+        sb.exec("echo hi", 10)
+    monkeypatch.setattr(container, "run_exec", lambda *a, **kw: (137, b""))
+    assert sb.exec("echo hi", 10).exit_code == 137  # a killed capture stays the command's outcome

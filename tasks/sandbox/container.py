@@ -449,6 +449,8 @@ class Sandbox(ChangeWalk):
         except docker.errors.DockerException as err:
             raise SandboxError(f"exec failed in {self.name}: {err}") from None
         duration = time.monotonic() - t0
+        if not raw and code == 0:  # the capture always ends with META: the engine lost this exec's output
+            raise SandboxError(f"exec in {self.name} exited 0 with an empty output stream (lost by the engine)")
         body, sep, meta = raw.rpartition(META)
         if not sep:  # the capture itself was killed (OOM killer, the pids limit, the agent)
             return ExecResult(code if code is not None else -1, raw.decode("utf-8", errors="replace"), duration,
