@@ -218,6 +218,13 @@ def _print_status(cfg: BuildConfig, build_id: str) -> None:
     yields = manifests.get("synthesize", {}).get("stats", {}).get("yield", {})
     if yields:
         _print_yield(yields)
+    fleet, rollout = cfg.sandbox.fleet, manifests.get("rollout", {}).get("stats", {})
+    if fleet.max_in_flight or fleet.creations_per_s or rollout.get("fleet_wait_alive_s") or rollout.get(
+            "fleet_wait_create_s"):  # the limits shared by all workers (sandbox.fleet), and what they cost
+        console.print(f"fleet limits (sandbox.fleet): max_in_flight={fleet.max_in_flight}, creations_per_s="
+                      f"{fleet.creations_per_s} (burst {fleet.burst}); rollout created "
+                      f"{rollout.get('fleet_creations', 0)} sandboxes and waited {rollout.get('fleet_wait_create_s', 0):.1f} s "
+                      f"for creations, {rollout.get('fleet_wait_alive_s', 0):.1f} s for a sandbox slot (summed over episodes)")
     by_oracle = manifests.get("synthesize", {}).get("stats", {}).get("kept_by_oracle", {})
     if by_oracle:  # `source|present` / `source|absent`: kept with and without a reference solution
         console.print("kept by reference solution: " + ", ".join(

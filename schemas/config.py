@@ -66,6 +66,18 @@ EngineCapability = Literal["storage_cap", "build_pids", "tmpfs", "user_namespace
 """What a sandbox engine may offer (`tasks.sandbox.providers.Capabilities` states each engine's)."""
 
 
+class FleetConfig(Section):
+    """Limits on a build's sandboxes shared by every worker of the build (tasks/sandbox/fleet.py): engines
+    and registries throttle a fleet that starts thousands of containers at once. null: no limit."""
+
+    max_in_flight: int | None = Field(None, ge=1, description=(
+        "rollout sandboxes alive at once across all workers (each worker still keeps at most "
+        "2 x rollout.concurrency)"))
+    creations_per_s: float | None = Field(None, gt=0, description=(
+        "rollout sandboxes created per second across all workers, on average over any `burst / rate` seconds"))
+    burst: int = Field(4, ge=1, description="creations allowed back to back within the rate")
+
+
 class SandboxConfig(Section):
     base_image: str = "trajforge/base:latest"
     engine: str | None = operational(None, description=(
@@ -94,9 +106,23 @@ class SandboxConfig(Section):
         "outside the work dir stay uncapped (only `file_size_mb` bounds them)"))
     build_memory_mb: int = Field(2048, ge=64, description="memory (no swap) of each image build step's container")
     build_cpus: float = Field(2.0, gt=0, description="CPUs of each image build step's container")
+    registry: str | None = operational(None, description=(
+        "`host:port[/prefix]` of a Docker registry every engine reaches: each environment image is built once, "
+        "pushed there and pulled by digest by any other engine before its first sandbox (digests on record "
+        "under `<runs>/<dataset>/images/`); null: an engine that lacks an image builds it itself"))
+    fleet: FleetConfig = operational(default_factory=FleetConfig, description=(
+        "limits shared by all workers of a build: sandboxes alive, creations per second"))
     exec_grace_s: float = operational(30, gt=0, description=(
         "client-side slack past a command's timeout: an exec whose output stream is still open then is "
         "hung (a process holds it), its user's processes are killed and the command counts as timed out"))
+
+    @field_validator("registry")
+    @classmethod
+    def _registry_address(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or "://" in v or v != v.strip().rstrip("/") or " " in v):
+            raise ValueError(f"{v!r} is not a registry address: give host:port[/prefix], no scheme "
+                             "(e.g. 127.0.0.1:5000 or registry.internal:5000/team)")
+        return v
 
     @model_validator(mode="after")
     def _file_fits_state(self) -> "SandboxConfig":

@@ -23,6 +23,17 @@ from ..schemas.trajectory import Rollout
 from .agent.driver import run_episodes
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext, sum_counters
 from .envs.catalogue import load_envs
+from .envs.registry import bring_all_here
+
+
+def _run_here(ctx: StageContext, upstream: dict[str, Manifest], episodes: list[tuple]) -> ShardResult:
+    """`episodes` on this worker's engine, their images brought here first (present, pulled by digest or
+    built: counted in the stats)."""
+    envs = load_envs(ctx, upstream["synthesize"], {e[0] for e in episodes})
+    images = bring_all_here(ctx, envs.values())
+    result = run_episodes(ctx, envs, episodes)
+    result.stats.update(images)
+    return result
 
 
 class RolloutStage(Stage):
@@ -59,8 +70,7 @@ class RolloutStage(Stage):
         return [Shard(index=i, payload={"episodes": work[j:j + n]}) for i, j in enumerate(range(0, len(work), n))]
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
-        envs = load_envs(ctx, upstream["synthesize"], {e[0] for e in shard.payload["episodes"]})
-        return run_episodes(ctx, envs, [tuple(e) for e in shard.payload["episodes"]])
+        return _run_here(ctx, upstream, [tuple(e) for e in shard.payload["episodes"]])
 
     def retryable(self, rows: pa.Table, rejects: list[Reject]) -> Retryable:
         """Episodes that ended in an infrastructure outcome (teacher or Docker), with their errors."""
@@ -76,8 +86,7 @@ class RolloutStage(Stage):
         episodes = [(e, k, index[t]) for e, k, t in zip(rows.column("env_id").to_pylist(),
                                                         rows.column("sample").to_pylist(),
                                                         rows.column("teacher").to_pylist())]
-        envs = load_envs(ctx, upstream["synthesize"], {e for e, _, _ in episodes})
-        return run_episodes(ctx, envs, episodes)
+        return _run_here(ctx, upstream, episodes)
 
     def retry_stats(self, old: dict[str, Any], new: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
         """Costs (tokens, seconds, retries) of both runs summed; outcome counts from the rows kept."""

@@ -23,6 +23,7 @@ from ..schemas.environment import EnvSpec
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext
 from .envs.catalogue import sibling_of, source_kind, source_priority
 from .envs.images import BuildOptions, ImageBuildError, ensure_image
+from .envs.registry import lookup, push
 from .envs.validator import dedup, validate_env
 from .sandbox import SandboxError, docker_client
 
@@ -79,8 +80,8 @@ class SynthesizeStage(Stage):
         wanted = set(shard.payload["env_ids"]) | set(shard.payload["duplicates"])
         cands = {e.env_id: e for e in ctx.store.read_records(upstream["propose"].parts, EnvSpec) if e.env_id in wanted}
         client = docker_client(pool_size=2 * s.build_concurrency + 4, sandbox=cfg.sandbox)
-        stats: dict[str, Any] = {"images_built": 0, "validation_seconds": 0.0, "yield": {}, "kept_by_oracle": {},
-                                 "build_failures": {}}
+        stats: dict[str, Any] = {"images_built": 0, "images_pushed": 0, "validation_seconds": 0.0, "yield": {},
+                                 "kept_by_oracle": {}, "build_failures": {}}
         rows, rejects = [], []
         options = build_options(s)
         logs = s.build.log_dir or posixpath.join(ctx.store.build_dir(ctx.build_id), "build-logs")
@@ -121,9 +122,20 @@ class SynthesizeStage(Stage):
                 return env, Reject(key=env.env_id, reason="validation_infra", detail=str(err)[:1500]), False, 0.0
             return env, v.reject, v.built, v.seconds
 
+        registry = cfg.sandbox.registry
+
+        def one_and_push(env: EnvSpec):
+            env, reject, built, seconds = one(env)
+            pushed = reject is None and bool(registry) and lookup(ctx.store, registry, env.image) is None
+            if pushed:  # built once, here: every other engine pulls it by this digest
+                push(client, env.image, registry, ctx.store)
+            return env, reject, built, seconds, pushed
+
         with ThreadPoolExecutor(s.build_concurrency) as pool:
-            for env, reject, built, seconds in pool.map(one, [cands[i] for i in shard.payload["env_ids"]]):
+            for env, reject, built, seconds, pushed in pool.map(one_and_push,
+                                                               [cands[i] for i in shard.payload["env_ids"]]):
                 stats["images_built"] += int(built)
+                stats["images_pushed"] += int(pushed)
                 stats["validation_seconds"] += seconds
                 if reject:
                     rejects.append(reject)

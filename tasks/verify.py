@@ -25,6 +25,7 @@ from ..schemas.trajectory import Rollout
 from ..schemas.verdict import HackFlag, Verdict
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .envs.catalogue import load_envs, sibling_of
+from .envs.registry import bring_all_here
 from .judge.checks import Judge, judge_rollout
 from .judge.hacks import review_outliers
 from .judge.verifier import VERIFIER_CAPS
@@ -59,7 +60,10 @@ class VerifyStage(Stage):
         envs = load_envs(ctx, upstream["synthesize"], shard.payload["env_ids"])
         rollouts = ctx.store.read_records(upstream_parts(upstream, "rollout"), Rollout,
                                           filters=[("env_id", "in", shard.payload["env_ids"])])
-        return verify_rollouts(ctx, envs, rollouts)
+        images = bring_all_here(ctx, envs.values())  # pulled by digest or built on this engine, once
+        result = verify_rollouts(ctx, envs, rollouts)
+        result.stats.update(images)
+        return result
 
     def retryable(self, rows, rejects: list[Reject]) -> Retryable:
         """`verify_infra` rejects (Docker failed under the verifier): never final; the engine re-runs

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
+import docker
 import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -113,3 +117,75 @@ def hub_server(tmp_path_factory):
     server = HubServer(tmp_path_factory.mktemp("hub")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def second_engine(tmp_path_factory, docker_client):
+    """A second Docker engine on its own socket, data root and exec root, the base image loaded into it;
+    stopped by its pid and removed at the end."""
+    d = tmp_path_factory.mktemp("engine")
+    sock = f"unix://{d}/d.sock"
+    log = open(d / "dockerd.log", "w")
+    proc = subprocess.Popen(["dockerd", "--data-root", str(d / "root"), "--exec-root", str(d / "exec"), "--host", sock,
+                             "--pidfile", str(d / "d.pid"), "--bridge=none", "--iptables=false"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    client = None
+    try:
+        for _ in range(120):
+            try:
+                client = docker.DockerClient(base_url=sock)
+                client.ping()
+                break
+            except docker.errors.DockerException:
+                client = None
+                assert proc.poll() is None, (d / "dockerd.log").read_text()[-2000:]
+                time.sleep(0.5)
+        assert client is not None, "the second dockerd never answered"
+        save = subprocess.Popen(["docker", "save", "trajforge/base:latest"], stdout=subprocess.PIPE)
+        subprocess.run(["docker", "-H", sock, "load", "-q"], stdin=save.stdout, check=True, capture_output=True)
+        assert save.wait() == 0
+        yield sock, client
+    finally:
+        if client is not None:
+            for c in client.containers.list(all=True):
+                c.remove(force=True)
+            client.close()
+        proc.terminate()
+        proc.wait(60)
+        log.close()
+        shutil.rmtree(d)
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory):
+    """A real Docker registry (Debian's `docker-registry`, distribution 2.8) on a loopback port, storage in a
+    temporary folder, no auth (engines treat 127.0.0.0/8 registries as insecure-allowed); its address."""
+    import urllib.request
+
+    from trajforge.tasks.teachers.vllm_server import free_port
+
+    binary = shutil.which("docker-registry")
+    assert binary, "docker-registry is missing: make setup installs it (deploy/ensure-system-packages.sh)"
+    d = tmp_path_factory.mktemp("registry")
+    port = free_port("127.0.0.1")
+    (d / "config.yml").write_text(
+        "version: 0.1\nlog: {level: warn}\nstorage: {filesystem: {rootdirectory: %s}, delete: {enabled: true}}\n"
+        "http: {addr: '127.0.0.1:%d'}\n" % (d / "data", port))
+    log = open(d / "registry.log", "w")
+    proc = subprocess.Popen([binary, "serve", str(d / "config.yml")], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                assert proc.poll() is None, (d / "registry.log").read_text()[-2000:]
+                time.sleep(0.2)
+        else:
+            raise AssertionError("the registry never answered")
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()

@@ -9,7 +9,6 @@ plus one `register` line.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -132,43 +131,6 @@ def test_doctor_checks_every_engine_the_config_names(tmp_path, monkeypatch):
     rows = {c.name: c for c in docker_checks(cfg)}
     assert rows["docker engine"].status == "ok" and f"from ${ENV}" in rows["docker engine"].detail
     assert rows[f"docker engine @ {DEAD}"].status == "fail" and DEAD in rows[f"docker engine @ {DEAD}"].detail
-
-
-@pytest.fixture(scope="module")
-def second_engine(tmp_path_factory, docker_client):
-    """A second Docker engine on its own socket, data root and exec root, the base image loaded into it;
-    stopped by its pid and removed at the end."""
-    d = tmp_path_factory.mktemp("engine")
-    sock = f"unix://{d}/d.sock"
-    log = open(d / "dockerd.log", "w")
-    proc = subprocess.Popen(["dockerd", "--data-root", str(d / "root"), "--exec-root", str(d / "exec"), "--host", sock,
-                             "--pidfile", str(d / "d.pid"), "--bridge=none", "--iptables=false"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    client = None
-    try:
-        for _ in range(120):
-            try:
-                client = docker.DockerClient(base_url=sock)
-                client.ping()
-                break
-            except docker.errors.DockerException:
-                client = None
-                assert proc.poll() is None, (d / "dockerd.log").read_text()[-2000:]
-                time.sleep(0.5)
-        assert client is not None, "the second dockerd never answered"
-        save = subprocess.Popen(["docker", "save", BASE], stdout=subprocess.PIPE)
-        subprocess.run(["docker", "-H", sock, "load", "-q"], stdin=save.stdout, check=True, capture_output=True)
-        assert save.wait() == 0
-        yield sock, client
-    finally:
-        if client is not None:
-            for c in client.containers.list(all=True):
-                c.remove(force=True)
-            client.close()
-        proc.terminate()
-        proc.wait(60)
-        log.close()
-        shutil.rmtree(d)
 
 
 def _verdicts(tmp_path, monkeypatch, engine: str | None) -> tuple[list[tuple], list[str]]:

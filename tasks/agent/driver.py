@@ -26,6 +26,7 @@ from ...schemas.trajectory import Message, Rollout
 from ..engine.contract import ShardResult, StageContext
 from ..judge.verifier import VERIFIER_CAPS
 from ..sandbox import Sandbox, SandboxError, docker_client
+from ..sandbox.fleet import Fleet
 from ..teachers import make_teacher
 from .harness import EpisodeSettings, harness_label, rollout_id, run_episode
 
@@ -83,13 +84,14 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
     settings = {i: episode_settings(ctx, cfg.teachers[i]) for i in used}
     conversations = asyncio.Semaphore(cfg.rollout.concurrency)  # what the teacher sees
     episodes_alive = asyncio.Semaphore(2 * cfg.rollout.concurrency)  # + those finishing: containers alive
+    fleet = Fleet(cfg.sandbox.fleet, ctx.build_id, ctx.limiter)  # the same, shared by all workers of the build
     live: dict[str, Any] = {"total": len(episodes), "done": 0, "running": 0, "completion_tokens": 0,
                             "status": Counter(), "infra_retries": 0}
     errors: Counter = Counter()
     t0 = time.monotonic()
 
     def report(force: bool = False) -> None:
-        ctx.report(force=force, **{**live, "status": dict(live["status"])})
+        ctx.report(force=force, **{**live, "status": dict(live["status"]), **fleet.stats()})
 
     def failed_row(env: EnvSpec, sample: int, status: str, error: str, attempts: int, teacher) -> Rollout:
         return Rollout(rollout_id=rollout_id(env.env_id, teacher.label, sample), env_id=env.env_id,
@@ -99,7 +101,7 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
 
     async def one(env_id: str, sample: int, ti: int) -> Rollout:
         env, teacher, s = envs[env_id], teachers[ti], settings[ti]
-        async with episodes_alive:
+        async with episodes_alive, fleet.alive():
             last_err, attempts, counted = "", cfg.rollout.infra_retries + 1, False  # counted: in `running`
             try:
                 for attempt in range(1, attempts + 1):
@@ -109,6 +111,7 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
                         live["running"] += 1
                         report()
                     try:
+                        await fleet.creation()
                         r = await run_episode(
                             env, teacher.session(env, sample, rollout_id(env_id, teacher.label, sample)),
                             lambda: Sandbox(client, env.image, cfg.sandbox, workdir=env.workdir,
@@ -143,6 +146,7 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
     finally:
         for t in {id(t): t for t in teachers.values()}.values():
             await t.aclose()
+        await fleet.aclose()
         client.close()
     wall = time.monotonic() - t0
     stats: dict[str, Any] = {
@@ -156,6 +160,7 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
         "command_seconds": round(sum(s.duration_s for r in rows for s in r.steps), 3),
         "episode_seconds": round(sum(r.wall_s for r in rows), 3),
         "driver_wall_seconds": round(wall, 3),
+        **fleet.stats(),
     }
     stats["teachers"] = dict(Counter(r.teacher for r in rows))
     for t in teachers.values():

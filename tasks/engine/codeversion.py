@@ -35,6 +35,9 @@ OPERATIONAL: dict[str, str] = {
                           "never what is written",
     "tasks.engine.identity": "which process owns a sandbox or a lease, and whether it still runs",
     "tasks.engine.progress": "live progress counters and their display while shards run",
+    "tasks.engine.limits": "limits on concurrent holders (in-flight caps): how fast work is admitted",
+    "tasks.sandbox.fleet": "a build's limits on sandbox creations per second and sandboxes alive, shared by "
+                           "all workers: when a sandbox starts, never what happens in it",
     "tasks.teachers.vllm_server": "the vLLM process lifecycle: start, health, restart, stop",
     "tasks.teachers.cpu_profile": "threads, KV cache and compile cache of a CPU vLLM server (speed only); "
                                   "the dtype it resolves counts by its value (`VLLMTeacherConfig.fingerprint`)",

@@ -28,27 +28,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..engine.contract import LimiterFactory
+from ..engine.limits import LocalLimiter
 from .base import TeacherError, stable_hash
 
 if TYPE_CHECKING:
     from .openai import OpenAIClientConfig
-
-
-class LocalLimiter:
-    """At most `cap` concurrent holders within one event loop (the default outside a cluster)."""
-
-    def __init__(self, name: str, cap: int):
-        self.name, self.sem = name, asyncio.Semaphore(cap)
-
-    @contextlib.asynccontextmanager
-    async def hold(self, timeout: float | None = None):
-        """Hold one slot; TimeoutError if none frees up within `timeout` seconds."""
-        async with asyncio.timeout(timeout):  # Semaphore.acquire is cancel-safe: no slot is lost
-            await self.sem.acquire()
-        try:
-            yield
-        finally:
-            self.sem.release()
 
 
 DEAD_KEY = "teacher_dead"  # in a stage's runtime: {endpoint url: URL of the file declaring its server dead}
