@@ -248,12 +248,25 @@ if __name__ == "__main__":  # a stand-in server process: `python fake_openai.py 
     ap.add_argument("--delay-s", type=float, default=0.0)
     ap.add_argument("--die-after", type=int, default=0, help="crash at request N+1 (once: see --once-file)")
     ap.add_argument("--once-file", default="", help="crash only if this file does not exist yet; create it")
+    ap.add_argument("--solutions", default="", help=(
+        "JSONL of {instruction, commands}: a conversation whose user message is a listed instruction gets its "
+        "commands (one fenced block), then SUBMIT; any other gets `true` until the episode ends"))
     args, _ = ap.parse_known_args()
+    solutions = {}
+    if args.solutions:
+        with open(args.solutions) as f:
+            solutions = {d["instruction"]: d["commands"] for d in map(json.loads, f) if d}
 
     def script(req: dict, n: int) -> dict:
         if args.die_after and n > args.die_after and not os.path.exists(args.once_file):
             open(args.once_file, "w").close()
             os._exit(1)  # a crash: every request in flight is dropped
+        users = [m.get("content") for m in req["messages"] if m["role"] == "user"]
+        commands = solutions.get(users[0]) if users else None
+        if commands is not None:
+            if any(m["role"] == "assistant" for m in req["messages"]):
+                return {"role": "assistant", "content": "SUBMIT"}
+            return fenced("\n".join(commands))
         return fenced("true")
 
     srv = FakeOpenAI("ok", script, delay_s=args.delay_s, host=args.host, port=args.port)
