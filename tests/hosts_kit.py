@@ -4,6 +4,7 @@ driver starts on the hub's address and that solves every other environment), and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -114,3 +115,44 @@ def rollout_ids(runs: Path, dataset: str) -> list[str]:
     return [r for p in parts for r in pq.read_table(p, columns=["rollout_id"]).column("rollout_id").to_pylist()]
 
 
+
+
+@contextlib.contextmanager
+def in_new_netns(name: str, address: str):
+    """This thread (and the processes and threads it starts) inside a new network namespace `name` whose only
+    interfaces are its loopback and a dummy one holding `address`/24; back in the namespace it was in after.
+    Skips the test where namespaces cannot be created. setns(2) acts on the calling thread only: the test's
+    own threads started before stay where they were."""
+    import ctypes
+
+    import pytest
+
+    why = netns_unavailable()
+    if why:
+        pytest.skip(f"this machine cannot create network namespaces ({why})")
+    ip = lambda *a: subprocess.run(["ip", *a], check=True, capture_output=True)  # noqa: E731
+    ip("netns", "add", name)
+    try:
+        ip("-n", name, "link", "set", "lo", "up")
+        ip("-n", name, "link", "add", "d0", "type", "dummy")
+        ip("-n", name, "addr", "add", f"{address}/24", "dev", "d0")
+        ip("-n", name, "link", "set", "d0", "up")
+        libc = ctypes.CDLL(None, use_errno=True)
+        back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        there = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+        try:
+            if libc.setns(there, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into {name}")
+            try:
+                yield address
+            finally:
+                if libc.setns(back, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns back")
+        finally:
+            os.close(there)
+            os.close(back)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+CLONE_NEWNET = 0x40000000

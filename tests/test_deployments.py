@@ -1,5 +1,6 @@
 """Scheduled builds on the persistent stack, for real: PostgreSQL started with Debian's binaries, `prefect
-server start` on it (bound to this host's non-loopback address only), a `process` work pool, `prefect
+server start` on it (bound to a non-loopback address only: the module runs in a network namespace of its
+own), a `process` work pool, `prefect
 deploy --all` of the repository's prefect.yaml, `prefect worker start --run-once`, a Dask scheduler and
 worker started as separate processes that were given the API URL. One stack for the whole module; the
 last test takes it down and checks nothing is left.
@@ -29,8 +30,9 @@ import psutil
 import pytest
 import yaml
 from helpers import run_cli, small_config, venv_bin
+from hosts_kit import in_new_netns
 
-from trajforge.flows.stack import Stack, StackSettings, host_address
+from trajforge.flows.stack import Stack, StackSettings
 from trajforge.tasks.engine.store import RunStore
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -46,10 +48,14 @@ def _free_port(host: str) -> int:
 
 @pytest.fixture(scope="module")
 def stack():
-    """The stack, bound to this host's non-loopback address (so nothing reaches it through 127.0.0.1)."""
-    host = host_address()
-    if host == "127.0.0.1":
-        pytest.skip("this host has no non-loopback IPv4 address")
+    """The stack, bound to a non-loopback address only (so nothing reaches it through 127.0.0.1): the address
+    of a network namespace this module creates and runs in (its CLI calls, workers and requests too), never
+    the machine's own interface."""
+    with in_new_netns("tft-stack", "198.51.100.40") as host:
+        yield from _stack(host)
+
+
+def _stack(host: str):
     home = Path(tempfile.mkdtemp(prefix="trajforge-stack-", dir="/tmp"))
     home.chmod(0o755)  # the `postgres` user (as root) must reach its cluster folder
     settings = StackSettings(home=home, bind=host, pg_port=_free_port("127.0.0.1"), prefect_port=_free_port(host),
