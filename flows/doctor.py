@@ -180,8 +180,31 @@ def teacher_check(t: TeacherConfig) -> Check:
     return teacher_checks(t)[0]
 
 
+def registry_check(registry: str, timeout: float = 5) -> Check:
+    """`sandbox.registry` answers the registry API (`GET /v2/`: 200, or 401 behind auth) over HTTPS or, as
+    engines allow for loopback and `--insecure-registry` addresses, plain HTTP."""
+    import httpx
+
+    errors = []
+    for scheme in ("https", "http"):
+        try:
+            r = httpx.get(f"{scheme}://{registry.split('/')[0]}/v2/", timeout=timeout, verify=False)
+        except httpx.HTTPError as err:
+            errors.append(f"{scheme}: {err.__class__.__name__}")
+            continue
+        if r.status_code in (200, 401):
+            return Check("registry", "ok", f"{registry} answers the registry API over {scheme}"
+                         + (" (engines must list it in --insecure-registry unless it is on loopback)"
+                            if scheme == "http" else ""))
+        errors.append(f"{scheme}: HTTP {r.status_code}")
+    return Check("registry", "fail", f"{registry} (sandbox.registry) does not answer the registry API: "
+                 + "; ".join(errors), "start the registry, or fix sandbox.registry (host:port)")
+
+
 def run_checks(cfg: BuildConfig) -> list[Check]:
     checks = docker_checks(cfg)
+    if cfg.sandbox.registry:
+        checks.append(registry_check(cfg.sandbox.registry))
     checks += [cpu_check(), _runs_check(cfg.runs)]
     for t in [cfg.teacher, *cfg.extra_teachers]:
         checks += teacher_checks(t)

@@ -115,3 +115,13 @@ def test_a_registry_address_is_checked(tmp_path):
             parse_config(small_config(tmp_path / "runs", **{"sandbox.registry": bad}))
     cfg = parse_config(small_config(tmp_path / "runs", **{"sandbox.registry": "registry.internal:5000/team"}))
     assert cfg.sandbox.registry == "registry.internal:5000/team"
+
+
+@pytest.mark.docker
+def test_doctor_checks_the_registry_a_config_names(registry):
+    from trajforge.flows.doctor import registry_check
+
+    ok = registry_check(registry)
+    assert ok.status == "ok" and "over http" in ok.detail and "--insecure-registry" in ok.detail
+    dead = registry_check("127.0.0.1:1", timeout=2)
+    assert dead.status == "fail" and "sandbox.registry" in dead.detail and "127.0.0.1:1" in dead.detail
