@@ -103,6 +103,18 @@ def add_quick(ap: argparse.ArgumentParser, sizes: str) -> None:
                     help=f"tiny sizes, same code path ({sizes}); {QUICK_NOTE}")
 
 
+def parse_quick(ap: argparse.ArgumentParser, **tiny) -> argparse.Namespace:
+    """`--quick` (whose sizes are `tiny`: option name -> value), the arguments parsed with `tiny` applied in
+    quick mode, and the host lines at start."""
+    add_quick(ap, " ".join(f"--{k.replace('_', '-')} {v}" for k, v in tiny.items()))
+    args = ap.parse_args()
+    if args.quick:
+        for k, v in tiny.items():
+            setattr(args, k, v)
+    host_report("start", args.quick)
+    return args
+
+
 def host_report(when: str, quick: bool = False) -> None:
     """The host lines (`lscpu` flags, load) at the `start` or `end` of a benchmark, and the quick-mode note."""
     for line in host_lines():

@@ -34,7 +34,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_quick, host_report, print_table, target  # noqa: E402
+from _common import host_report, parse_quick, print_table, target  # noqa: E402
 
 from trajforge.tasks.envs.families import FAMILIES  # noqa: E402
 
@@ -126,11 +126,7 @@ def main() -> int:
     ap.add_argument("--envs-seeds", type=int, default=2, help="seeds per family (2 families, level 1)")
     ap.add_argument("--keep", action="store_true", help="keep the runs folders (removed otherwise: ~400 MB)")
     ap.add_argument("--scale", type=int, default=10, help="the larger build has this many times the rollouts")
-    add_quick(ap, "--payload-kb 256 --envs-seeds 1 --scale 3")
-    args = ap.parse_args()
-    if args.quick:
-        args.payload_kb, args.envs_seeds, args.scale = 256, 1, 3
-    host_report("start", args.quick)
+    args = parse_quick(ap, payload_kb=256, envs_seeds=1, scale=3)
     results = {}
     for scale in (1, args.scale):
         d = Path(tempfile.mkdtemp(prefix=f"tf-memscale-{scale}x-"))

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _common import add_quick, host_report, no_target, print_table, target  # noqa: E402
+from _common import host_report, no_target, parse_quick, print_table, target  # noqa: E402
 from chaos_kit import newest_build, stage_status  # noqa: E402
 from hosts_kit import Hosts, config, logs, netns_unavailable, stats  # noqa: E402
 
@@ -71,11 +71,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=4, help="environments per family (3 families)")
     ap.add_argument("--samples", type=int, default=4, help="rollouts per environment")
     ap.add_argument("--rate", type=float, default=4.0, help="sandbox.fleet.creations_per_s of side (3)")
-    add_quick(ap, "--rounds 1 --seeds 1 --samples 2")
-    args = ap.parse_args()
-    if args.quick:
-        args.rounds, args.seeds, args.samples = 1, 1, 2
-    host_report("start", args.quick)
+    args = parse_quick(ap, rounds=1, seeds=1, samples=2)
     why = netns_unavailable()
     if why:
         print(f"this machine cannot create network namespaces ({why}): nothing measured")

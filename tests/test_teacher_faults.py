@@ -5,6 +5,7 @@ server's watchdog, pid file and parent-death signal with a stand-in server proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -170,15 +171,27 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_watchdog_restarts_a_dead_server_at_the_same_url(tmp_path):
+@contextlib.contextmanager
+def watched(tmp_path, unhealthy_after_s: float):
+    """A stand-in server (one restart allowed) under its watchdog: (server, the watchdog's notes, pid folder);
+    stopped at the end, and no pid file may outlive it."""
     pids = tmp_path / "pids"
-    server = VLLMServer(stand_in(health_interval_s=0.3, unhealthy_after_s=60, max_restarts=1), tmp_path / "vllm.log",
-                        pid_dir=pids)
+    server = VLLMServer(stand_in(health_interval_s=0.3, unhealthy_after_s=unhealthy_after_s, max_restarts=1),
+                        tmp_path / "vllm.log", pid_dir=pids)
     notes: list[str] = []
     server.start()
     try:
         server.wait_healthy()
         server.watch(notes.append)
+        yield server, notes, pids
+    finally:
+        server.unwatch()
+        server.stop()
+    assert not list(pids.glob("*.json"))
+
+
+def test_watchdog_restarts_a_dead_server_at_the_same_url(tmp_path):
+    with watched(tmp_path, unhealthy_after_s=60) as (server, notes, pids):
         first = server.proc.pid
         assert json.loads((pids / f"vllm-{first}.json").read_text())["pid"] == first
         os.kill(first, signal.SIGKILL)
@@ -187,22 +200,11 @@ def test_watchdog_restarts_a_dead_server_at_the_same_url(tmp_path):
         assert any("exited with code -9; restarting it (1/1)" in n for n in notes)
         assert [p.name for p in pids.glob("*.json")] == [f"vllm-{server.proc.pid}.json"]
         assert ask(OpenAITeacher(server.cfg, [server.url])).message.content  # same URL as before
-    finally:
-        server.unwatch()
-        server.stop()
-    assert not list(pids.glob("*.json"))
 
 
 def test_watchdog_restarts_a_silent_server_then_gives_up_after_max_restarts(tmp_path):
-    pids = tmp_path / "pids"
     # unhealthy_after_s well above a busy machine's slowest /health answer: no restart but the ones caused here
-    server = VLLMServer(stand_in(health_interval_s=0.3, unhealthy_after_s=8, max_restarts=1), tmp_path / "vllm.log",
-                        pid_dir=pids)
-    notes: list[str] = []
-    server.start()
-    try:
-        server.wait_healthy()
-        server.watch(notes.append)
+    with watched(tmp_path, unhealthy_after_s=8) as (server, notes, _):
         silent = server.proc.pid
         os.kill(silent, signal.SIGSTOP)  # alive but silent
         assert until(lambda: any("healthy again" in n for n in notes)), notes
@@ -210,10 +212,6 @@ def test_watchdog_restarts_a_silent_server_then_gives_up_after_max_restarts(tmp_
         os.kill(server.proc.pid, signal.SIGKILL)
         assert until(lambda: any("not restarting" in n for n in notes)), notes
         assert server.restarts == 1 and not server.healthy()
-    finally:
-        server.unwatch()
-        server.stop()
-    assert not list(pids.glob("*.json"))
 
 
 def test_a_server_bound_to_one_address_is_reached_at_its_advertised_one(tmp_path):

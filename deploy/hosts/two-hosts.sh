@@ -19,8 +19,7 @@
 #   TF_PYTHON (the interpreter with trajforge; default: this checkout's .venv/bin/python).
 set -euo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STATE="${TF_HOSTS_STATE:-/tmp/tf-hosts}"
 PREFIX="${TF_HOSTS_PREFIX:-tf}"
 PY="${TF_PYTHON:-$REPO/.venv/bin/python}"
