@@ -20,7 +20,7 @@ from trajforge.schemas.export import TrajectoryRow
 from trajforge.schemas.trajectory import Message, Rollout
 from trajforge.schemas.verdict import Verdict
 from trajforge.tasks.calibrate import CalibrateStage
-from trajforge.tasks.engine import GateFailed, Manifest, Shard, StageContext, StagePlan, commit
+from trajforge.tasks.engine import GateFailed, Manifest, Shard, ShardResult, StageContext, StagePlan, commit
 from trajforge.tasks.envs.catalogue import load_envs
 from trajforge.tasks.export import ExportStage, preference, rl, sft
 from trajforge.tasks.rollout import RolloutStage
@@ -151,8 +151,14 @@ def test_stage_shards_load_only_the_environments_they_need(ctx, monkeypatch):
     c = ctx()
     synth = _manifest(c.store, "synthesize", EnvSpec, [_env(i) for i in range(6)])
     seen: dict[str, set] = {}
-    monkeypatch.setattr(rollout_mod, "run_episodes", lambda ctx, envs, eps: seen.setdefault("rollout", set(envs)))
-    monkeypatch.setattr(verify_mod, "verify_rollouts", lambda ctx, envs, rs: seen.setdefault("verify", set(envs)))
+
+    def stage_code(name: str):
+        return lambda ctx, envs, _: (seen.setdefault(name, set(envs)), ShardResult([], [], {}))[1]
+
+    monkeypatch.setattr(rollout_mod, "run_episodes", stage_code("rollout"))
+    monkeypatch.setattr(verify_mod, "verify_rollouts", stage_code("verify"))
+    for mod in (rollout_mod, verify_mod):  # images onto this engine: not what this test is about
+        monkeypatch.setattr(mod, "bring_all_here", lambda ctx, envs: {"images_present": len(list(envs))})
     spy = ReadSpy(monkeypatch, c.store)
 
     RolloutStage().run_shard(c, Shard(index=0, payload={"episodes": [["e2", 0, 0], ["e2", 1, 0], ["e5", 0, 0]]}),
