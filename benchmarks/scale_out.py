@@ -30,38 +30,36 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from _common import host_report, no_target, parse_quick, print_table, target  # noqa: E402
 from chaos_kit import newest_build, stage_status  # noqa: E402
-from hosts_kit import Hosts, config, logs, netns_unavailable, stats  # noqa: E402
+from hosts_kit import Hosts, Sandboxes, config, logs, netns_unavailable, stats  # noqa: E402
 
 from trajforge.tasks.engine.store import RunStore  # noqa: E402
 
 
 def rollout_rate(hosts: Hosts, cfg: Path, dataset: str, runs: Path) -> tuple[float, float, dict]:
     """(episodes/s of the rollout stage, its running seconds, the build's stage stats)."""
-    since = int(time.time()) - 1
-    proc = hosts.build(cfg, background=True)
+    engines = {}
+    for h in ("a", "b"):
+        try:
+            engines[h] = hosts.engine(h)
+            engines[h].ping()
+        except Exception:  # host b is down on the one-engine side
+            engines.pop(h, None)
     store = RunStore(str(runs), dataset)
     first = last = None
-    while proc.poll() is None:
-        build_id = newest_build(store)
-        if build_id and stage_status(store, build_id).get("rollout") == "running":
-            now = time.monotonic()
-            first, last = first or now, now
-        time.sleep(0.05)
+    with Sandboxes(engines) as boxes:
+        proc = hosts.build(cfg, background=True)
+        while proc.poll() is None:
+            build_id = newest_build(store)
+            if build_id and stage_status(store, build_id).get("rollout") == "running":
+                now = time.monotonic()
+                first, last = first or now, now
+            time.sleep(0.05)
     out = proc.stdout.read()
     if proc.returncode != 0 or first is None:
         sys.exit(f"build {dataset} failed (code {proc.returncode}):\n{out[-3000:]}{logs(hosts.state)}")
     committed = stats(runs, dataset)
     running = max(last - first, 0.05)
-    per_engine = {}
-    for h in ("a", "b"):
-        try:
-            client = hosts.engine(h)
-            per_engine[h] = sum(1 for _ in client.events(
-                since=since, until=int(time.time()) + 1, decode=True,
-                filters={"type": "container", "event": "create", "label": "trajforge.env"}))
-        except Exception:
-            per_engine[h] = 0
-    committed["per_engine"] = per_engine
+    committed["per_engine"] = {"a": 0, "b": 0, **boxes.counts()}
     return committed["rollout"]["episodes"] / running, running, committed
 
 

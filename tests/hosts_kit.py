@@ -156,3 +156,36 @@ def in_new_netns(name: str, address: str):
 
 
 CLONE_NEWNET = 0x40000000
+
+
+class Sandboxes:
+    """The rollout sandboxes (label `trajforge.env`) each engine ran while this watch was open, by container id,
+    polled every 50 ms (an engine keeps only its last 256 events: too few to count a build's containers)."""
+
+    def __init__(self, engines: dict[str, docker.DockerClient]):
+        import threading
+
+        self.engines, self.seen = engines, {name: set() for name in engines}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            for name, client in self.engines.items():
+                try:
+                    self.seen[name] |= {c.id for c in client.containers.list(
+                        all=True, sparse=True, filters={"label": "trajforge.env"})}
+                except Exception:  # an engine that died (a killed host): nothing more to see there
+                    pass
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> "Sandboxes":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def counts(self) -> dict[str, int]:
+        return {name: len(ids) for name, ids in self.seen.items()}

@@ -17,7 +17,7 @@ import time
 
 import docker
 import pytest
-from hosts_kit import HUB, Hosts, config, logs, netns_unavailable, rollout_ids, stats
+from hosts_kit import HUB, Hosts, Sandboxes, config, logs, netns_unavailable, rollout_ids, stats
 
 from trajforge.tasks.sandbox import LABEL
 
@@ -37,12 +37,6 @@ def hosts(tmp_path_factory):
         h.sh("down")
 
 
-def _creates(client: docker.DockerClient, since: int) -> int:
-    """Rollout sandboxes this engine created since `since`."""
-    return sum(1 for _ in client.events(since=since, until=int(time.time()) + 1, decode=True,
-                                        filters={"type": "container", "event": "create", "label": "trajforge.env"}))
-
-
 def _verdicts(stats: dict[str, dict]) -> tuple:
     return (stats["rollout"]["episodes"], stats["rollout"]["status"], stats["verify"]["passed"],
             stats["verify"]["tests_passed"], stats["export"]["rows_out"])
@@ -50,12 +44,12 @@ def _verdicts(stats: dict[str, dict]) -> tuple:
 
 def test_a_build_spreads_over_two_engines_pulls_by_digest_and_matches_one_host(hosts, tmp_path):
     a, b = hosts.engine("a"), hosts.engine("b")
-    since = int(time.time()) - 1
-    run = hosts.build(config(tmp_path, "two"))
+    with Sandboxes({"a": a, "b": b}) as boxes:
+        run = hosts.build(config(tmp_path, "two"))
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:] + logs(hosts.state)
-    per_engine = {"a": _creates(a, since), "b": _creates(b, since)}
+    per_engine = boxes.counts()
     print(f"rollout sandboxes per engine: {per_engine}")
-    assert per_engine["a"] > 0 and per_engine["b"] > 0, per_engine
+    assert per_engine["a"] > 0 and per_engine["b"] > 0 and sum(per_engine.values()) >= 48, per_engine
     two = stats(tmp_path / "runs", "two")
     assert two["synthesize"]["rows_out"] == 12 and two["synthesize"]["images_pushed"] == 12
     pulled = two["rollout"]["images_pulled"] + two["verify"]["images_pulled"]
