@@ -120,7 +120,7 @@ def rollout_ids(runs: Path, dataset: str) -> list[str]:
 @contextlib.contextmanager
 def in_new_netns(name: str, address: str):
     """This thread (and the processes and threads it starts) inside a new network namespace `name` whose only
-    interfaces are its loopback and a dummy one holding `address`/24; back in the namespace it was in after.
+    interfaces are its loopback and a veth pair, one end holding `address`/24; back in the namespace it was in after.
     Skips the test where namespaces cannot be created. setns(2) acts on the calling thread only: the test's
     own threads started before stay where they were."""
     import ctypes
@@ -134,9 +134,10 @@ def in_new_netns(name: str, address: str):
     ip("netns", "add", name)
     try:
         ip("-n", name, "link", "set", "lo", "up")
-        ip("-n", name, "link", "add", "d0", "type", "dummy")
-        ip("-n", name, "addr", "add", f"{address}/24", "dev", "d0")
-        ip("-n", name, "link", "set", "d0", "up")
+        ip("-n", name, "link", "add", "v0", "type", "veth", "peer", "name", "v1")  # (no dummy module everywhere)
+        ip("-n", name, "addr", "add", f"{address}/24", "dev", "v0")
+        ip("-n", name, "link", "set", "v0", "up")
+        ip("-n", name, "link", "set", "v1", "up")
         libc = ctypes.CDLL(None, use_errno=True)
         back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         there = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
