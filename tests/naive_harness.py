@@ -18,7 +18,8 @@ step most harnesses have (`rm -rf /tests /logs/verifier` before the tests), to s
 survive it. One image per task folder is built per process (`tf-naive/<task>:<random>`), shared by
 the runs in flight on that folder and removed when the last of them returns: two concurrent builds of
 one folder share the engine's cached layers, so removing one run's image while another build hits
-that cache fails the other ("failed to get digest"). Containers are removed after each run
+that cache fails the other ("failed to get digest"); its untagged parents stay (other folders' builds may
+be using them as cache). Containers are removed after each run
 (`cleanup()` removes anything a crashed run left behind).
 """
 
@@ -218,8 +219,10 @@ def _release_image(client: docker.DockerClient, task_dir: Path) -> None:
         if entry[1]:
             return
         del _IMAGES[task_dir]
-        try:  # under the lock: a new build of this folder must not start while its cached image goes
-            client.images.remove(entry[0], force=True, noprune=False)
+        try:  # under the lock: a new build of this folder must not start while its cached image goes;
+            # noprune: its untagged parents are other folders' build cache too (a shared Dockerfile prefix), and
+            # deleting them under a build that hit them fails it ("unknown parent image ID")
+            client.images.remove(entry[0], force=True, noprune=True)
         except docker.errors.APIError:
             pass
 

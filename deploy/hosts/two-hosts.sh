@@ -28,6 +28,7 @@ NET=198.51.100
 HUB="$NET.1"
 BASE_IMAGE="${TF_BASE_IMAGE:-trajforge/base:latest}"
 export PREFECT_API_URL="http://$HUB:4200/api"
+export DASK_LOGGING__DISTRIBUTED=info  # whatever the caller set: `up` waits for the workers' "Registered to"
 
 addr() { case "$1" in hub) echo "$HUB" ;; a) echo "$NET.2" ;; b) echo "$NET.3" ;; *) echo "no host $1 (hub, a, b)" >&2; exit 2 ;; esac; }
 ns() { echo "$PREFIX-$1"; }
