@@ -121,7 +121,8 @@ def test_planted_failing_expectation_blocks_downstream(built):
 def test_build_on_a_separately_started_dask_scheduler(tmp_path, docker_client, sandbox_cfg):
     sched_file = tmp_path / "scheduler.json"
     env = {**os.environ}
-    procs = [subprocess.Popen([venv_bin("dask"), "scheduler", "--scheduler-file", str(sched_file),
+    # --port 0: Dask's default 8786 lies in the range Prefect's temporary API servers draw their ports from
+    procs = [subprocess.Popen([venv_bin("dask"), "scheduler", "--scheduler-file", str(sched_file), "--port", "0",
                                "--no-dashboard", "--host", "127.0.0.1"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
