@@ -63,29 +63,28 @@ def _nice(d: str) -> str:
 class Bookings(ToolFamily):
     name = "bookings"
     description = "hotel front desk tools: find guests, search rooms, change and cancel bookings (end state checked)"
-    # -- data ------------------------------------------------------------------------------------
+
     def fill(self, s: Store, rng: random.Random, guests: int, rooms: int) -> None:
         types = [list(TYPES)[i % 3] for i in range(rooms)]
         rng.shuffle(types)
         rates = rng.sample(range(0, 60), rooms)
-        s.add("rooms", [("number", "INTEGER PRIMARY KEY"), ("type", "TEXT NOT NULL"), ("rate_cents", "INTEGER NOT NULL"),
-                        ("floor", "INTEGER NOT NULL")],
+        s.add("rooms", "number INTEGER PRIMARY KEY, type TEXT NOT NULL, rate_cents INTEGER NOT NULL, "
+                       "floor INTEGER NOT NULL",
               [[100 * (1 + i // 6) + 1 + i % 6, t, TYPES[t] + 100 * r, 1 + i // 6]
                for i, (t, r) in enumerate(zip(types, rates))])
         names = people(rng, guests)
-        s.add("guests", [("id", "INTEGER PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("email", "TEXT NOT NULL"),
-                         ("phone", "TEXT NOT NULL"), ("points", "INTEGER NOT NULL DEFAULT 0")],
+        s.add("guests", "id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL, phone TEXT NOT NULL, "
+                        "points INTEGER NOT NULL DEFAULT 0",
               [[i, n, email(n, rng.randint(1, 99)), f"+1-555-{rng.randint(1000, 9999)}", rng.randint(0, 40) * 50]
                for i, n in enumerate(names, 1)])
-        s.add("bookings", [("id", "INTEGER PRIMARY KEY"), ("guest_id", "INTEGER NOT NULL REFERENCES guests(id)"),
-                           ("room", "INTEGER NOT NULL REFERENCES rooms(number)"), ("check_in", "TEXT NOT NULL"),
-                           ("nights", "INTEGER NOT NULL"), ("status", "TEXT NOT NULL")])
-        s.add("housekeeping", [("id", "INTEGER PRIMARY KEY"), ("room", "INTEGER NOT NULL"), ("note", "TEXT NOT NULL")])
+        s.add("bookings", "id INTEGER PRIMARY KEY, guest_id INTEGER NOT NULL REFERENCES guests(id), "
+                          "room INTEGER NOT NULL REFERENCES rooms(number), check_in TEXT NOT NULL, "
+                          "nights INTEGER NOT NULL, status TEXT NOT NULL")
+        s.add("housekeeping", "id INTEGER PRIMARY KEY, room INTEGER NOT NULL, note TEXT NOT NULL")
         numbers = [r[0] for r in s["rooms"].rows]
-        for g in range(1, guests + 1):
-            for _ in range(rng.randint(1, 3)):
-                Bookings._book(s, g, rng.choice(numbers), START + dt.timedelta(days=rng.randint(0, 50)),
-                               rng.randint(1, 5), "cancelled" if rng.random() < 0.15 else "confirmed")
+        for g in self.records_per_owner(rng, guests):
+            Bookings._book(s, g, rng.choice(numbers), START + dt.timedelta(days=rng.randint(0, 50)),
+                           rng.randint(1, 5), "cancelled" if rng.random() < 0.15 else "confirmed")
 
     @staticmethod
     def _free(s: Store, room: int, start: dt.date, nights: int, ignore: int | None = None) -> bool:
@@ -150,9 +149,8 @@ class Bookings(ToolFamily):
 
     def _extend(self, rng: random.Random, s: Store):
         guests = s["guests"]
-        target, twin = rng.sample(range(1, len(guests.rows) + 1), 2)
+        target, twin = guests.namesake(rng)  # same name, another e-mail
         name, mail = guests.by_key()[target][1], guests.by_key()[target][2]
-        guests.by_key()[twin][1:3] = [name, email(name, rng.randint(100, 199))]  # same name, another e-mail
         types, extra = self._room_types(s), rng.randint(1, 3)
         rooms = sorted(types)
         stay_start = START + dt.timedelta(days=rng.randint(0, 30))
@@ -186,3 +184,4 @@ class Bookings(ToolFamily):
     domain, library, helpers = "a hotel front desk", LIBRARY, DOMAIN_HELPERS
     sizes = {1: {"guests": 8, "rooms": 9}, 2: {"guests": 14, "rooms": 12}, 3: {"guests": 20, "rooms": 15}}
     scenarios = ("_cancel", "_upgrade", "_extend")
+    # -- data ------------------------------------------------------------------------------------

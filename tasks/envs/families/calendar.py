@@ -74,15 +74,14 @@ class Calendar(ToolFamily):
         n_contacts, per_day = contacts, events_per_day
         s = Store()
         names = people(rng, n_contacts)
-        s.add("contacts", [("id", "INTEGER PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("email", "TEXT NOT NULL")],
+        s.add("contacts", "id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL",
               [[i, n, f"{n.split()[0].lower()}@{n.split()[1].lower()}.example"] for i, n in enumerate(names, 1)])
-        s.add("events", [("id", "INTEGER PRIMARY KEY"), ("title", "TEXT NOT NULL"), ("start", "TEXT NOT NULL"),
-                         ("minutes", "INTEGER NOT NULL"), ("location", "TEXT NOT NULL"), ("status", "TEXT NOT NULL")])
-        s.add("attendees", [("id", "INTEGER PRIMARY KEY"), ("event_id", "INTEGER NOT NULL REFERENCES events(id)"),
-                            ("email", "TEXT NOT NULL")])
-        s.add("reminders", [("id", "INTEGER PRIMARY KEY"), ("event_id", "INTEGER NOT NULL"),
-                            ("minutes_before", "INTEGER NOT NULL")])
-        s.add("shares", [("id", "INTEGER PRIMARY KEY"), ("email", "TEXT NOT NULL"), ("role", "TEXT NOT NULL")])
+        s.add("events", "id INTEGER PRIMARY KEY, title TEXT NOT NULL, start TEXT NOT NULL, minutes INTEGER NOT NULL, "
+                        "location TEXT NOT NULL, status TEXT NOT NULL")
+        s.add("attendees", "id INTEGER PRIMARY KEY, event_id INTEGER NOT NULL REFERENCES events(id), "
+                           "email TEXT NOT NULL")
+        s.add("reminders", "id INTEGER PRIMARY KEY, event_id INTEGER NOT NULL, minutes_before INTEGER NOT NULL")
+        s.add("shares", "id INTEGER PRIMARY KEY, email TEXT NOT NULL, role TEXT NOT NULL")
         monday = rng.choice(MONDAYS)
         for d in range(5):
             day = monday + dt.timedelta(days=d)

@@ -60,25 +60,22 @@ class Orders(ToolFamily):
 
     def fill(self, s: Store, rng: random.Random, customers: int, products: int) -> None:
         names = people(rng, customers)
-        s.add("customers", [("id", "INTEGER PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("email", "TEXT NOT NULL"),
-                            ("city", "TEXT NOT NULL")],
+        s.add("customers", "id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL, city TEXT NOT NULL",
               [[i, n, email(n, rng.randint(1, 99)), rng.choice(CITIES)] for i, n in enumerate(names, 1)])
         titles = rng.sample([f"{a} {n}" for a in ADJ for n in NOUN], products)
         skus = rng.sample(range(1000, 10000), products)
-        s.add("products", [("sku", "TEXT PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("price_cents", "INTEGER NOT NULL"),
-                           ("stock", "INTEGER NOT NULL"), ("discontinued", "INTEGER NOT NULL")],
+        s.add("products", "sku TEXT PRIMARY KEY, name TEXT NOT NULL, price_cents INTEGER NOT NULL, "
+                          "stock INTEGER NOT NULL, discontinued INTEGER NOT NULL",
               [[f"SKU-{k}", n, rng.randint(3, 90) * 100 + 99, rng.randint(8, 60), int(rng.random() < 0.2)]
                for k, n in zip(skus, titles)])
-        s.add("orders", [("id", "INTEGER PRIMARY KEY"), ("customer_id", "INTEGER NOT NULL REFERENCES customers(id)"),
-                         ("status", "TEXT NOT NULL"), ("placed", "TEXT NOT NULL"), ("coupon", "TEXT")])
-        s.add("order_lines", [("id", "INTEGER PRIMARY KEY"), ("order_id", "INTEGER NOT NULL REFERENCES orders(id)"),
-                              ("sku", "TEXT NOT NULL REFERENCES products(sku)"), ("qty", "INTEGER NOT NULL")])
-        s.add("refunds", [("id", "INTEGER PRIMARY KEY"), ("order_id", "INTEGER NOT NULL"),
-                          ("amount_cents", "INTEGER NOT NULL")])
-        for c in range(1, customers + 1):
-            for _ in range(rng.randint(1, 3)):
-                Orders._order(s, rng, c, rng.choices(["pending", "shipped", "delivered", "cancelled"], [2, 3, 4, 1])[0],
-                              rng.sample(s["products"].rows, rng.randint(1, 3)))
+        s.add("orders", "id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customers(id), "
+                        "status TEXT NOT NULL, placed TEXT NOT NULL, coupon TEXT")
+        s.add("order_lines", "id INTEGER PRIMARY KEY, order_id INTEGER NOT NULL REFERENCES orders(id), "
+                             "sku TEXT NOT NULL REFERENCES products(sku), qty INTEGER NOT NULL")
+        s.add("refunds", "id INTEGER PRIMARY KEY, order_id INTEGER NOT NULL, amount_cents INTEGER NOT NULL")
+        for c in self.records_per_owner(rng, customers):
+            Orders._order(s, rng, c, rng.choices(["pending", "shipped", "delivered", "cancelled"], [2, 3, 4, 1])[0],
+                          rng.sample(s["products"].rows, rng.randint(1, 3)))
 
     @staticmethod
     def _order(s: Store, rng: random.Random, customer: int, status: str, products: list[list], qty=None) -> int:
@@ -138,11 +135,8 @@ class Orders(ToolFamily):
 
     def _trim(self, rng: random.Random, s: Store):
         customers, products = s["customers"], s["products"]
-        target, twin = rng.sample(range(1, len(customers.rows) + 1), 2)
-        name = customers.by_key()[target][1]
-        city = customers.by_key()[target][3]
-        customers.by_key()[twin][1:4] = [name, email(name, rng.randint(100, 199)),
-                                         rng.choice([c for c in CITIES if c != city])]
+        target, twin = customers.namesake(rng, city=CITIES)
+        _, name, _, city = customers.by_key()[target]
         for c in (target, twin):
             for oid in self._pending_of(s, c):
                 s["orders"].by_key()[oid][2] = "shipped"

@@ -67,23 +67,19 @@ class Tickets(ToolFamily):
     def fill(self, s: Store, rng: random.Random, customers: int, agents: int) -> None:
         per_team = agents // 3  # one team per subject
         names = people(rng, customers + 3 * per_team)
-        s.add("agents", [("id", "INTEGER PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("team", "TEXT NOT NULL")],
+        s.add("agents", "id INTEGER PRIMARY KEY, name TEXT NOT NULL, team TEXT NOT NULL",
               [[i + 1, n, sorted(SUBJECTS)[i // per_team]] for i, n in enumerate(names[customers:])])
-        s.add("customers", [("id", "INTEGER PRIMARY KEY"), ("name", "TEXT NOT NULL"), ("company", "TEXT NOT NULL"),
-                            ("email", "TEXT NOT NULL")],
+        s.add("customers", "id INTEGER PRIMARY KEY, name TEXT NOT NULL, company TEXT NOT NULL, email TEXT NOT NULL",
               [[i, n, co, email(n, rng.randint(1, 99))]
                for i, (n, co) in enumerate(zip(names[:customers], rng.choices(COMPANIES, k=customers)), 1)])
-        s.add("tickets", [("id", "INTEGER PRIMARY KEY"), ("customer_id", "INTEGER NOT NULL REFERENCES customers(id)"),
-                          ("subject", "TEXT NOT NULL"), ("status", "TEXT NOT NULL"), ("priority", "TEXT NOT NULL"),
-                          ("assignee_id", "INTEGER REFERENCES agents(id)"), ("created", "TEXT NOT NULL"),
-                          ("merged_into", "INTEGER")])
-        s.add("comments", [("id", "INTEGER PRIMARY KEY"), ("ticket_id", "INTEGER NOT NULL REFERENCES tickets(id)"),
-                           ("author", "TEXT NOT NULL"), ("body", "TEXT NOT NULL")])
-        s.add("escalations", [("id", "INTEGER PRIMARY KEY"), ("ticket_id", "INTEGER NOT NULL"),
-                              ("summary", "TEXT NOT NULL")])
-        for c in range(1, customers + 1):
-            for _ in range(rng.randint(1, 3)):
-                Tickets._ticket(s, rng, c, rng.choices(["open", "pending", "closed"], [3, 2, 3])[0])
+        s.add("tickets", "id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customers(id), "
+                         "subject TEXT NOT NULL, status TEXT NOT NULL, priority TEXT NOT NULL, "
+                         "assignee_id INTEGER REFERENCES agents(id), created TEXT NOT NULL, merged_into INTEGER")
+        s.add("comments", "id INTEGER PRIMARY KEY, ticket_id INTEGER NOT NULL REFERENCES tickets(id), "
+                          "author TEXT NOT NULL, body TEXT NOT NULL")
+        s.add("escalations", "id INTEGER PRIMARY KEY, ticket_id INTEGER NOT NULL, summary TEXT NOT NULL")
+        for c in self.records_per_owner(rng, customers):
+            Tickets._ticket(s, rng, c, rng.choices(["open", "pending", "closed"], [3, 2, 3])[0])
 
     @staticmethod
     def _ticket(s: Store, rng: random.Random, customer: int, status: str, subject: str | None = None,
@@ -144,10 +140,8 @@ class Tickets(ToolFamily):
 
     def _merge(self, rng: random.Random, s: Store):
         customers = s["customers"]
-        target, twin = rng.sample(range(1, len(customers.rows) + 1), 2)
+        target, twin = customers.namesake(rng, company=COMPANIES)
         name, company = customers.by_key()[target][1], customers.by_key()[target][2]
-        customers.by_key()[twin][1:4] = [name, rng.choice([c for c in COMPANIES if c != company]),
-                                         email(name, rng.randint(100, 199))]
         subject = rng.choice(SUBJECTS[rng.choice(sorted(SUBJECTS))])
         if any(t[1] == target and t[2] == subject for t in s["tickets"].rows):
             return None

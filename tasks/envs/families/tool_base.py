@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 from ....schemas.environment import EnvSpec
 from ..tools.code_text import source, statements
@@ -76,6 +76,23 @@ class Table:
     def dicts(self) -> list[dict[str, Any]]:
         return [dict(zip(self.cols, r)) for r in self.rows]
 
+    def namesake(self, rng: random.Random, **differ: list[Any]) -> tuple[int, int]:
+        """In a table of people (keys 1..n; `name` and `email` columns): a target row and its namesake, the
+        look-alike an agent must tell apart. The namesake takes the target's name, another e-mail and, for
+        each column in `differ`, a value of its list other than the target's (drawn in column order).
+        Returns the (target, namesake) keys."""
+        target, twin = rng.sample(range(1, len(self.rows) + 1), 2)
+        rows = self.by_key()
+        name = rows[target][self.cols.index("name")]
+        for i, col in enumerate(self.cols):
+            if col == "name":
+                rows[twin][i] = name
+            elif col == "email":
+                rows[twin][i] = email(name, rng.randint(100, 199))
+            elif col in differ:
+                rows[twin][i] = rng.choice([v for v in differ[col] if v != rows[target][i]])
+        return target, twin
+
 
 class Store:
     """The generated rows of a domain store (Python is the source of truth for expected values)."""
@@ -83,8 +100,13 @@ class Store:
     def __init__(self) -> None:
         self.tables: dict[str, Table] = {}
 
-    def add(self, name: str, columns: list[tuple[str, str]], rows: list[list[Any]] | None = None) -> Table:
-        self.tables[name] = Table(name, columns, [list(r) for r in rows or []])
+    def add(self, name: str, columns: str, rows: list[list[Any]] | None = None) -> Table:
+        """A table from its SQL column list ("id INTEGER PRIMARY KEY, name TEXT NOT NULL, ..."; no comma inside a
+        column's definition; the first column is the key) and its rows."""
+        cols = [c.strip().split(None, 1) for c in columns.split(",")]
+        if any(len(c) != 2 for c in cols):
+            raise ValueError(f"table {name!r}: every column needs a name and a type: {columns!r}")
+        self.tables[name] = Table(name, [(c, decl) for c, decl in cols], [list(r) for r in rows or []])
         return self.tables[name]
 
     def __getitem__(self, name: str) -> Table:
@@ -170,6 +192,7 @@ def email(name: str, n: int) -> str:
     return f"{first}.{last}{n}@example.com"
 
 
+
 @dataclass
 class Scenario:
     """What a family's level generator decides: the request, the oracle, and the rows it changes."""
@@ -217,6 +240,14 @@ class ToolFamily(Family):
     helpers: ClassVar[str] = ""
     sizes: ClassVar[dict[int, dict[str, Any]]] = {}
     scenarios: ClassVar[tuple[str, ...]] = ()
+
+    @staticmethod
+    def records_per_owner(rng: random.Random, owners: int) -> Iterator[int]:
+        """Owner keys 1..`owners`, each repeated 1 to 3 times (drawn from `rng` before each owner's records):
+        whose records (orders, tickets, bookings) a store starts with."""
+        for owner in range(1, owners + 1):
+            for _ in range(rng.randint(1, 3)):
+                yield owner
 
     def fill(self, store: Store, rng: random.Random, **size: Any) -> None:
         raise NotImplementedError(f"tool family {self.name!r} defines no `fill`")
