@@ -15,11 +15,11 @@ import hashlib
 import importlib
 import json
 import secrets
+import threading
 import time
 from typing import Any, Iterator
 
 from prefect import flow, task
-from prefect.futures import wait
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -165,6 +165,28 @@ class _Watchdog:
                             "redone on resume)")
 
 
+class _Arrivals:
+    """Which shard futures have finished, as the Dask futures' own done-callbacks tell it. Waiting is a plain
+    `threading.Event.wait`: Prefect's `wait(futures, timeout=...)` enforces its timeout by an exception
+    raised asynchronously in the waiting thread (SIGALRM, or `PyThreadState_SetAsyncExc` off the main
+    thread), which can land inside `threading`'s own lock handling; it failed a build with "release
+    unlocked lock" (issue 30, a host dying mid-rollout)."""
+
+    def __init__(self, futures) -> None:
+        self._event = threading.Event()
+        for fut in futures:
+            fut.wrapped_future.add_done_callback(lambda _f: self._event.set())
+
+    def wait(self, pending: set, timeout: float) -> tuple[set, set]:
+        """(done, not done) among `pending`, waiting up to `timeout` s for one to finish if none has."""
+        self._event.clear()  # a future finishing from here on sets it; one finished before is seen below
+        done = {f for f in pending if f.wrapped_future.done()}
+        if not done:
+            self._event.wait(timeout)
+            done = {f for f in pending if f.wrapped_future.done()}
+        return done, pending - done
+
+
 class _Build:
     """One run of the build flow: the record, the committed manifests (by instance name), services."""
 
@@ -272,14 +294,18 @@ class _Build:
                       transient=False) as bar:
             t = bar.add_task(stage_name, total=len(plan.shards), completed=len(plan.shards) - len(plan.pending),
                              live="")
-            pending = set(futures)
+            pending, arrivals = set(futures), _Arrivals(futures)
             while pending:
-                done, not_done = wait(list(pending), timeout=1.0)
+                done, not_done = arrivals.wait(pending, timeout=1.0)
                 for fut in done:
                     try:
                         fut.result()
                     except Exception as err:  # keep finishing the other shards: their work is kept on disk
                         errors.append(err)
+                    # Let Dask forget the finished shard: a future the client still holds is recomputed
+                    # when the worker keeping its result dies (prefect#15442), i.e. a committed shard run again.
+                    with contextlib.suppress(Exception):
+                        fut.wrapped_future.release()
                     bar.update(t, advance=1)
                 pending = set(not_done)
                 for fut in watchdog.overdue(pending):  # abandoned (fenced, cancelled): the stage fails, naming it
