@@ -109,6 +109,15 @@ def stats(runs: Path, dataset: str) -> dict[str, dict]:
             for name, e in rec.stages.items()}
 
 
+def rollout_ids(runs: Path, dataset: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    store = RunStore(str(runs), dataset)
+    rec = store.read_build(store.latest())
+    parts = sorted(Path(rec.stages["rollout"].manifest).glob("part-*.parquet"))
+    return [r for p in parts for r in pq.read_table(p, columns=["rollout_id"]).column("rollout_id").to_pylist()]
+
+
 
 
 @contextlib.contextmanager

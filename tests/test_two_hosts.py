@@ -5,16 +5,19 @@ a third namespace, every part reached by the namespaces' addresses (198.51.100.0
 
 A build of 12 environments x 4 rollouts spreads its sandboxes over both engines, pulls images by digest on
 the engine that did not build them, commits the verdict counts of the same config on one host, and leaves
-no sandbox behind. (A host dying mid-rollout is not proven yet: in the full suite the build failed with
-"release unlocked lock" once; see issue 30's note.)"""
+no sandbox behind. Then a host dies mid-rollout (its worker, its engine and its sandboxes' processes
+killed): the build finishes on the other host with every row once, and the dead host's sandboxes are
+reaped when it comes back."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import docker
 import pytest
-from hosts_kit import HUB, Hosts, Sandboxes, config, logs, netns_unavailable, stats
+from hosts_kit import HUB, Hosts, Sandboxes, config, logs, netns_unavailable, rollout_ids, stats
 
 from trajforge.tasks.sandbox import LABEL
 
@@ -75,3 +78,36 @@ def test_a_build_spreads_over_two_engines_pulls_by_digest_and_matches_one_host(h
     one = stats(tmp_path / "runs", "one")
     assert _verdicts(two) == _verdicts(one), (_verdicts(two), _verdicts(one))
     assert two["verify"]["passed"] > 0 and two["rollout"]["episodes"] == 48
+
+
+def test_a_host_that_dies_mid_rollout_loses_nothing_and_is_reaped_when_back(hosts, tmp_path):
+    b = hosts.engine("b")
+    build = hosts.build(config(tmp_path, "killed"), background=True)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(build.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 600
+        while not b.containers.list(filters={"label": "trajforge.env", "status": "running"}):
+            assert build.poll() is None, "".join(output)[-4000:]
+            assert time.monotonic() < deadline, "no rollout sandbox ever ran on host b"
+            time.sleep(0.1)
+        killed = hosts.sh("kill", "b")
+        assert killed.returncode == 0, killed.stderr
+        assert build.wait(1200) == 0, "".join(output)[-4000:] + logs(hosts.state)
+    finally:
+        if build.poll() is None:
+            build.kill()
+        reader.join(10)
+    ids = rollout_ids(tmp_path / "runs", "killed")
+    assert len(ids) == 48 and len(set(ids)) == 48, (len(ids), len(set(ids)))
+    committed = stats(tmp_path / "runs", "killed")
+    assert committed["verify"]["passed"] > 0 and committed["verify"]["rows_out"] == 48
+    assert not {"infra_error", "teacher_error"} & set(committed["rollout"]["status"]), committed["rollout"]["status"]
+
+    back = hosts.sh("revive", "b")
+    assert back.returncode == 0, back.stdout + back.stderr + logs(hosts.state)
+    b = hosts.engine("b")
+    assert b.containers.list(all=True, filters={"label": LABEL}) == [], "the dead host's sandboxes were not reaped"
+    log = (hosts.state / "logs" / "worker-b.log").read_text()
+    assert "reaped" in log and "reaped 0 " not in log, log[-2000:]
