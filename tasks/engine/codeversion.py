@@ -64,7 +64,12 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 def source_digest(source: str) -> str:
     """Digest of the meaning of Python `source` (see module docstring)."""
-    tree = _strip_docstrings(ast.parse(source))
+    return _tree_digest(ast.parse(source))
+
+
+def _tree_digest(tree: ast.Module) -> str:
+    """`source_digest` of a parsed module (its docstrings are removed from `tree` on the way)."""
+    tree = _strip_docstrings(tree)
     return hashlib.sha256(ast.dump(tree, annotate_fields=False, include_attributes=False).encode()).hexdigest()
 
 
@@ -72,6 +77,7 @@ def _root() -> Path:
     return Path(importlib.import_module(PACKAGE).__file__).parent
 
 
+@lru_cache(maxsize=None)
 def module_file(name: str) -> Path | None:
     """The source file of module `name` inside the package (found on disk, nothing is imported), or None."""
     parts = name.split(".")
@@ -99,10 +105,15 @@ def imported_modules(name: str, source: str) -> set[str]:
     """The package's modules that running module `name` (whose code is `source`) imports, anywhere in
     it, with the parent packages each import runs, and the sibling modules it names as a file (a
     source shipped as data: `Path(__file__).with_name("server.py")`). Other packages are left out."""
+    return _imports_in(name, ast.parse(source))
+
+
+def _imports_in(name: str, tree: ast.Module) -> set[str]:
+    """`imported_modules` of module `name` parsed as `tree` (left as it is)."""
     path = module_file(name)
     package = name if path is not None and path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -130,8 +141,15 @@ def imported_modules(name: str, source: str) -> set[str]:
 
 
 @lru_cache(maxsize=None)
+def _file_facts(name: str) -> tuple[frozenset[str], str]:
+    """(what it imports, its digest) of a module of the package with a file: one parse for both."""
+    tree = ast.parse(module_file(name).read_text())
+    imports = frozenset(_imports_in(name, tree))  # (before the digest strips the tree's docstrings)
+    return imports, _tree_digest(tree)
+
+
 def _imports_of_file(name: str) -> frozenset[str]:
-    return frozenset(imported_modules(name, module_file(name).read_text()))
+    return _file_facts(name)[0]
 
 
 def closure(roots: Iterable[str], operational: Iterable[str] | None = None,
@@ -161,7 +179,7 @@ def module_source(name: str) -> str:
 
 @lru_cache(maxsize=None)
 def module_digest(name: str) -> str:
-    return source_digest(module_source(name))
+    return _file_facts(name)[1] if module_file(name) is not None else source_digest(module_source(name))
 
 
 def modules_digest(names: Iterable[str], digest: Callable[[str], str] = module_digest) -> str:
