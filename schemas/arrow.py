@@ -19,6 +19,8 @@ from typing import Any, Iterable, TypeVar
 import pyarrow as pa
 from pydantic import BaseModel
 
+from .common import JsonMark
+
 M = TypeVar("M", bound=BaseModel)
 
 _SCALARS: dict[Any, pa.DataType] = {
@@ -33,6 +35,8 @@ _SCALARS: dict[Any, pa.DataType] = {
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     origin = typing.get_origin(tp)
+    if origin is typing.Annotated and not _is_json(tp):  # (a validator only: its base type decides)
+        return _unwrap_optional(typing.get_args(tp)[0])
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) == 1:
@@ -41,9 +45,15 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def _is_json(tp: Any) -> bool:
+    return typing.get_origin(tp) is typing.Annotated and JsonMark in typing.get_args(tp)[1:]
+
+
 def arrow_type(tp: Any, where: str = "?") -> pa.DataType:
     """The Arrow type of one annotation; raises TypeError naming the field for unsupported ones."""
     tp, _ = _unwrap_optional(tp)
+    if _is_json(tp):
+        return pa.json_()
     if tp in _SCALARS:
         return _SCALARS[tp]
     origin = typing.get_origin(tp)
@@ -69,8 +79,8 @@ def _fields(model: type[BaseModel]) -> list[pa.Field]:
     fields = []
     for name, info in model.model_fields.items():
         _, optional = _unwrap_optional(info.annotation)
-        fields.append(pa.field(name, arrow_type(info.annotation, f"{model.__name__}.{name}"),
-                               nullable=optional))
+        tp = pa.json_() if JsonMark in info.metadata else arrow_type(info.annotation, f"{model.__name__}.{name}")
+        fields.append(pa.field(name, tp, nullable=optional))  # (pydantic keeps a field's own Annotated in metadata)
     return fields
 
 
@@ -92,7 +102,24 @@ def to_table(model: type[M], rows: Iterable[M] | pa.Table) -> pa.Table:
         if missing:
             raise ValueError(f"{model.__name__} table lacks column(s) {missing}")
         return rows.select(schema.names).cast(schema)
-    return pa.Table.from_pylist([r.model_dump(mode="python") for r in rows], schema=schema)
+    rows = pa.Table.from_pylist([r.model_dump(mode="python") for r in rows], schema=storage_schema(schema))
+    return rows.cast(schema)
+
+
+def storage_type(t: pa.DataType) -> pa.DataType:
+    """`t` with every JSON extension type replaced by its storage (text): what Python values convert to
+    (pyarrow builds no extension array from a list of values; a cast then gives the extension back)."""
+    if isinstance(t, pa.JsonType):
+        return t.storage_type
+    if pa.types.is_list(t):
+        return pa.list_(pa.field(t.value_field.name, storage_type(t.value_type), t.value_field.nullable))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, storage_type(f.type), f.nullable) for f in t])
+    return t
+
+
+def storage_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, storage_type(f.type), f.nullable) for f in schema], metadata=schema.metadata)
 
 
 def from_table(model: type[M], table: pa.Table) -> list[M]:

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 # The failure taxonomy (docs/teachers.md). The first five are the model's outcome on the task; the last two
 # are infrastructure: retried, never counted as the teacher failing, excluded from difficulty stats.
 Status = Literal["ok", "max_turns", "agent_timeout", "context_overflow", "format_error",
                  "infra_error", "teacher_error"]
 INFRA_STATUSES: frozenset[str] = frozenset({"infra_error", "teacher_error"})
+
+
+class JsonMark:
+    """Marks a `str` field as JSON text: Arrow's JSON extension type in Parquet, which `datasets` reads as
+    its `Json()` feature (the value comes back decoded: a dict, a list...)."""
+
+
+def _json_text(value: str) -> str:
+    try:
+        json.loads(value)
+    except ValueError as err:
+        raise ValueError(f"not JSON text: {err}") from None
+    return value
+
+
+JsonText = Annotated[str, AfterValidator(_json_text), JsonMark]
 
 
 class Record(BaseModel):

@@ -10,12 +10,45 @@ same environment. Messages are stored exactly as produced, with the tool schemas
 from __future__ import annotations
 
 import datetime as dt
+from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from .calibration import Label
-from .common import ChangeSet, Record, Status
+from .common import ChangeSet, JsonText, Record, Status
 from .trajectory import Message, TurnUsage
+
+
+class ExportFunctionCall(Record):
+    model_config = ConfigDict(extra="forbid", from_attributes=True)  # (built from a rollout's FunctionCall too)
+
+    name: str
+    arguments: JsonText = Field(description=(
+        "the call's arguments as a JSON object (a dict once loaded with `datasets`). Arguments the model wrote that "
+        "are not a JSON object are kept as a JSON string of the text it wrote, and the row counts them in "
+        "`malformed_tool_calls`"))
+
+
+class ExportToolCall(Record):
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ExportFunctionCall
+
+
+class ExportMessage(Message):
+    """A message as exported: `tool_calls[].function.arguments` are JSON objects, not JSON text in a string
+    (the form chat templates and trainers take). A rollout's `Message` validates as one when its calls'
+    arguments are JSON text."""
+
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+    tool_calls: list[ExportToolCall] | None = None
+
+
+TOOLS_DESCRIPTION = ("the tool schemas offered, as JSON-schema function definitions (`{\"type\": \"function\", "
+                     "\"function\": {name, description, parameters}}`; dicts once loaded with `datasets`), what "
+                     "`apply_chat_template(messages, tools=...)` and TRL's trainers take; [] when none")
 
 
 class Sampling(Record):
@@ -35,8 +68,9 @@ class TrajectoryRow(Record):
     teacher: str
     harness: str
     sample: int
-    messages: list[Message]
-    tools_json: str
+    messages: list[ExportMessage]
+    tools_json: str = Field(description="the tool schemas as one JSON text (kept one release beside `tools`; "
+                                        "read `tools`)")
     status: Status
     passed: bool = Field(description="submitted, every hidden test passed, no hack flagged")
     reward: float = Field(description="fraction of hidden tests passed")
@@ -78,6 +112,10 @@ class TrajectoryRow(Record):
     pooled_difficulty: Label = Field("unlabelled", description="the environment's difficulty across every teacher "
                                                              "of the build (Calibration.pooled_label)")
     pooled_solve_rate: float = Field(0.0, description="the pooled fit's solve rate, on the `pooled_teacher`'s scale")
+    tools: list[JsonText] = Field(default_factory=list, description=TOOLS_DESCRIPTION)
+    malformed_tool_calls: int = Field(0, description=(
+        "tool calls whose arguments the model wrote as something other than a JSON object (kept as a JSON string "
+        "of what it wrote); filter on it to train on well-formed calls only"))
 
 
 class SFTRow(TrajectoryRow):
@@ -132,13 +170,14 @@ class PreferenceRow(Record):
     env_id: str
     family: str
     level: int
-    prompt: list[Message]
-    chosen: list[Message]
-    rejected: list[Message]
+    prompt: list[ExportMessage]
+    chosen: list[ExportMessage]
+    rejected: list[ExportMessage]
     chosen_id: str
     rejected_id: str
     chosen_reward: float
     rejected_reward: float
-    tools_json: str
+    tools_json: str = Field(description="the tool schemas as one JSON text (kept one release beside `tools`)")
+    tools: list[JsonText] = Field(default_factory=list, description=TOOLS_DESCRIPTION)
     chosen_turns: int = Field(0, description="model (assistant) turns in `chosen`")
     rejected_turns: int = Field(0, description="model (assistant) turns in `rejected`; never 0 (such a pair is not made)")

@@ -23,16 +23,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..schemas.arrow import arrow_schema, to_table
+from ..schemas.arrow import arrow_schema, storage_type, to_table
 from ..schemas.calibration import Calibration
 from ..schemas.common import INFRA_STATUSES, Reject
 from ..schemas.config import ExportFilters
 from ..schemas.environment import EnvSpec
-from ..schemas.export import PreferenceRow, RLRow, RLTokensRow, SFTRow, TrajectoryRow
-from ..schemas.trajectory import Message, Rollout
+from ..schemas.export import ExportMessage, PreferenceRow, RLRow, RLTokensRow, SFTRow, TrajectoryRow
+from ..schemas.trajectory import Rollout
 from ..schemas.verdict import Verdict
 from .dataset.card import dataset_card
-from .dataset.columns import created_at, rl_spec_json, rl_tokens_chunks, tail, teacher_columns, train_mask
+from .dataset.columns import (
+    canonical_tool_calls,
+    created_at,
+    rl_spec_json,
+    rl_tokens_chunks,
+    tail,
+    teacher_columns,
+    tool_definitions,
+    train_mask,
+)
 from .dataset.parquet import FileWriter
 from .engine import Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .engine.parquet import ParquetOptions
@@ -44,9 +53,10 @@ ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "harness", "sample", "mess
                    "turns", "prompt_tokens", "completion_tokens", "wall_s"]
 VERDICT_COLUMNS = ["rollout_id", "verified", "passed", "reward", "tests", "hack_flags", "quality", "mode", "changes",
                    "unexpected", "counterfactual", "verifier_output"]
-TRAJECTORY_ADDED = [n for n in TrajectoryRow.model_fields if n not in ROLLOUT_COLUMNS]
+LATE = ("malformed_tool_calls",)  # set after the secrets scan, from the messages it leaves
+TRAJECTORY_ADDED = [n for n in TrajectoryRow.model_fields if n not in ROLLOUT_COLUMNS and n not in LATE]
 SCANNED = {"trajectories": ["messages", "verifier_output_tail"], "rl": ["instruction", "env_spec_json"]}
-PREFERENCE_COLUMNS = ["rollout_id", "env_id", "family", "level", "messages", "tools_json", "status", "passed",
+PREFERENCE_COLUMNS = ["rollout_id", "env_id", "family", "level", "messages", "tools_json", "tools", "status", "passed",
                       "reward", "hack_flags"]
 
 
@@ -86,6 +96,7 @@ def content_hashes(messages: pa.ChunkedArray | pa.Array) -> pa.Array:
     """Per row, a 64-bit hash (16 hex digits) of its messages in order: role, content, tool call names and
     arguments. Column-wise (no per-row Python): equal trajectories get equal hashes."""
     arr = messages.combine_chunks() if isinstance(messages, pa.ChunkedArray) else messages
+    arr = arr.cast(storage_type(arr.type))  # exported messages: JSON arguments hashed as their text
     n = len(arr)
     msgs = arr.flatten()
     parent = pc.list_parent_indices(arr).to_numpy()
@@ -246,12 +257,17 @@ class ExportStage(Stage):
                  "changes": v.column("changes"), "kind": pc.fill_null(e.column("kind"), "terminal"),  # older parts: null
                  "tests_run_agent_code": pc.fill_null(e.column("tests_run_agent_code"), "unknown"),
                  "pooled_difficulty": pc.fill_null(c.column("pooled_label"), "unlabelled"),
-                 "pooled_solve_rate": pc.fill_null(c.column("pooled_solve_rate"), 0.0)}
+                 "pooled_solve_rate": pc.fill_null(c.column("pooled_solve_rate"), 0.0),
+                 "tools": tool_definitions(out.column("tools_json"))}
         schema = arrow_schema(TrajectoryRow)
         for name in TRAJECTORY_ADDED:
             out = out.append_column(schema.field(name), pc.cast(added[name], schema.field(name).type))
         out, stats = _scan(ctx, out, rejects)
-        return ShardResult(out, rejects, {"passed": pc.sum(out.column("passed")).as_py() or 0, **stats})
+        messages, malformed = canonical_tool_calls(out.column("messages"))
+        out = out.set_column(out.schema.get_field_index("messages"), out.schema.field("messages"), messages)
+        out = out.append_column(schema.field("malformed_tool_calls"), malformed)
+        return ShardResult(out, rejects, {"passed": pc.sum(out.column("passed")).as_py() or 0,
+                                          "malformed_tool_calls": int(pc.sum(malformed).as_py() or 0), **stats})
 
     def summarize(self, ctx: StageContext, shard_stats: list[dict[str, Any]]) -> dict[str, Any]:
         """Per-shard counters summed; the secret scan's become the `secrets` section (publish requires it)."""
@@ -348,17 +364,17 @@ def preference(ctx: StageContext, t: pa.Table, upstream: dict[str, Manifest]) ->
     for key in sorted(wins):
         for (head, w), (_, lo) in zip(sorted(wins[key], key=lambda x: x[1]["rollout_id"]),
                                       sorted(losses.get(key, []), key=lambda x: x[1]["rollout_id"])):
-            msgs = [Message.model_validate(m) for m in w["messages"]]
-            lose = [Message.model_validate(m) for m in lo["messages"]]
+            msgs = [ExportMessage.model_validate(m) for m in w["messages"]]
+            lose = [ExportMessage.model_validate(m) for m in lo["messages"]]
             rows.append(PreferenceRow(env_id=w["env_id"], family=w["family"], level=w["level"], prompt=msgs[:head],
                                       chosen=msgs[head:], rejected=lose[head:], chosen_id=w["rollout_id"],
                                       rejected_id=lo["rollout_id"], chosen_reward=w["reward"],
-                                      rejected_reward=lo["reward"], tools_json=w["tools_json"],
+                                      rejected_reward=lo["reward"], tools_json=w["tools_json"], tools=w["tools"],
                                       chosen_turns=_model_turns(msgs[head:]), rejected_turns=_model_turns(lose[head:])))
     return to_table(PreferenceRow, rows)
 
 
-def _model_turns(messages: list[Message]) -> int:
+def _model_turns(messages: list[ExportMessage]) -> int:
     return sum(m.role == "assistant" for m in messages)
 
 

@@ -4,6 +4,7 @@ every dropped rollout is a reject with its reason."""
 
 from __future__ import annotations
 
+import json
 import posixpath
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def _manifests(store, parts: dict) -> dict[str, Manifest]:
 def setup(tmp_path):
     calls = iter(range(100))
 
-    def make(**filters):
+    def make(messages=None, tools_json: str = "[]", **filters):
         cfg = load_config(ROOT / "configs/replay.yaml",
                           {"runs": str(tmp_path / f"call{next(calls)}"), "dataset": "exp", **{f"export.filters.{k}": v for k, v in filters.items()}})
         ctx = StageContext.create(cfg, "b")
@@ -60,7 +61,8 @@ def setup(tmp_path):
                         tests=[FileSpec(path="test_x.py", content="def test_a(): pass")], solution=["true"])
                 for k, e in enumerate(["e0", "e1"])]
         rollouts = [Rollout(rollout_id=f"r{i}", env_id=f"e{i % 2}", teacher="t", harness="h", sample=i,
-                            messages=_messages(i), status="ok" if i != 4 else "infra_error", turns=2,
+                            messages=(messages or _messages)(i), tools_json=tools_json,
+                            status="ok" if i != 4 else "infra_error", turns=2,
                             prompt_tokens=10 + i, completion_tokens=5, wall_s=1.0) for i in range(6)]
         verdicts = [_verdict(0, "e0", passed=True, reward=1.0,
                              tests=[TestResult(name="a", passed=True), TestResult(name="b", passed=True)]),
@@ -76,6 +78,7 @@ def setup(tmp_path):
                                     "verify": (Verdict, verdicts), "calibrate": (Calibration, calib)})
         plan = posixpath.join(ctx.store.root, "export-plan")
         info = execute_shard(ExportStage(), ctx, plan, Shard(index=0, payload={"part": up["rollout"].parts[0]}), up)
+        info["path"] = posixpath.join(plan, info["part"])
         rows = {r.rollout_id: r for r in ctx.store.read_records([posixpath.join(plan, info["part"])], TrajectoryRow)}
         rejects = {r.key: r.reason for r in ctx.store.read_records(
             [posixpath.join(plan, "_rejects", "part-00000.parquet")], Reject)}
@@ -88,7 +91,8 @@ def test_join_puts_each_column_on_its_row(setup):
     assert rejects == {"r4": "unverified", "r5": "no_verdict"}
     assert sorted(rows) == ["r0", "r1", "r2", "r3"] and info["rows"] == 4 and info["stats"]["passed"] == 1
     r0, r1, r3 = rows["r0"], rows["r1"], rows["r3"]
-    assert r0.messages == rollouts["r0"].messages and r3.messages == rollouts["r3"].messages
+    dumped = lambda msgs: [m.model_dump() for m in msgs]  # noqa: E731 (exported: ExportMessage, same fields)
+    assert dumped(r0.messages) == dumped(rollouts["r0"].messages) and dumped(r3.messages) == dumped(rollouts["r3"].messages)
     assert (r0.family, r0.level, r0.difficulty, r0.passed, r0.tests_passed, r0.tests_total) == \
         ("fam-e0", 1, "medium", True, 2, 2)
     assert (r1.family, r1.level, r1.difficulty, r1.passed, r1.tests_passed, r1.prompt_tokens) == \
@@ -125,3 +129,33 @@ def test_preference_pairs_only_share_a_prompt():
     pairs = preference(None, table, {}).to_pylist()
     assert [(p["chosen_id"], p["rejected_id"]) for p in pairs] == [("w1", "l3")]
     assert [m["role"] for m in pairs[0]["prompt"]] == ["system", "user"] and pairs[0]["prompt"][0]["content"] == "fenced"
+
+
+BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command.", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+
+
+def test_trainers_get_tools_and_arguments_as_objects_and_malformed_calls_are_flagged(setup):
+    """Issue 31 item 1: `tools` is a list of JSON-schema function definitions and every call's arguments a
+    JSON object, both typed JSON (dicts once loaded with `datasets`, what `apply_chat_template(messages,
+    tools=...)` and TRL take). Arguments that are not a JSON object are kept as the text the model wrote
+    (a JSON string) and counted in `malformed_tool_calls`, never repaired."""
+    import datasets
+
+    written = {1: "cat f1", 3: '["cat", "f3"]'}  # not JSON; JSON but not an object
+
+    def messages(i: int) -> list[Message]:
+        msgs = _messages(i)
+        if i in written:
+            msgs[2].tool_calls[0].function.arguments = written[i]
+        return msgs
+
+    info, rows, _, _ = setup(messages=messages, tools_json=json.dumps([BASH]))
+    assert info["stats"]["malformed_tool_calls"] == 2
+    assert (rows["r0"].malformed_tool_calls, rows["r1"].malformed_tool_calls, rows["r3"].malformed_tool_calls) == (0, 1, 1)
+    loaded = {r["rollout_id"]: r for r in datasets.load_dataset("parquet", data_files=info["path"], split="train")}
+    assert loaded["r0"]["tools"] == [BASH] and loaded["r1"]["tools"] == [BASH]
+    args = {rid: r["messages"][2]["tool_calls"][0]["function"]["arguments"] for rid, r in loaded.items()}
+    assert args["r0"] == {"command": "cat f0"} and args["r2"] == {"command": "cat f2"}
+    assert args["r1"] == "cat f1" and args["r3"] == '["cat", "f3"]'  # what the model wrote, as a string
+    assert json.loads(loaded["r0"]["tools_json"]) == [BASH]  # (kept one release for compatibility)

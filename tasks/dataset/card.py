@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ...schemas.arrow import storage_type
 from ...schemas.calibration import Calibration
 from ...schemas.common import INFRA_STATUSES
 from ...schemas.hub import LICENSES, SIZE_CATEGORIES, TASK_CATEGORIES, size_category
@@ -85,7 +86,8 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                     elif status not in INFRA_STATUSES:
                         o[1] += 1
                 tools.update(_short(t) for t in batch.column("tools_json").to_pylist())
-                first = pc.list_element(batch.column("messages"), 0)
+                messages = batch.column("messages")  # (as text: no list kernel takes JSON-typed children)
+                first = pc.list_element(messages.cast(storage_type(messages.type)), 0)
                 roles, contents = pc.struct_field(first, "role"), pc.struct_field(first, "content")
                 for teacher, role, content in zip(batch.column("teacher").to_pylist(), roles.to_pylist(),
                                                   contents.to_pylist()):
@@ -228,10 +230,23 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
                       *["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]])
 
 
+# config -> the TRL call that consumes it (a config the card declares; `model` is the user's)
+TRL_LINES = {
+    "sft": 'SFTTrainer(model, args=SFTConfig(assistant_only_loss=True), train_dataset=sft.select_columns(["messages", "tools"]))',
+    "preference": ('DPOTrainer(model, args=DPOConfig(), train_dataset=preference.select_columns(["prompt", "chosen", '
+                   '"rejected", "tools"]))'),
+}
+
+
 def _load_section(configs: list[str], where: str, revisions: list[str] = ()) -> str:
     lines = [LOAD_HEADING, "", "```python", "from datasets import load_dataset", ""]
     lines += [f'{name} = load_dataset("{where}", "{name}", split="train")' for name in configs]
     lines += ["```"]
+    trl = [TRL_LINES[name] for name in configs if name in TRL_LINES]
+    if trl:
+        lines += ["", "Trainers take the conversational configs as they are: `messages` (or `prompt` / `chosen` / "
+                  "`rejected`) and `tools` are lists of dicts (tool-call arguments are JSON objects), e.g. with TRL:",
+                  "", "```python", "from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer", "", *trl, "```"]
     if revisions:
         lines += ["", "Every published build is a tag; pass it as `revision` to load exactly that build "
                   "(the default branch holds the newest):", "", "```python",
@@ -316,7 +331,9 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
         _table(["stage", "fingerprint", "built by"], fps), "",
         "## Fields", "",
         "`trajectories` holds OpenAI-format `messages` exactly as produced (tool calls and tool outputs), "
-        "`tools_json` (the tool schemas offered), the verdict (`passed`, `reward` = fraction of hidden tests "
+        "`tools` (the tool schemas offered, JSON-schema function definitions; `tools_json` holds the same as one "
+        "text, kept one release for compatibility), `malformed_tool_calls` (calls whose arguments the model wrote "
+        "as something other than a JSON object: kept as the string it wrote), the verdict (`passed`, `reward` = fraction of hidden tests "
         "passed, `status` from the failure taxonomy), `hack_flags`, quality signals (`step_labels` "
         "inspect/act/verify, `act_verify_share`, `inspect_before_act`, ...) and the environment's calibrated "
         "`difficulty` and `solve_rate` for the row's teacher, `pooled_difficulty` and `pooled_solve_rate` "

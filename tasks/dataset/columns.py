@@ -1,4 +1,4 @@
-"""The provenance columns of exported rows, the SFT train mask, the `rl_tokens` config and `rl`'s spec.
+"""The provenance columns of exported rows, the tool columns (`tools`, canonical tool-call arguments), the SFT train mask, the `rl_tokens` config and `rl`'s spec.
 
 All column-wise (no per-row Python beyond one value per teacher or per part): a column built here has
 one entry per row of the table it is appended to.
@@ -7,9 +7,11 @@ one entry per row of the table it is appended to.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import posixpath
 from typing import Any, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -110,3 +112,55 @@ def rl_tokens_chunks(ctx: StageContext, parts: list[str], upstream: dict[str, Ma
         for name in ("model", "passed", "reward"):
             out = out.append_column(name, k.column(name))
         yield to_table(RLTokensRow, out)
+
+
+def tool_definitions(tools_json: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """The `tools` column: per row, the tool schemas of `tools_json` as a list of JSON-schema function
+    definitions (each one JSON text, typed JSON: `datasets` gives dicts). Parsed once per distinct text."""
+    parsed: dict[str | None, list[str]] = {}
+    rows = []
+    for text in tools_json.to_pylist():
+        if text not in parsed:
+            defs = json.loads(text or "[]")
+            if not isinstance(defs, list) or not all(isinstance(d, dict) for d in defs):
+                raise ValueError(f"tools_json is not a list of tool definitions: {str(text)[:200]}")
+            parsed[text] = [json.dumps(d) for d in defs]
+        rows.append(parsed[text])
+    return pa.array(rows, pa.list_(pa.string())).cast(pa.list_(pa.json_()))
+
+
+def _json_object(text: str | None) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (TypeError, ValueError):
+        return False
+
+
+def canonical_tool_calls(messages: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, pa.Array]:
+    """(messages, malformed): every tool call's arguments made a JSON object's text, so the JSON-typed
+    export column holds objects; arguments the model wrote that are not a JSON object are kept verbatim
+    as a JSON *string* (never silently fixed), and `malformed` counts them per row. Rows with only
+    well-formed calls are passed through as they are (the usual case: no per-row Python)."""
+    arr = messages.combine_chunks() if isinstance(messages, pa.ChunkedArray) else messages
+    malformed = np.zeros(len(arr), dtype=np.int64)
+    msgs = arr.flatten()
+    calls = msgs.field("tool_calls")
+    if not len(calls.flatten()):
+        return arr, pa.array(malformed)
+    args = calls.flatten().field("function").field("arguments").to_pylist()
+    bad = [i for i, a in enumerate(args) if not _json_object(a)]
+    if not bad:
+        return arr, pa.array(malformed)
+    row_of_msg = pc.list_parent_indices(arr).to_numpy()
+    msg_of_call = pc.list_parent_indices(calls).to_numpy()
+    np.add.at(malformed, row_of_msg[msg_of_call[bad]], 1)
+    rows = arr.to_pylist()  # (rare: only when some call is malformed) the calls rewritten in order
+    k = 0
+    for row in rows:
+        for m in row or []:
+            for call in m.get("tool_calls") or []:
+                if not _json_object(call["function"]["arguments"]):
+                    call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+                k += 1
+    assert k == len(args)
+    return pa.array(rows, arr.type), pa.array(malformed)

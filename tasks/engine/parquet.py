@@ -41,6 +41,8 @@ def row_bytes(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if isinstance(arr, pa.ChunkedArray):
         parts = [row_bytes(c) for c in arr.chunks]
         return np.concatenate(parts) if parts else np.zeros(0)
+    if isinstance(arr, pa.ExtensionArray):  # (JSON: its storage, text)
+        arr = arr.storage
     t, n = arr.type, len(arr)
     if pa.types.is_struct(t):
         return sum((row_bytes(pc.struct_field(arr, [i])) for i in range(t.num_fields)), np.zeros(n))

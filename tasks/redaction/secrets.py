@@ -271,6 +271,8 @@ def marked_rows(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     out = np.zeros(len(arr), dtype=bool)
 
     def go(a: pa.Array, rows: np.ndarray, scan: bool) -> None:
+        if isinstance(a, pa.ExtensionArray):  # JSON text: its storage
+            a = a.storage
         t = a.type
         if pa.types.is_struct(t):
             for i, f in enumerate(t):
@@ -314,6 +316,8 @@ def _rebuild(obj: Any, strings: Iterable[str]) -> Any:
 
 
 def _has_text(t: pa.DataType) -> bool:
+    if isinstance(t, pa.ExtensionType):  # JSON text (exported tool-call arguments)
+        t = t.storage_type
     if pa.types.is_struct(t):
         return any(_has_text(f.type) for f in t)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
