@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import posixpath
 import sys
 from pathlib import Path
@@ -286,6 +287,59 @@ def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-o
         return
     console.print(f"[green]✓[/] published build {build_id} to {repo_id} ({', '.join(rec['configs'])})"
                   + (f", tag {rec['tag']}" if rec["tag"] else "") + (f": {rec['url']}" if rec["url"] else ""))
+
+
+EXPORT_FORMATS = {"atif": "one ATIF JSON document per trajectory (the Agent Trajectory Interchange Format, v1.8)"}
+
+
+@app.command("export")
+def export_trajectories(build_id: Optional[str] = typer.Argument(None, help="build id (default: latest committed)"),
+                        fmt: str = typer.Option("atif", "--format", help="; ".join(f"{k}: {v}" for k, v in
+                                                                                   EXPORT_FORMATS.items())),
+                        out: Path = typer.Option(..., "--out", help="folder the documents are written into"),
+                        config: str = typer.Option("trajectories", "--config",
+                                                   help="the exported config to convert: trajectories or sft"),
+                        runs: str = typer.Option("./runs"), dataset: Optional[str] = typer.Option(None)):
+    """Write a committed build's exported trajectories in an interchange format, for viewers that read it
+    (`atif`: `<out>/<rollout_id>.json`, each validated with the `atif` package's models)."""
+    from rich.progress import Progress
+
+    from ..schemas.export import SFTRow, TrajectoryRow
+    from ..tasks.dataset.atif import atif_documents
+    from .publish import PublishError, dataset_folder
+
+    if fmt not in EXPORT_FORMATS:
+        _fail(f"--format {fmt!r}: known formats: {', '.join(EXPORT_FORMATS)}")
+    models = {"trajectories": TrajectoryRow, "sft": SFTRow}
+    if config not in models:
+        _fail(f"--config {config!r}: trajectories or sft (the configs that hold trajectories)")
+    _name(build_id)
+    store = _open_store(runs, _find_dataset(runs, dataset))
+    build_id = build_id or store.latest()
+    if not build_id:
+        _fail(f"no committed build under {store.url(store.root)}")
+    try:
+        folder = dataset_folder(store, build_id)
+    except PublishError as err:
+        _fail(str(err), 1)
+    parts = sorted(store.fs.glob(posixpath.join(folder, config, "*.parquet")))
+    if not parts:
+        _fail(f"build {build_id} exported no {config!r} rows ({store.url(folder)})", 1)
+    out.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with Progress(console=err_console, transient=True) as bar:
+        task = bar.add_task(f"{config} -> {fmt}", total=store.num_rows(parts))
+        for table in store.iter_tables(parts, models[config]):
+            try:
+                for rollout_id, doc in atif_documents(table.to_pylist()):
+                    tmp = out / f".{rollout_id}.json.tmp"
+                    tmp.write_text(json.dumps(doc, ensure_ascii=False, indent=1))
+                    tmp.replace(out / f"{rollout_id}.json")
+                    n += 1
+                    bar.advance(task)
+            except ValueError as err:  # a row the format cannot hold, named
+                _fail(f"build {build_id}, {config}: {err}", 1)
+    console.print(f"[green]✓[/] {n} {fmt} document(s) of build {build_id} ({config}) in {out}")
 
 
 @app.command()

@@ -159,3 +159,36 @@ def test_trainers_get_tools_and_arguments_as_objects_and_malformed_calls_are_fla
     assert args["r0"] == {"command": "cat f0"} and args["r2"] == {"command": "cat f2"}
     assert args["r1"] == "cat f1" and args["r3"] == '["cat", "f3"]'  # what the model wrote, as a string
     assert json.loads(loaded["r0"]["tools_json"]) == [BASH]  # (kept one release for compatibility)
+
+
+def test_atif_documents_validate_and_keep_calls_results_and_what_the_model_wrote(setup):
+    """Issue 31 item 6: an exported trajectory as an ATIF v1.8 document (`trajforge export --format atif`),
+    read back through the `atif` package's own models: system and user steps, an agent step per model
+    turn with its calls' arguments as objects and the tool results as its observation; a malformed call
+    keeps what the model wrote in `extra.raw_arguments`."""
+    import pyarrow.parquet as pq
+    from atif import Trajectory
+
+    from trajforge.tasks.dataset.atif import atif_documents
+
+    def messages(i: int) -> list[Message]:
+        msgs = _messages(i)
+        if i == 1:
+            msgs[2].tool_calls[0].function.arguments = "cat f1"
+        return msgs
+
+    info, _, _, _ = setup(messages=messages, tools_json=json.dumps([BASH]))
+    docs = dict(atif_documents(pq.read_table(info["path"]).to_pylist()))
+    assert sorted(docs) == ["r0", "r1", "r2", "r3"]
+    for rid, doc in docs.items():
+        t = Trajectory.model_validate_json(json.dumps(doc))
+        assert t.schema_version == "ATIF-v1.8" and t.agent.tool_definitions == [BASH]
+        assert [s.source for s in t.steps] == ["system", "user", "agent"]
+        agent = t.steps[2]
+        assert agent.observation.results[0].source_call_id == agent.tool_calls[0].tool_call_id == "c1"
+        assert agent.observation.results[0].content == f"[exit code 0]\n{rid[1:]}"
+        assert t.extra["rollout_id"] == rid and t.extra["env_id"] == f"e{int(rid[1:]) % 2}"
+    assert docs["r0"]["steps"][2]["tool_calls"][0]["arguments"] == {"command": "cat f0"}
+    bad = docs["r1"]["steps"][2]["tool_calls"][0]
+    assert bad["arguments"] == {} and bad["extra"] == {"raw_arguments": "cat f1"}
+    assert docs["r1"]["extra"]["malformed_tool_calls"] == 1

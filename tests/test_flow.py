@@ -56,12 +56,35 @@ def test_full_build_commits_every_stage_and_loads_with_datasets(built):
     assert ds.num_rows == 4  # 2 environments x 2 samples, the replayed reference solution always passes
     assert len(set(ds["rollout_id"])) == 4 and set(ds["difficulty"]) == {"trivial"}
     assert ds[0]["messages"][0]["role"] == "system" and ds[0]["messages"][2]["tool_calls"][0]["function"]["name"] == "bash"
+    call = ds[0]["messages"][2]["tool_calls"][0]["function"]
+    assert isinstance(call["arguments"], dict) and call["arguments"]["command"]  # a JSON object (issue 31)
+    assert [t["function"]["name"] for t in ds[0]["tools"]] == ["bash"] and set(ds["malformed_tool_calls"]) == {0}
     allrows = datasets.load_dataset(str(Path(cfg.runs) / cfg.dataset / "latest" / "dataset"), "trajectories")["train"]
     assert sorted(allrows["rollout_id"]) == sorted(ds["rollout_id"]) and set(allrows["reward"]) == {1.0}
     for stage in record["stages"].values():
         d = stage["manifest"]
         for f in ("manifest.json", "stats.json", "gate.json", "rejects.parquet"):
             assert os.path.exists(os.path.join(d, f)), (d, f)
+
+
+def test_export_as_atif_writes_a_valid_document_per_trajectory(built, tmp_path):
+    """`trajforge export --format atif` on a committed build (issue 31 item 6): one document per row of
+    `trajectories`, each valid for the `atif` package's models; an unknown format is one clear line."""
+    from atif import Trajectory
+
+    cfg, _ = built
+    out = tmp_path / "atif"
+    r = run_cli("export", "--format", "atif", "--out", str(out), "--runs", cfg.runs, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    store = RunStore(cfg.runs, cfg.dataset)
+    ids = sorted(pq.read_table(str(Path(cfg.runs) / cfg.dataset / "latest" / "dataset" / "trajectories")).column(
+        "rollout_id").to_pylist())
+    assert sorted(p.stem for p in out.glob("*.json")) == ids and store.latest()
+    for p in out.glob("*.json"):
+        doc = Trajectory.model_validate_json(p.read_text())
+        assert doc.steps[0].source == "system" and any(s.tool_calls for s in doc.steps if s.source == "agent")
+    bad = run_cli("export", "--format", "sharegpt", "--out", str(out), "--runs", cfg.runs, cwd=tmp_path)
+    assert bad.returncode == 2 and "--format 'sharegpt': known formats: atif" in bad.stderr
 
 
 def test_identical_rebuild_reuses_every_stage(built):
