@@ -58,7 +58,7 @@ def test_full_build_commits_every_stage_and_loads_with_datasets(built):
     assert ds[0]["messages"][0]["role"] == "system" and ds[0]["messages"][2]["tool_calls"][0]["function"]["name"] == "bash"
     call = ds[0]["messages"][2]["tool_calls"][0]["function"]
     assert isinstance(call["arguments"], dict) and call["arguments"]["command"]  # a JSON object (issue 31)
-    assert [t["function"]["name"] for t in ds[0]["tools"]] == ["bash"] and set(ds["malformed_tool_calls"]) == {0}
+    assert [t["function"]["name"] for t in ds[0]["tools"]] == ["bash", "submit"] and set(ds["malformed_tool_calls"]) == {0}
     allrows = datasets.load_dataset(str(Path(cfg.runs) / cfg.dataset / "latest" / "dataset"), "trajectories")["train"]
     assert sorted(allrows["rollout_id"]) == sorted(ds["rollout_id"]) and set(allrows["reward"]) == {1.0}
     for stage in record["stages"].values():
