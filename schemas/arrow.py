@@ -118,6 +118,18 @@ def storage_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def as_storage(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One array of `arr`'s values with JSON typed as its text: what kernels, builders and `combine_chunks`
+    take (none of them builds a JSON extension child, even for zero chunks)."""
+    arr = arr.cast(storage_type(arr.type))
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """A table with no rows of `schema` (`Schema.empty_table` cannot build JSON extension columns)."""
+    return storage_schema(schema).empty_table().cast(schema)
+
+
 def storage_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, storage_type(f.type), f.nullable) for f in schema], metadata=schema.metadata)
 

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..schemas.arrow import arrow_schema, storage_type, to_table
+from ..schemas.arrow import arrow_schema, as_storage, empty_table, to_table
 from ..schemas.calibration import Calibration
 from ..schemas.common import INFRA_STATUSES, Reject
 from ..schemas.config import ExportFilters
@@ -95,8 +95,7 @@ def _spread(x: np.ndarray) -> np.ndarray:
 def content_hashes(messages: pa.ChunkedArray | pa.Array) -> pa.Array:
     """Per row, a 64-bit hash (16 hex digits) of its messages in order: role, content, tool call names and
     arguments. Column-wise (no per-row Python): equal trajectories get equal hashes."""
-    arr = messages.combine_chunks() if isinstance(messages, pa.ChunkedArray) else messages
-    arr = arr.cast(storage_type(arr.type))  # exported messages: JSON arguments hashed as their text
+    arr = as_storage(messages)  # exported messages: JSON arguments hashed as their text
     n = len(arr)
     msgs = arr.flatten()
     parent = pc.list_parent_indices(arr).to_numpy()
@@ -226,7 +225,7 @@ class ExportStage(Stage):
                 keep.append(i)
                 keep_v.append(j)
         if not keep:  # e.g. a part of teacher_error episodes only: nothing to join (an empty filter fails)
-            return ShardResult(arrow_schema(TrajectoryRow).empty_table(), rejects,
+            return ShardResult(empty_table(arrow_schema(TrajectoryRow)), rejects,
                                {"passed": 0, "secret_rows": {"redacted": 0, "rejected": 0}})
         out = table.take(pa.array(keep, pa.int64()))
         v = vt.take(pa.array(keep_v, pa.int64()))

@@ -192,3 +192,23 @@ def test_atif_documents_validate_and_keep_calls_results_and_what_the_model_wrote
     bad = docs["r1"]["steps"][2]["tool_calls"][0]
     assert bad["arguments"] == {} and bad["extra"] == {"raw_arguments": "cat f1"}
     assert docs["r1"]["extra"]["malformed_tool_calls"] == 1
+
+
+def test_a_part_with_no_row_left_and_columns_with_no_chunk_keep_their_json_types(setup):
+    """Every rollout filtered out: the shard writes an empty part of the export schema (JSON columns
+    included: pyarrow cannot build them empty from the schema alone), and the column helpers take a
+    JSON-typed column of zero chunks (what a derived config of zero rows hands them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trajforge.schemas.arrow import arrow_schema
+    from trajforge.tasks.dataset.columns import train_mask
+    from trajforge.tasks.export import content_hashes
+    from trajforge.tasks.redaction.secrets import marked_rows
+
+    info, rows, rejects, _ = setup(min_act_verify_share=1.0)  # (no rollout acts and verifies only)
+    assert rows == {} and set(rejects.values()) == {"filter_low_act_verify_share", "unverified", "no_verdict"}
+    part = pq.read_table(info["path"])
+    assert part.num_rows == 0 and part.schema.field("tools").type == pa.list_(pa.json_())
+    empty = pa.chunked_array([], arrow_schema(TrajectoryRow).field("messages").type)
+    assert len(train_mask(empty)) == len(content_hashes(empty)) == len(marked_rows(empty)) == 0

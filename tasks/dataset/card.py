@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ...schemas.arrow import storage_type
+from ...schemas.arrow import as_storage
 from ...schemas.calibration import Calibration
 from ...schemas.common import INFRA_STATUSES
 from ...schemas.hub import LICENSES, SIZE_CATEGORIES, TASK_CATEGORIES, size_category
@@ -86,8 +86,7 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                     elif status not in INFRA_STATUSES:
                         o[1] += 1
                 tools.update(_short(t) for t in batch.column("tools_json").to_pylist())
-                messages = batch.column("messages")  # (as text: no list kernel takes JSON-typed children)
-                first = pc.list_element(messages.cast(storage_type(messages.type)), 0)
+                first = pc.list_element(as_storage(batch.column("messages")), 0)  # (no kernel takes JSON children)
                 roles, contents = pc.struct_field(first, "role"), pc.struct_field(first, "content")
                 for teacher, role, content in zip(batch.column("teacher").to_pylist(), roles.to_pylist(),
                                                   contents.to_pylist()):

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ...schemas.arrow import arrow_schema, to_table
+from ...schemas.arrow import arrow_schema, as_storage, to_table
 from ...schemas.environment import EnvSpec
 from ...schemas.export import RLTokensRow, Sampling, TrajectoryRow
 from ...schemas.trajectory import Rollout
@@ -66,7 +66,7 @@ def tail(strings: pa.ChunkedArray | pa.Array, chars: int) -> pa.Array:
 
 def train_mask(messages: pa.ChunkedArray | pa.Array) -> pa.Array:
     """Per row, one bool per message: True for the model's (assistant) turns, what SFT trains on."""
-    arr = messages.combine_chunks() if isinstance(messages, pa.ChunkedArray) else messages
+    arr = as_storage(messages)
     roles = pc.equal(pc.struct_field(arr.flatten(), "role"), "assistant")
     return pa.ListArray.from_arrays(pc.subtract(arr.offsets, arr.offsets[0]), roles, type=pa.list_(pa.bool_()))
 

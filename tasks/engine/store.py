@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel
 
-from ...schemas.arrow import arrow_schema, from_table, to_table
+from ...schemas.arrow import arrow_schema, empty_table, from_table, to_table
 from ...schemas.build import BuildRecord
 from ...schemas.common import Reject
 from .parquet import ParquetOptions, write_parquet
@@ -259,7 +259,7 @@ class RunStore:
             if schema is None:
                 return pa.table({})
             schema = pa.schema([schema.field(c) for c in columns]) if columns else schema
-            return schema.empty_table()
+            return empty_table(schema)
         return pa.concat_tables(tables)
 
     def iter_tables(self, paths: list[str], model: type[BaseModel] | None = None,

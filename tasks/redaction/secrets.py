@@ -267,7 +267,8 @@ def _blobs(strings: pa.Array) -> Iterable[str]:
 
 def marked_rows(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Per row of a nested column, whether one of its `TEXT_FIELDS` strings holds a redaction mark."""
-    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if isinstance(arr, pa.ChunkedArray):  # chunk by chunk (combining builds no JSON-typed child, even empty)
+        return np.concatenate([marked_rows(c) for c in arr.chunks]) if arr.num_chunks else np.zeros(0, dtype=bool)
     out = np.zeros(len(arr), dtype=bool)
 
     def go(a: pa.Array, rows: np.ndarray, scan: bool) -> None:
