@@ -63,7 +63,7 @@ def _nice(d: str) -> str:
 class Bookings(ToolFamily):
     name = "bookings"
     description = "hotel front desk tools: find guests, search rooms, change and cancel bookings (end state checked)"
-
+    # -- data ------------------------------------------------------------------------------------
     def fill(self, s: Store, rng: random.Random, guests: int, rooms: int) -> None:
         types = [list(TYPES)[i % 3] for i in range(rooms)]
         rng.shuffle(types)
@@ -184,4 +184,3 @@ class Bookings(ToolFamily):
     domain, library, helpers = "a hotel front desk", LIBRARY, DOMAIN_HELPERS
     sizes = {1: {"guests": 8, "rooms": 9}, 2: {"guests": 14, "rooms": 12}, 3: {"guests": 20, "rooms": 15}}
     scenarios = ("_cancel", "_upgrade", "_extend")
-    # -- data ------------------------------------------------------------------------------------
