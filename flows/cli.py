@@ -174,6 +174,16 @@ def _find_dataset(runs: str, dataset: str | None) -> str:
     return names[0]
 
 
+def _committed_build(runs: str, dataset: str | None, build_id: str | None) -> tuple[RunStore, str]:
+    """The dataset's store and `build_id`, or its latest committed build (fails, naming the folder, if none)."""
+    _name(build_id)
+    store = _open_store(runs, _find_dataset(runs, dataset))
+    build_id = build_id or store.latest()
+    if not build_id:
+        _fail(f"no committed build under {store.url(store.root)}")
+    return store, build_id
+
+
 def _build_config(runs: str, dataset: str | None, build_id: str | None, real: Path | None = None) -> BuildConfig:
     """The build's stored config; the real one (`--config FILE`) when redaction hid values in it."""
     from .build import stored_build_config
@@ -271,11 +281,7 @@ def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-o
     from .publish import PublishError
     from .publish import publish as do_publish
 
-    _name(build_id)
-    store = _open_store(runs, _find_dataset(runs, dataset))
-    build_id = build_id or store.latest()
-    if not build_id:
-        _fail(f"no committed build under {store.url(store.root)}")
+    store, build_id = _committed_build(runs, dataset, build_id)
     try:
         rec = do_publish(store, build_id, repo_id, private=private, token=token, tag=tag, endpoint=endpoint,
                          say=lambda line: console.print(f"  {line}"))
@@ -313,11 +319,7 @@ def export_trajectories(build_id: Optional[str] = typer.Argument(None, help="bui
     models = {"trajectories": TrajectoryRow, "sft": SFTRow}
     if config not in models:
         _fail(f"--config {config!r}: trajectories or sft (the configs that hold trajectories)")
-    _name(build_id)
-    store = _open_store(runs, _find_dataset(runs, dataset))
-    build_id = build_id or store.latest()
-    if not build_id:
-        _fail(f"no committed build under {store.url(store.root)}")
+    store, build_id = _committed_build(runs, dataset, build_id)
     try:
         folder = dataset_folder(store, build_id)
     except PublishError as err:
