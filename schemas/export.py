@@ -10,30 +10,26 @@ same environment. Messages are stored exactly as produced, with the tool schemas
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
 
 from pydantic import ConfigDict, Field
 
 from .calibration import Label
 from .common import ChangeSet, JsonText, Record, Status
-from .trajectory import Message, TurnUsage
+from .trajectory import FunctionCall, Message, ToolCall, TurnUsage
 
 
-class ExportFunctionCall(Record):
-    model_config = ConfigDict(extra="forbid", from_attributes=True)  # (built from a rollout's FunctionCall too)
+class ExportFunctionCall(FunctionCall):
+    model_config = ConfigDict(from_attributes=True)  # (built from a rollout's FunctionCall too)
 
-    name: str
     arguments: JsonText = Field(description=(
         "the call's arguments as a JSON object (a dict once loaded with `datasets`). Arguments the model wrote that "
         "are not a JSON object are kept as a JSON string of the text it wrote, and the row counts them in "
         "`malformed_tool_calls`"))
 
 
-class ExportToolCall(Record):
-    model_config = ConfigDict(extra="forbid", from_attributes=True)
+class ExportToolCall(ToolCall):
+    model_config = ConfigDict(from_attributes=True)
 
-    id: str
-    type: Literal["function"] = "function"
     function: ExportFunctionCall
 
 
@@ -42,7 +38,8 @@ class ExportMessage(Message):
     (the form chat templates and trainers take). A rollout's `Message` validates as one when its calls'
     arguments are JSON text."""
 
-    model_config = ConfigDict(extra="forbid", from_attributes=True)
+    model_config = ConfigDict(from_attributes=True)
+
     tool_calls: list[ExportToolCall] | None = None
 
 

@@ -148,19 +148,15 @@ def canonical_tool_calls(messages: pa.ChunkedArray | pa.Array) -> tuple[pa.Array
     if not len(calls.flatten()):
         return arr, pa.array(malformed)
     args = calls.flatten().field("function").field("arguments").to_pylist()
-    bad = [i for i, a in enumerate(args) if not _json_object(a)]
+    bad = {i for i, a in enumerate(args) if not _json_object(a)}
     if not bad:
         return arr, pa.array(malformed)
     row_of_msg = pc.list_parent_indices(arr).to_numpy()
     msg_of_call = pc.list_parent_indices(calls).to_numpy()
-    np.add.at(malformed, row_of_msg[msg_of_call[bad]], 1)
-    rows = arr.to_pylist()  # (rare: only when some call is malformed) the calls rewritten in order
-    k = 0
-    for row in rows:
-        for m in row or []:
-            for call in m.get("tool_calls") or []:
-                if not _json_object(call["function"]["arguments"]):
-                    call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
-                k += 1
-    assert k == len(args)
+    np.add.at(malformed, row_of_msg[msg_of_call[sorted(bad)]], 1)
+    rows = arr.to_pylist()  # (rare: only when some call is malformed) the calls, in the order of `args`
+    calls_in_order = (c for row in rows for m in row or [] for c in m.get("tool_calls") or [])
+    for k, call in enumerate(calls_in_order):
+        if k in bad:
+            call["function"]["arguments"] = json.dumps(args[k])
     return pa.array(rows, arr.type), pa.array(malformed)
