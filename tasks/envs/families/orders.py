@@ -26,7 +26,7 @@ QTY = {"type": "integer", "minimum": 1, "maximum": 50}
 
 DOMAIN_HELPERS = statements(code, "_order", "_take")
 
-LIBRARY = [
+LIBRARY = [  # look-ups first, then the tools that change the shop
     tool(code.find_customer, "Find customers whose name or e-mail contains the text; returns id, name, e-mail, city.",
          {"text": {"type": "string", "minLength": 2}}),
     tool(code.list_orders, "A customer's orders (optionally only one status), newest first.",
@@ -37,6 +37,8 @@ LIBRARY = [
     tool(code.search_products, "Products whose name contains the text: sku, name, price in cents.",
          {"text": {"type": "string", "minLength": 2}}),
     tool(code.get_product, "One product: name, price, units in stock and whether it is discontinued.", {"sku": SKU}),
+    tool(code.get_shipping_quote, "Estimated shipping cost and days for an order.", {"order_id": ID}),
+    tool(code.list_warehouses, "The warehouses the shop ships from."),
     tool(code.set_quantity, "Change how many units of a product a pending order has (stock follows).",
          {"order_id": ID, "sku": SKU, "qty": QTY}),
     tool(code.add_item, "Add a product that is not in a pending order yet (stock follows).",
@@ -44,13 +46,11 @@ LIBRARY = [
     tool(code.remove_item, "Remove a product from a pending order; its units go back to stock.",
          {"order_id": ID, "sku": SKU}),
     tool(code.cancel_order, "Cancel a pending order; all its units go back to stock.", {"order_id": ID}),
-    tool(code.get_shipping_quote, "Estimated shipping cost and days for an order.", {"order_id": ID}),
     UPDATE_CUSTOMER_EMAIL,
     tool(code.issue_refund, "Refund an amount (cents) on a shipped or delivered order.",
          {"order_id": ID, "amount_cents": {"type": "integer", "minimum": 1}}),
     tool(code.restock_product, "Record units of a product received from the supplier.", {"sku": SKU, "qty": QTY}),
     tool(code.apply_coupon, "Attach a coupon code to a pending order.", {"order_id": ID, "code": S}),
-    tool(code.list_warehouses, "The warehouses the shop ships from."),
 ]
 
 
