@@ -525,6 +525,8 @@ def deploy(config: Path = typer.Argument(..., help="build config (YAML)"),
            timezone: str = typer.Option("UTC", help="the crons' timezone"),
            name: Optional[str] = typer.Option(None, help="deployment name (default: the dataset)"),
            publish_to: Optional[str] = typer.Option(None, "--publish-to", help="Hub repo a committed build is published to"),
+           publish_append: bool = typer.Option(False, "--publish-append",
+                                               help="publish with --append: add each build's shards to the published ones"),
            pool: str = typer.Option("trajforge", help="work pool"),
            failure_webhook: Optional[str] = typer.Option(None, "--failure-webhook",
                                                          help="URL POSTed when a build fails (deploy/automations/)")):
@@ -538,12 +540,16 @@ def deploy(config: Path = typer.Argument(..., help="build config (YAML)"),
         _fail("PREFECT_API_URL is not set: start the stack (`trajforge stack up`) and export the URL it prints")
     cfg = _load(config)
     try:
-        dep = deploy_build(config, cron, timezone=timezone, name=name, publish_to=publish_to, pool=pool)
+        if publish_append and not publish_to:
+            _fail("--publish-append needs --publish-to")
+        dep = deploy_build(config, cron, timezone=timezone, name=name, publish_to=publish_to, pool=pool,
+                           publish_append=publish_append)
         hook = install_failure_webhook(failure_webhook) if failure_webhook else None
     except Exception as err:  # the server: unreachable, a bad cron
         _fail(f"deploy failed: {err.__class__.__name__}: {err}", 1)
     console.print(f"[green]✓[/] deployment {dep} of {config}: {', '.join(cron)} ({timezone})"
                   + (f", published to {publish_to}" if publish_to else "")
+                  + (" (appended)" if publish_append else "")
                   + (f", failure webhook automation {hook}" if hook else ""))
     console.print(f"runs:  {cfg.with_absolute_runs().runs}  (a relative `runs:` resolves against this folder, "
                   "where the worker runs the build)", soft_wrap=True, markup=False, highlight=False)

@@ -475,3 +475,34 @@ def test_a_publish_killed_half_way_leaves_main_at_the_old_or_the_new_build_and_a
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "already published" in out.stdout, out.stdout + out.stderr
     assert len([r for r in _records(store, b2) if r["repo_id"] == repo]) == 1
+
+
+def test_a_scheduled_build_asks_the_publish_deployment_to_append(monkeypatch, tmp_path):
+    """The build deployment's `publish_append` travels on the committed event and becomes the publish run's
+    `append` (prefect.yaml's trigger, rendered the way Prefect renders a one-expression template: `| tojson`)."""
+    import inspect
+
+    import jinja2
+    import yaml
+
+    from trajforge.flows import deployments
+
+    store = RunStore(str(tmp_path / "runs"), "sched")
+    _fake_build(store, "b1", "fp1", configs=("sft",), shards=1)
+    sent: list[dict] = []
+    monkeypatch.setattr("prefect.events.emit_event", lambda event, resource, payload: sent.append(payload))
+    for append in (True, False):
+        tokens = deployments._publish_to.set("org/sched"), deployments._publish_append.set(append)
+        try:
+            deployments.emit_committed(store, store.read_build("b1"))
+        finally:
+            deployments._publish_to.reset(tokens[0])
+            deployments._publish_append.reset(tokens[1])
+    assert [p["publish_append"] for p in sent] == [True, False] and sent[0]["publish_to"] == "org/sched"
+    spec = yaml.safe_load((Path(deployments.ROOT) / "prefect.yaml").read_text())
+    trigger = next(d for d in spec["deployments"] if d["name"] == "publish")["triggers"][0]["parameters"]
+    render = lambda payload: json.loads(jinja2.Template(  # noqa: E731
+        trigger["append"].strip()[:-2] + " | tojson }}").render(event={"payload": payload}))
+    assert [render(p) for p in sent] == [True, False] and render({}) is False, "events of older builds: no append"
+    assert "append" in inspect.signature(deployments.publish.fn).parameters
+    assert "publish_append" in inspect.signature(deployments.build.fn).parameters
