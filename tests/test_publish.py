@@ -188,6 +188,36 @@ def test_publish_takes_the_lfs_path_and_a_rerun_after_a_refused_upload_sends_no_
     assert tree["README.md"].lfs is None
 
 
+def test_a_publish_killed_mid_upload_resumes_without_resending_stored_objects(hub_server, tmp_path):
+    """`trajforge publish` killed (SIGKILL) while the Hub holds its LFS uploads: nothing is committed; the
+    re-run sends only the objects storage does not hold (the batch API answers "held" for the others)."""
+    store = RunStore(str(tmp_path / "runs"), "kill")
+    data = _fake_build(store, "b1", "fpk", shards=4)
+    repo = "org/killed-upload"
+    cmd = [venv_bin("trajforge"), "publish", repo, "--build", "b1", "--runs", store.runs_url, "--dataset", "kill",
+           "--endpoint", hub_server.endpoint, "--token", "hf_test"]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    hub_server.stall("lfs-upload")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert hub_server.stalled.wait(120), f"the publisher never reached an LFS upload: {proc.poll()}"
+        proc.kill()
+        proc.wait(30)
+    finally:
+        hub_server.release()
+    assert hub_server.wait_idle(60)
+    assert set(hub_server.files(repo)) == {".gitattributes"} and not hub_server.lfs_files(repo), "nothing committed"
+    stored = hub_server.objects(repo)
+    assert set() < stored < {_sha(b) for b in data.values()}, "killed with some objects stored, not all"
+    puts = len(hub_server.lfs_puts)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    resent = hub_server.lfs_puts[puts:]
+    assert not set(resent) & stored and len(resent) == len(set(resent))
+    assert set(resent) | stored == {_sha(b) for b in data.values()}
+    assert hub_server.lfs_files(repo, "b1") == {p: _sha(b) for p, b in data.items()}
+
+
 def test_large_objects_go_up_in_parts_and_load_back(hub_server, tmp_path):
     """An object over the Hub's multipart threshold: the client PUTs each part, then completes it; what
     `hf_hub_download` serves back is the file."""
