@@ -9,7 +9,8 @@ published dataset has is kept as it is. Anything else raises SchemaChangeError n
 the fields, before anything is uploaded.
 
 The published schema is read from the Hub, not from a local record: the footer of the config's first
-published Parquet file, fetched with two ranged GETs of `resolve` (no file is downloaded whole).
+published Parquet file, fetched with a ranged GET of `resolve` (its last 64 KiB; a second one only
+for a larger footer): no file is downloaded whole.
 """
 
 from __future__ import annotations
