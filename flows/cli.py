@@ -275,7 +275,10 @@ def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-o
             private: bool = typer.Option(False, help="create the repo private"),
             tag: bool = typer.Option(True, help="tag the commit with the build id"),
             token: Optional[str] = typer.Option(None, help="Hub token (default: $HF_TOKEN or the login)"),
-            endpoint: Optional[str] = typer.Option(None, help="Hub URL (default: $HF_ENDPOINT or huggingface.co)")):
+            endpoint: Optional[str] = typer.Option(None, help="Hub URL (default: $HF_ENDPOINT or huggingface.co)"),
+            append: bool = typer.Option(False, "--append", help="add this build's shards to the last published "
+                                        "build's instead of replacing them (every config's schema must be the "
+                                        "published one)")):
     """Upload a committed build's dataset (card + declared configs) to the Hugging Face Hub in one
     commit on main, tagged with the build id; re-publishing a published build does nothing."""
     from .publish import PublishError
@@ -284,7 +287,7 @@ def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-o
     store, build_id = _committed_build(runs, dataset, build_id)
     try:
         rec = do_publish(store, build_id, repo_id, private=private, token=token, tag=tag, endpoint=endpoint,
-                         say=lambda line: console.print(f"  {line}"))
+                         append=append, say=lambda line: console.print(f"  {line}"))
     except PublishError as err:
         _fail(str(err), 1)
     except Exception as err:  # the Hub: auth, network, quota
@@ -522,6 +525,8 @@ def deploy(config: Path = typer.Argument(..., help="build config (YAML)"),
            timezone: str = typer.Option("UTC", help="the crons' timezone"),
            name: Optional[str] = typer.Option(None, help="deployment name (default: the dataset)"),
            publish_to: Optional[str] = typer.Option(None, "--publish-to", help="Hub repo a committed build is published to"),
+           publish_append: bool = typer.Option(False, "--publish-append",
+                                               help="publish with --append: add each build's shards to the published ones"),
            pool: str = typer.Option("trajforge", help="work pool"),
            failure_webhook: Optional[str] = typer.Option(None, "--failure-webhook",
                                                          help="URL POSTed when a build fails (deploy/automations/)")):
@@ -535,12 +540,16 @@ def deploy(config: Path = typer.Argument(..., help="build config (YAML)"),
         _fail("PREFECT_API_URL is not set: start the stack (`trajforge stack up`) and export the URL it prints")
     cfg = _load(config)
     try:
-        dep = deploy_build(config, cron, timezone=timezone, name=name, publish_to=publish_to, pool=pool)
+        if publish_append and not publish_to:
+            _fail("--publish-append needs --publish-to")
+        dep = deploy_build(config, cron, timezone=timezone, name=name, publish_to=publish_to, pool=pool,
+                           publish_append=publish_append)
         hook = install_failure_webhook(failure_webhook) if failure_webhook else None
     except Exception as err:  # the server: unreachable, a bad cron
         _fail(f"deploy failed: {err.__class__.__name__}: {err}", 1)
     console.print(f"[green]✓[/] deployment {dep} of {config}: {', '.join(cron)} ({timezone})"
                   + (f", published to {publish_to}" if publish_to else "")
+                  + (" (appended)" if publish_append else "")
                   + (f", failure webhook automation {hook}" if hook else ""))
     console.print(f"runs:  {cfg.with_absolute_runs().runs}  (a relative `runs:` resolves against this folder, "
                   "where the worker runs the build)", soft_wrap=True, markup=False, highlight=False)

@@ -9,7 +9,8 @@ dataset, the build id, the runs root and the export's row counts per config.
 
 Invariants: artifacts and events never fail a build (a failure to report is printed, the build stands);
 the event carries `trajforge.publish: "true"` only when the build was asked to publish (`publish_to`),
-which is what the `publish` deployment's trigger matches.
+which is what the `publish` deployment's trigger matches; its payload's `publish_append` (the build's
+`publish_append`) becomes the publish run's `append` (add the build's shards to the published ones).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..tasks.engine.store import RunStore
 COMMITTED_EVENT = "trajforge.build.committed"
 ROOT = Path(__file__).resolve().parent.parent
 _publish_to: contextvars.ContextVar[str | None] = contextvars.ContextVar("trajforge_publish_to", default=None)
+_publish_append: contextvars.ContextVar[bool] = contextvars.ContextVar("trajforge_publish_append", default=False)
 
 
 def artifact_key(dataset: str, what: str) -> str:
@@ -119,7 +121,8 @@ def emit_committed(store: RunStore, record: BuildRecord) -> None:
         "trajforge.dataset": record.dataset, "trajforge.publish": "true" if repo else "false"},
         payload={"dataset": record.dataset, "build_id": record.build_id,
                  "runs": store.url(posixpath.dirname(store.root)), "rows": _export_counts(store, record),
-                 "dataset_dir": record.dataset_dir, "publish_to": repo})
+                 "dataset_dir": record.dataset_dir, "publish_to": repo,
+                 "publish_append": bool(repo) and _publish_append.get()})
 
 
 def _dataset_of(config: str) -> str:
@@ -137,21 +140,24 @@ def _build_run_name() -> str:
 
 @flow(name="trajforge-build", flow_run_name=_build_run_name)
 def build(config: str, build_id: str | None = None, publish_to: str | None = None, dask_address: str | None = None,
-          from_stage: str | None = None, only: list[str] | None = None, force: list[str] | None = None) -> dict[str, Any]:
+          from_stage: str | None = None, only: list[str] | None = None, force: list[str] | None = None,
+          publish_append: bool = False) -> dict[str, Any]:
     """Run (or resume) a build of `config` (a path relative to the working directory, like a relative
     `runs:` in it: resolved to an absolute run store before any worker sees it). Shards run on
     `dask_address`, else the config's `dask.address`, else `$TRAJFORGE_DASK_ADDRESS` (the stack's
-    workers set it), else a LocalCluster. `publish_to`: a Hub repo the committed build is published to."""
+    workers set it), else a LocalCluster. `publish_to`: a Hub repo the committed build is published to;
+    `publish_append`: published with `--append` (its shards added to the published ones)."""
     from ..schemas.config import load_config
     from .launch import run_build
 
     cfg = load_config(Path(config))
     address = dask_address or cfg.dask.address or os.environ.get("TRAJFORGE_DASK_ADDRESS") or None
-    token = _publish_to.set(publish_to)
+    token, append_token = _publish_to.set(publish_to), _publish_append.set(publish_append)
     try:
         return run_build(cfg, build_id, from_stage, only, force, address)
     finally:
         _publish_to.reset(token)
+        _publish_append.reset(append_token)
 
 
 @flow(name="trajforge-stage", flow_run_name="{stage} of {dataset} {build_id}")
@@ -179,8 +185,9 @@ def stage(build_id: str, stage: str, dataset: str, runs: str = "./runs", force: 
 
 @flow(name="trajforge-publish", flow_run_name="publish {dataset} {build_id} to {repo_id}")
 def publish(build_id: str, repo_id: str, dataset: str, runs: str = "./runs", private: bool = False,
-            endpoint: str | None = None, tag: bool = True) -> dict[str, Any]:
-    """Publish a committed build to the Hub repo `repo_id` (`endpoint` or `$HF_ENDPOINT`: another Hub)."""
+            endpoint: str | None = None, tag: bool = True, append: bool = False) -> dict[str, Any]:
+    """Publish a committed build to the Hub repo `repo_id` (`endpoint` or `$HF_ENDPOINT`: another Hub);
+    `append`: add its shards to the last published build's (`trajforge publish --append`)."""
     from prefect.artifacts import create_markdown_artifact
 
     from .publish import publish as do_publish
@@ -192,7 +199,7 @@ def publish(build_id: str, repo_id: str, dataset: str, runs: str = "./runs", pri
         from huggingface_hub import HfApi
 
         api = HfApi(endpoint=endpoint, token=os.environ.get("HF_TOKEN"))
-    rec = do_publish(store, build_id, repo_id, private=private, tag=tag, api=api)
+    rec = do_publish(store, build_id, repo_id, private=private, tag=tag, api=api, append=append)
     create_markdown_artifact(f"published build `{build_id}` of {dataset} to `{repo_id}` "
                              f"({', '.join(rec['configs'])}){': ' + rec['url'] if rec.get('url') else ''}\n",
                              key=artifact_key(dataset, "published"))
@@ -203,18 +210,19 @@ def publish(build_id: str, repo_id: str, dataset: str, runs: str = "./runs", pri
 
 def deploy_build(config: Path, crons: list[str], *, timezone: str = "UTC", name: str | None = None,
                  publish_to: str | None = None, pool: str = "trajforge", working_dir: Path | None = None,
-                 api_url: str | None = None) -> str:
+                 api_url: str | None = None, publish_append: bool = False) -> str:
     """Create or update the deployment `trajforge-build/<name>` (default: the config's dataset) that
     builds `config` on each cron schedule; one run at a time (a fire while one runs is cancelled).
     The worker runs it in `working_dir` (default: the current directory), where `config` is read.
-    `api_url`: the server (default: Prefect's setting). Returns the deployment's id."""
+    `api_url`: the server (default: Prefect's setting); `publish_append`: builds are published with
+    `--append`. Returns the deployment's id."""
     import anyio
 
     with _api(api_url):
-        return anyio.run(_deploy_build, config, crons, timezone, name, publish_to, pool, working_dir)
+        return anyio.run(_deploy_build, config, crons, timezone, name, publish_to, pool, working_dir, publish_append)
 
 
-async def _deploy_build(config, crons, timezone, name, publish_to, pool, working_dir) -> str:
+async def _deploy_build(config, crons, timezone, name, publish_to, pool, working_dir, publish_append=False) -> str:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import DeploymentScheduleCreate
     from prefect.client.schemas.objects import ConcurrencyOptions
@@ -234,7 +242,8 @@ async def _deploy_build(config, crons, timezone, name, publish_to, pool, working
         dep_id = await client.create_deployment(
             flow_id=flow_id, name=name or dataset, work_pool_name=pool, entrypoint="trajforge.flows.deployments:build",
             pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(workdir)}}],
-            parameters={"config": str(rel), "publish_to": publish_to},
+            parameters={"config": str(rel), "publish_to": publish_to,
+                        **({"publish_append": True} if publish_append else {})},
             parameter_openapi_schema=parameter_schema(build).model_dump_for_openapi(), schedules=schedules,
             concurrency_limit=1, concurrency_options=ConcurrencyOptions(collision_strategy="CANCEL_NEW"),
             tags=["trajforge", dataset])

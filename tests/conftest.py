@@ -112,11 +112,23 @@ def s3_url():
 def hub_server(tmp_path_factory):
     """A loopback Hugging Face Hub (tests/hub_server.py) for the session: `.endpoint` is what
     `HfApi(endpoint=...)` and `HF_ENDPOINT` take; repositories live under a session temp folder."""
+    import huggingface_hub.constants
     from hub_server import HubServer
 
+    # huggingface_hub 2.x uploads through Xet whenever hf_xet is importable (a client-side choice, nothing the
+    # server says changes it); this Hub speaks LFS, the protocol the client uses with Xet disabled. Set for
+    # this process (read at call time) and for the `trajforge` / `datasets` subprocesses tests start.
+    xet = os.environ.get("HF_HUB_DISABLE_XET"), huggingface_hub.constants.HF_HUB_DISABLE_XET
+    os.environ["HF_HUB_DISABLE_XET"] = "1"
+    huggingface_hub.constants.HF_HUB_DISABLE_XET = True
     server = HubServer(tmp_path_factory.mktemp("hub")).start()
     yield server
     server.stop()
+    huggingface_hub.constants.HF_HUB_DISABLE_XET = xet[1]
+    if xet[0] is None:
+        os.environ.pop("HF_HUB_DISABLE_XET", None)
+    else:
+        os.environ["HF_HUB_DISABLE_XET"] = xet[0]
 
 
 @pytest.fixture(scope="session")

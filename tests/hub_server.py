@@ -2,24 +2,39 @@
 `huggingface_hub` client (2.x) and `datasets.load_dataset("<org>/<name>", revision=...)` use to
 publish and read a dataset repository.
 
-Speaks: repo create, card (YAML) validation, preupload (every file is "regular": no LFS/Xet
-storage), the NDJSON commit, repo/revision info, tree and paths-info, refs, commits, branch and tag
-create/delete, and file resolve (HEAD/GET with Range). Repositories live on disk with real commits:
-content-addressed blobs (git blob ids), one immutable JSON commit per write with its parent and its
-whole tree, and refs (branches, tags) replaced atomically.
+Speaks: repo create (seeded with the Hub's `.gitattributes`, which sends `*.parquet` to LFS), card
+(YAML) validation, preupload (`uploadMode` "lfs" for a path the revision's `.gitattributes` marks
+`filter=lfs` or a file of at least `lfs_threshold` bytes, else "regular"), the LFS batch API
+(`/<repo>.git/info/lfs/objects/batch`: basic transfer = PUT to the upload href, then POST to the
+verify href; multipart = PUT each part to its href, then POST the parts' etags to the upload href,
+for objects of at least `multipart_threshold` bytes; an object storage already holds gets no
+`actions`, which is how the client skips re-sending it), the NDJSON commit (`file` and `lfsFile`
+lines: an `lfsFile` must name an object storage holds, with its size), repo/revision info, tree and
+paths-info (LFS files carry `lfs` {oid, size, pointerSize}), refs, commits, branch and tag
+create/delete, and file resolve (HEAD/GET with Range; LFS files serve their content with
+`X-Linked-Etag` / `X-Linked-Size`). No Xet: the server advertises none and answers the Xet token
+route with 501, so a client with `hf_xet` installed must be told `HF_HUB_DISABLE_XET=1` (huggingface_hub
+2.x picks Xet on the client side whenever `hf_xet` is importable). Repositories live on disk with
+real commits: content-addressed blobs (git blob ids; an LFS file's blob is its pointer), LFS objects
+by sha256 (`lfs/<sha256>`, written whole or not at all), one immutable JSON commit per write with its
+parent and its whole tree, and refs (branches, tags) replaced atomically.
 
 Invariants: a commit applies all of its operations or none (the body is read and checked in full
 before anything is written; a `parentCommit` that is not the branch head is refused with 412);
 tags are immutable (409 when they exist). Faults for tests: `fail(route, after=N)` answers the
 (N+1)-th request to `route` with a 400; `stall(route)` holds requests to `route` until `release()`
-(routes: `preupload`, `commit` and `tag` before they act, `commit-applied` and `tag-applied` once the
-new ref is written, before the answer); `wait_idle()` waits until no request is being served.
+(routes: `preupload`, `lfs-batch`, `lfs-upload` (a PUT of an object or a part), `lfs-verify`, `commit`
+and `tag` before they act, `commit-applied` and `tag-applied` once the new ref is written, before the
+answer); `wait_idle()` waits until no request is being served. `lfs_puts` lists the sha256 of every
+object PUT (whole objects and parts, also failed ones), `lfs_stored` the objects written, in order,
+`commit_parents` the `parentCommit` each commit request named.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
@@ -39,12 +54,35 @@ from trajforge.schemas.hub import LICENSES, SIZE_CATEGORIES  # noqa: E402
 
 _ROUTE = re.compile(r"^/api/(?P<type>models|datasets|spaces)/(?P<repo>[^/]+/[^/]+)(?:/(?P<action>[a-z-]+)"
                     r"(?:/(?P<rest>.*))?)?$")
+_LFS_BATCH = re.compile(r"^/(?:(?P<type>datasets|spaces)/)?(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch$")
+_LFS_OBJECT = re.compile(r"^/lfs-storage/(?P<type>model|dataset|space)/(?P<repo>[^/]+/[^/]+)/(?P<oid>[0-9a-f]{64})"
+                         r"(?:/(?P<tail>verify|part/\d+))?$")
 _RESOLVE = re.compile(r"^/(?:(?P<type>datasets|spaces)/)?(?P<repo>[^/]+/[^/]+)/resolve/(?P<rest>.+)$")
 
 
 def git_blob_id(data: bytes) -> str:
     """The git object id of a blob: what the Hub reports as a regular file's `oid`."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def lfs_pointer(oid: str, size: int) -> bytes:
+    """The git-lfs pointer file of an object: what git stores in the tree for an LFS file."""
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n".encode()
+
+
+def lfs_patterns(gitattributes: bytes) -> list[str]:
+    """The patterns a `.gitattributes` sends to LFS (`filter=lfs`)."""
+    out = []
+    for line in gitattributes.decode(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) > 1 and not parts[0].startswith("#") and "filter=lfs" in parts[1:]:
+            out.append(parts[0])
+    return out
+
+
+def matches_lfs(path: str, patterns: list[str]) -> bool:
+    """git's rule, enough for the Hub's default patterns: a pattern without `/` matches the base name."""
+    return any(fnmatch.fnmatch(path if "/" in p else path.rsplit("/", 1)[-1], p.lstrip("/")) for p in patterns)
 
 
 class HubError(Exception):
@@ -80,6 +118,26 @@ class Repo:
     def blob(self, oid: str) -> bytes:
         return (self.root / "blobs" / oid).read_bytes()
 
+    def has_object(self, oid: str, size: int | None = None) -> bool:
+        path = self.root / "lfs" / oid
+        return path.exists() and (size is None or path.stat().st_size == size)
+
+    def object(self, oid: str) -> bytes:
+        return (self.root / "lfs" / oid).read_bytes()
+
+    def store_object(self, oid: str, data: bytes) -> None:
+        """Keep `data` as LFS object `oid` (whole or not at all); HubError when it is not that object."""
+        if hashlib.sha256(data).hexdigest() != oid:
+            raise HubError(400, f"LFS object {oid}: the content's sha256 is {hashlib.sha256(data).hexdigest()}")
+        (self.root / "lfs").mkdir(exist_ok=True)
+        tmp = self.root / "lfs" / f".{oid}.{threading.get_ident()}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, self.root / "lfs" / oid)
+
+    def content(self, entry: dict[str, Any]) -> bytes:
+        """A tree entry's file content (an LFS file's object, not its pointer)."""
+        return self.object(entry["lfs"]["oid"]) if "lfs" in entry else self.blob(entry["oid"])
+
     def resolve(self, revision: str) -> str:
         """A branch, a tag, a full or short commit id -> commit id (404 RevisionNotFound)."""
         rev = unquote(revision)
@@ -108,8 +166,16 @@ class Repo:
 class HubServer:
     """The server and its repositories; `endpoint` is what `HfApi(endpoint=...)` / `HF_ENDPOINT` take."""
 
-    def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 0, lfs_threshold: int = 10 * 1024 * 1024,
+                 multipart_threshold: int | None = None, chunk_size: int = 5 * 1024 * 1024):
+        """`lfs_threshold`: files of at least this size go to LFS whatever `.gitattributes` says (the Hub:
+        10 MB); objects of at least `multipart_threshold` bytes (None: never) are uploaded in parts of
+        `chunk_size` bytes."""
         self.root = Path(root)
+        self.lfs_threshold, self.multipart_threshold, self.chunk_size = lfs_threshold, multipart_threshold, chunk_size
+        self.lfs_puts: list[str] = []  # sha256 of every object PUT (whole or a part), failed ones too
+        self.lfs_stored: list[str] = []  # sha256 of every object written to storage
+        self.commit_parents: list[str | None] = []  # the `parentCommit` of every commit request, in order
         self.root.mkdir(parents=True, exist_ok=True)
         self._repos: dict[tuple[str, str], Repo] = {}
         self._lock = threading.Lock()
@@ -201,7 +267,18 @@ class HubServer:
         """path -> content at `revision` (for assertions)."""
         repo = self.repo(repo_type, repo_id)
         tree = repo.commit(repo.resolve(revision))["tree"]
-        return {p: repo.blob(e["oid"]) for p, e in tree.items()}
+        return {p: repo.content(e) for p, e in tree.items()}
+
+    def lfs_files(self, repo_id: str, revision: str = "main", repo_type: str = "dataset") -> dict[str, str]:
+        """path -> sha256 of every LFS file at `revision`."""
+        repo = self.repo(repo_type, repo_id)
+        tree = repo.commit(repo.resolve(revision))["tree"]
+        return {p: e["lfs"]["oid"] for p, e in tree.items() if "lfs" in e}
+
+    def objects(self, repo_id: str, repo_type: str = "dataset") -> set[str]:
+        """sha256 of every LFS object storage holds for the repo (committed or only uploaded)."""
+        folder = self.repo(repo_type, repo_id).root / "lfs"
+        return {p.name for p in folder.iterdir() if not p.name.startswith(".")} if folder.exists() else set()
 
     def history(self, repo_id: str, revision: str = "main", repo_type: str = "dataset") -> list[dict[str, Any]]:
         """Commits reachable from `revision`, newest first (each with its `id`)."""
@@ -212,6 +289,13 @@ class HubServer:
             out.append({"id": oid, **c})
             oid = c["parent"]
         return out
+
+
+def _file_entry(path: str, entry: dict[str, Any]) -> dict[str, Any]:
+    out = {"type": "file", "path": path, "oid": entry["oid"], "size": entry["size"]}
+    if "lfs" in entry:
+        out["lfs"] = dict(entry["lfs"])
+    return out
 
 
 def _tree_entries(tree: dict[str, dict], folder: str, recursive: bool) -> list[dict[str, Any]]:
@@ -226,7 +310,7 @@ def _tree_entries(tree: dict[str, dict], folder: str, recursive: bool) -> list[d
             if recursive or i == 1:
                 dirs.add(prefix + "/".join(parts[:i]))
         if recursive or len(parts) == 1:
-            files.append({"type": "file", "path": path, "oid": entry["oid"], "size": entry["size"]})
+            files.append(_file_entry(path, entry))
     if prefix and not files and not dirs:
         raise HubError(404, f"Entry not found: {folder}", "EntryNotFound")
     out = [{"type": "directory", "path": d, "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0}
@@ -243,6 +327,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ---------------------------------------------------------------------------------------
     def _body(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            chunks = []
+            while True:
+                n = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if n == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(n))
+                self.rfile.readline()
         n = int(self.headers.get("Content-Length") or 0)
         data = self.rfile.read(n) if n else b""
         if len(data) != n:
@@ -295,6 +389,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
     # -- routes -----------------------------------------------------------------------------------------
     def _route(self, method: str, path: str, query: dict[str, list[str]]) -> None:
         hub = self.server_hub
@@ -309,6 +406,12 @@ class _Handler(BaseHTTPRequestHandler):
             return self._validate_yaml(json.loads(self._body()))
         if method == "GET" and path == "/api/whoami-v2":
             return self._send(200, {"type": "user", "name": "tester", "orgs": [], "auth": {}})
+        m = _LFS_BATCH.match(path)
+        if m and method == "POST":
+            return self._lfs_batch(hub.repo((m["type"] or "models")[:-1], m["repo"]), json.loads(self._body()))
+        m = _LFS_OBJECT.match(path)
+        if m and method in ("PUT", "POST"):
+            return self._lfs_object(method, hub.repo(m["type"], m["repo"]), m["oid"], m["tail"] or "")
         m = _RESOLVE.match(path)
         if m and method in ("GET", "HEAD"):
             return self._resolve(method, (m["type"] or "models")[:-1], m["repo"], m["rest"])
@@ -339,7 +442,7 @@ class _Handler(BaseHTTPRequestHandler):
             for p in form.get("paths", []):
                 p = p.strip("/")
                 if p in tree:
-                    out.append({"type": "file", "path": p, "oid": tree[p]["oid"], "size": tree[p]["size"]})
+                    out.append(_file_entry(p, tree[p]))
                 elif any(k.startswith(p + "/") for k in tree):
                     out.append({"type": "directory", "path": p, "oid": hashlib.sha1(p.encode()).hexdigest(), "size": 0})
             return self._send(200, out)
@@ -359,6 +462,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._commit(repo, rest, self._body())
         if action in ("branch", "tag"):
             return self._ref(repo, action, method, unquote(rest))
+        if action in ("xet-write-token", "xet-read-token"):
+            raise HubError(501, "this Hub stores large files with LFS only, no Xet: set HF_HUB_DISABLE_XET=1")
         raise HubError(404, f"no route for {method} {path}")
 
     def _info(self, repo: Repo, revision: str) -> None:
@@ -409,10 +514,81 @@ class _Handler(BaseHTTPRequestHandler):
     def _preupload(self, repo: Repo, revision: str, body: dict) -> None:
         self.server_hub._fault("preupload")
         with repo.lock:
-            tree = repo.commit(repo.resolve(revision))["tree"]
-        files = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
-                  "oid": tree.get(f["path"], {}).get("oid")} for f in body["files"]]
-        self._send(200, {"files": files, "commitOid": repo.resolve(revision)})
+            head = repo.resolve(revision)
+            tree = repo.commit(head)["tree"]
+            attrs = repo.content(tree[".gitattributes"]) if ".gitattributes" in tree else b""
+        patterns = lfs_patterns(attrs)
+        files = []
+        for f in body["files"]:
+            lfs = matches_lfs(f["path"], patterns) or int(f.get("size") or 0) >= self.server_hub.lfs_threshold
+            entry = tree.get(f["path"], {})
+            remote = (entry.get("lfs") or {}).get("oid") if lfs else (None if "lfs" in entry else entry.get("oid"))
+            files.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
+                          "oid": remote})
+        self._send(200, {"files": files, "commitOid": head})
+
+    def _lfs_batch(self, repo: Repo, body: dict) -> None:
+        """The git-lfs batch API: per object, upload (+ verify) actions, or none when storage holds it."""
+        hub = self.server_hub
+        hub._fault("lfs-batch")
+        if body.get("operation") != "upload":
+            raise HubError(400, f"LFS batch: operation {body.get('operation')!r} is not supported here")
+        transfers = body.get("transfers") or ["basic"]
+        base = f"{hub.endpoint}/lfs-storage/{repo.repo_type}/{repo.repo_id}"
+        multipart = "multipart" in transfers and hub.multipart_threshold is not None
+        objects, chosen = [], "basic"
+        for obj in body.get("objects", []):
+            oid, size = obj["oid"], int(obj["size"])
+            if not re.fullmatch(r"[0-9a-f]{64}", oid):
+                objects.append({"oid": oid, "size": size, "error": {"code": 422, "message": "oid must be a sha256"}})
+                continue
+            if repo.has_object(oid, size):
+                objects.append({"oid": oid, "size": size})  # no actions: the client sends nothing
+                continue
+            upload: dict[str, Any] = {"href": f"{base}/{oid}"}
+            if multipart and size >= hub.multipart_threshold:
+                chosen = "multipart"
+                n = -(-size // hub.chunk_size)
+                upload["header"] = {"chunk_size": str(hub.chunk_size),
+                                    **{str(i): f"{base}/{oid}/part/{i}" for i in range(1, n + 1)}}
+            objects.append({"oid": oid, "size": size, "authenticated": True,
+                            "actions": {"upload": upload, "verify": {"href": f"{base}/{oid}/verify"}}})
+        self._send(200, {"transfer": chosen, "objects": objects, "hash_algo": "sha256"},
+                   headers={"Content-Type": "application/vnd.git-lfs+json"})
+
+    def _lfs_object(self, method: str, repo: Repo, oid: str, tail: str) -> None:
+        """PUT `<oid>`: a whole object (basic); PUT `<oid>/part/<n>`: a part (answers its ETag); POST
+        `<oid>`: complete a multipart upload from the parts' etags; POST `<oid>/verify`: is it stored?"""
+        hub = self.server_hub
+        parts_dir = repo.root / "lfs-parts" / oid
+        if method == "PUT":
+            hub.lfs_puts.append(oid)
+            data = self._body()
+            hub._fault("lfs-upload")
+            if tail.startswith("part/"):
+                parts_dir.mkdir(parents=True, exist_ok=True)
+                (parts_dir / tail.split("/")[1]).write_bytes(data)
+                return self._send(200, raw=b"", headers={"ETag": f'"{hashlib.md5(data).hexdigest()}"'})
+            repo.store_object(oid, data)
+            hub.lfs_stored.append(oid)
+            return self._send(200, raw=b"")
+        body = json.loads(self._body() or b"{}")
+        if tail == "verify":
+            hub._fault("lfs-verify")
+            if not repo.has_object(oid, int(body.get("size", -1))):
+                raise HubError(404, f"LFS object {oid} of size {body.get('size')} was not uploaded")
+            return self._send(200, {"success": True})
+        parts = sorted(body.get("parts", []), key=lambda p: p["partNumber"])
+        data = b""
+        for p in parts:
+            chunk = (parts_dir / str(p["partNumber"])).read_bytes() if (parts_dir / str(p["partNumber"])).exists() \
+                else None
+            if chunk is None or f'"{hashlib.md5(chunk).hexdigest()}"' != p["etag"]:
+                raise HubError(400, f"LFS object {oid}: part {p['partNumber']} is missing or its etag differs")
+            data += chunk
+        repo.store_object(oid, data)
+        hub.lfs_stored.append(oid)
+        self._send(200, {"success": True})
 
     def _commit(self, repo: Repo, revision: str, body: bytes) -> None:
         self.server_hub._fault("commit")
@@ -420,6 +596,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not lines or lines[0].get("key") != "header":
             raise HubError(400, "the commit payload must start with a header line")
         header = lines[0]["value"]
+        self.server_hub.commit_parents.append(header.get("parentCommit"))
         branch = unquote(revision)
         with repo.lock:
             refs = repo.refs()
@@ -451,7 +628,16 @@ class _Handler(BaseHTTPRequestHandler):
                         raise HubError(404, f"A folder with this name doesn't exist: {path}", "EntryNotFound")
                     for p in gone:
                         del tree[p]
-                else:  # lfsFile: this server stores no large files (preupload always answers "regular")
+                elif key == "lfsFile":
+                    oid, size = value["oid"], int(value["size"])
+                    if value.get("algo", "sha256") != "sha256" or not repo.has_object(oid, size):
+                        raise HubError(422, f"Your push was rejected because an LFS pointer pointed to a file "
+                                            f"that does not exist: {path} ({oid}, {size} bytes)", "LfsObjectMissing")
+                    pointer = lfs_pointer(oid, size)
+                    blobs[git_blob_id(pointer)] = pointer
+                    tree[path] = {"oid": git_blob_id(pointer), "size": size,
+                                  "lfs": {"oid": oid, "size": size, "pointerSize": len(pointer)}}
+                else:
                     raise HubError(400, f"unsupported commit operation {key!r}")
             for oid, data in blobs.items():
                 (repo.root / "blobs" / oid).write_bytes(data)
@@ -495,9 +681,13 @@ class _Handler(BaseHTTPRequestHandler):
             tree = repo.commit(oid)["tree"]
         if path not in tree:
             raise HubError(404, f"Entry not found: {path}", "EntryNotFound")
-        data = repo.blob(tree[path]["oid"])
-        headers = {"X-Repo-Commit": oid, "ETag": f'"{tree[path]["oid"]}"', "Accept-Ranges": "bytes",
+        entry = tree[path]
+        data = repo.content(entry)
+        etag = entry["lfs"]["oid"] if "lfs" in entry else entry["oid"]
+        headers = {"X-Repo-Commit": oid, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
                    "Content-Disposition": f"inline; filename*=UTF-8''{quote(path.rsplit('/', 1)[-1])}"}
+        if "lfs" in entry:  # what the Hub's CDN redirect carries: the object's sha256 and size
+            headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(entry["size"])})
         m = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range") or "")
         if m and method == "GET":
             start = int(m[1]) if m[1] else max(0, len(data) - int(m[2]))
