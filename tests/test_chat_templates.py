@@ -157,3 +157,19 @@ def test_malformed_arguments_are_flagged_and_refused_never_repaired(tmp_path, to
         with pytest.raises(MalformedArguments, match="malformed_tool_calls"):
             render(tokenizer, bad["messages"], bad["tools"], **kw)
     render(tokenizer, good["messages"], good["tools"], chat_template=hermes_template)
+
+
+def test_a_template_that_double_encodes_or_drops_arguments_is_named(exported, tokenizer):
+    """Templates made to fail on purpose: arguments encoded twice (`tojson` of the JSON text), and calls
+    left out but their names kept: each a named error, never a rendered row."""
+    from trajforge.tasks.dataset.chat import DoubleEncodedArguments
+
+    row = next(r for r in exported["sft"] if r["tools"])
+    head = "{% for t in tools %}{{ t.function.name }}{% endfor %}{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    tail = "{{ m.content }}<|im_end|>\n{% endfor %}"
+    twice = head + "{% for c in m.tool_calls or [] %}{{ c.function.arguments | tojson | tojson }}{% endfor %}" + tail
+    names = head + "{% for c in m.tool_calls or [] %}{{ c.function.name }}{% endfor %}" + tail
+    with pytest.raises(DoubleEncodedArguments):
+        render(tokenizer, row["messages"], row["tools"], chat_template=twice)
+    with pytest.raises(ToolsNotRendered, match="arguments"):
+        render(tokenizer, row["messages"], row["tools"], chat_template=names)
