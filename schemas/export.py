@@ -122,8 +122,10 @@ class SFTRow(TrajectoryRow):
 
 
 class RLTokensRow(Record):
-    """Per model turn, the completion token ids and logprobs as sampled (`teacher.return_token_ids` /
-    `teacher.logprobs`): what on-policy RL needs without re-tokenising."""
+    """Per model turn, the prompt and completion token ids and logprobs as sampled (`teacher.return_token_ids`
+    / `teacher.logprobs`): what on-policy RL needs without re-tokenising. Each turn's exact prompt is
+    `previous[:prompt_shared_len] + prompt_new_token_ids`, `previous` being the turn before's prompt +
+    completion (`trajforge.tasks.teachers.tokens.assemble` rebuilds them; docs/export.md)."""
 
     rollout_id: str
     env_id: str
@@ -133,6 +135,16 @@ class RLTokensRow(Record):
     passed: bool
     reward: float
     turns: list[TurnUsage]
+    prefix_preserving: bool | None = Field(None, description=(
+        "every turn's prompt starts with the previous turn's prompt + completion ids exactly (the server's "
+        "re-rendering of the conversation kept the sampled tokens): the rollout is then one token sequence, "
+        "`token_ids`. False: re-rendering changed earlier tokens (retokenisation drift, a template that rewrites "
+        "history): train per turn. None: the server returned no prompt ids"))
+    token_ids: list[int] = Field(default_factory=list, description=(
+        "the rollout as one sequence (the last turn's prompt + its completion) when `prefix_preserving`, else []"))
+    loss_mask: list[bool] = Field(default_factory=list, description=(
+        "aligned with `token_ids`: True on the ids the model sampled (every turn's completion), False on prompt "
+        "ids (system, user, tool output, template framing)"))
 
 
 class RLRow(Record):

@@ -36,10 +36,12 @@ def messages(i: int, output: str = "") -> list[Message]:
 
 
 def build_export(tmp: Path, overrides: dict | None = None, n: int = 6, output=lambda i: "",
-                 env_files: list[FileSpec] | None = None, verifier_output=lambda i: "", passed=None) -> tuple:
+                 env_files: list[FileSpec] | None = None, verifier_output=lambda i: "", passed=None,
+                 messages_of=None, tools_of=lambda i: "[]", usage_of=None) -> tuple:
     """Upstream parts for `n` rollouts over two environments (even: passed, unless `passed(i)` says; then
     calibration counts what it says), every export shard run, then `finalize` (derived configs, their
-    gates, the card). Returns (ctx, export dir, stats, shard infos)."""
+    gates, the card). `messages_of(i, output)`, `tools_of(i)` (tools_json) and `usage_of(i)` replace
+    rollout i's messages, tools and turns. Returns (ctx, export dir, stats, shard infos)."""
     cfg = load_config(ROOT / "configs/replay.yaml", {"runs": str(tmp), "dataset": "cols", **(overrides or {})})
     ctx = StageContext.create(cfg, "b")
     teacher = cfg.teachers[0].label
@@ -51,8 +53,10 @@ def build_export(tmp: Path, overrides: dict | None = None, n: int = 6, output=la
     usage = [TurnUsage(turn=1, completion_tokens=3, completion_token_ids=[5, 6, 7], logprobs=[-0.1, -0.2, -0.3]),
              TurnUsage(turn=2, completion_tokens=1, completion_token_ids=[9], logprobs=[-0.5])]
     rollouts = [Rollout(rollout_id=f"r{i:04d}", env_id=f"e{i // 2 % 2}", teacher=teacher, harness="h", sample=i,
-                        messages=messages(i, output(i)), status="ok" if i % 2 == 0 else "max_turns", turns=2,
-                        usage=usage if i < 2 else [], prompt_tokens=10, completion_tokens=5, wall_s=1.0)
+                        messages=(messages_of or messages)(i, output(i)), tools_json=tools_of(i),
+                        status="ok" if i % 2 == 0 else "max_turns", turns=2,
+                        usage=usage_of(i) if usage_of else usage if i < 2 else [], prompt_tokens=10,
+                        completion_tokens=5, wall_s=1.0)
                 for i in range(n)]
     won = [passed(i) if passed else i % 2 == 0 for i in range(n)]
     verdicts = [Verdict(rollout_id=r.rollout_id, env_id=r.env_id, teacher=teacher, sample=r.sample, status=r.status,

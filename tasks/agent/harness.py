@@ -40,6 +40,7 @@ from ..judge.hacks import odd_links
 from ..judge.verifier import run_hidden_tests
 from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
+from ..teachers.tokens import split_prompt
 from .mcp_relay import SURROGATE, ToolMode, declared_tools, parse_arguments
 
 HARNESS = BASH_HARNESS
@@ -95,6 +96,17 @@ class _State:
     submitted: bool = False
     format_errors: int = 0  # consecutive
     call_errors: int = 0  # tools mode: the model's call errors in the whole episode (Rollout.tool_call_errors)
+    sequence: list[int] = field(default_factory=list)  # the last turn's prompt + completion ids (teachers.tokens)
+
+    def prompt_delta(self, prompt: list[int] | None, completion: list[int] | None) -> dict[str, Any]:
+        """TurnUsage's `prompt_shared_len` / `prompt_new_token_ids` for a turn whose server returned
+        `prompt` ids (none: nothing recorded, and the next turn's prompt is stored whole)."""
+        if prompt is None:
+            self.sequence = []
+            return {}
+        shared, new = split_prompt(self.sequence, prompt)
+        self.sequence = [*prompt, *(completion or [])]
+        return {"prompt_shared_len": shared, "prompt_new_token_ids": new}
 
 
 def _observation(res: ExecResult) -> str:
@@ -298,7 +310,8 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
             st.usage.append(TurnUsage(turn=turn, prompt_tokens=out.prompt_tokens,
                                       completion_tokens=out.completion_tokens, latency_s=round(out.latency_s, 4),
                                       finish_reason=out.finish_reason, endpoint=out.endpoint,
-                                      completion_token_ids=out.completion_token_ids, logprobs=out.logprobs))
+                                      completion_token_ids=out.completion_token_ids, logprobs=out.logprobs,
+                                      **st.prompt_delta(out.prompt_token_ids, out.completion_token_ids)))
             if out.message.tool_calls:
                 await mode.handle_tool_calls(turn, out.message)
             else:

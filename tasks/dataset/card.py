@@ -40,7 +40,8 @@ DESCRIPTIONS = {
     "sft": "verified successes (never a hack-flagged one): supervised fine-tuning",
     "rl": "environments solved sometimes (0 < p < 1) with their spec: RL with verifiable rewards",
     "preference": "a success paired with a failure of the same environment: preference tuning",
-    "rl_tokens": "per-turn completion token ids and logprobs: on-policy RL",
+    "rl_tokens": ("per-turn prompt (as a delta) and completion token ids and logprobs, the rollout as one sequence "
+                  "with its loss mask when prefix-preserving: on-policy RL"),
 }
 
 

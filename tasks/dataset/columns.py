@@ -21,6 +21,7 @@ from ...schemas.export import RLTokensRow, Sampling, TrajectoryRow
 from ...schemas.trajectory import Rollout
 from ..engine import Manifest, StageContext, upstream_parts
 from ..redaction.secrets import marked_rows
+from ..teachers.tokens import assemble
 
 
 def model_id(teacher: Any) -> str:
@@ -111,7 +112,18 @@ def rl_tokens_chunks(ctx: StageContext, parts: list[str], upstream: dict[str, Ma
         out = t.rename_columns(["rollout_id", "env_id", "teacher", "status", "turns"])
         for name in ("model", "passed", "reward"):
             out = out.append_column(name, k.column(name))
+        for name, column in sequence_columns(out.column("turns")).items():
+            out = out.append_column(name, column)
         yield to_table(RLTokensRow, out)
+
+
+def sequence_columns(turns: pa.ChunkedArray | pa.Array) -> dict[str, pa.Array]:
+    """`prefix_preserving`, `token_ids`, `loss_mask` per row, from its turns (teachers.tokens.assemble)."""
+    built = [assemble(row or []) for row in turns.to_pylist()]
+    schema = arrow_schema(RLTokensRow)
+    return {"prefix_preserving": pa.array([b.prefix_preserving for b in built], pa.bool_()),
+            "token_ids": pa.array([b.token_ids for b in built], schema.field("token_ids").type),
+            "loss_mask": pa.array([b.loss_mask for b in built], schema.field("loss_mask").type)}
 
 
 def tool_definitions(tools_json: pa.ChunkedArray | pa.Array) -> pa.Array:

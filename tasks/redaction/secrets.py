@@ -279,9 +279,9 @@ def marked_rows(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
             for i, f in enumerate(t):
                 go(pc.struct_field(a, [i]), rows, f.name in TEXT_FIELDS)
         elif (pa.types.is_list(t) or pa.types.is_large_list(t)) and _has_text(t.value_type):
-            values = a.flatten()
-            if len(values):
-                go(values, rows[pc.list_parent_indices(a).to_numpy()], scan)
+            if not pc.sum(pc.list_value_length(a)).as_py():  # only null or empty lists: flattening them would
+                return  # build an empty JSON-typed child, which pyarrow cannot ("MakeBuilder ... arrow.json")
+            go(a.flatten(), rows[pc.list_parent_indices(a).to_numpy()], scan)
         elif scan and (pa.types.is_string(t) or pa.types.is_large_string(t)):
             hit = pc.match_substring(a, "[REDACTED:").fill_null(False).to_numpy(zero_copy_only=False)
             out[rows[hit]] = True

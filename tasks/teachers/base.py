@@ -51,6 +51,7 @@ class Turn:
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     endpoint: str | None = None
+    prompt_token_ids: list[int] | None = None  # the whole prompt as the server tokenised it (vLLM)
 
 
 class TeacherSession(Protocol):

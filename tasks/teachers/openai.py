@@ -215,6 +215,7 @@ class _Session:
             calls = [tool_call_from(c, i) for i, c in enumerate(msg.tool_calls)]
         usage = resp.usage
         token_ids = getattr(choice, "token_ids", None) or (choice.model_extra or {}).get("token_ids")
+        prompt_ids = (resp.model_extra or {}).get("prompt_token_ids")  # vLLM, with return_token_ids
         logprobs = None
         if choice.logprobs is not None and choice.logprobs.content:
             logprobs = [round(float(t.logprob), 5) for t in choice.logprobs.content]
@@ -224,7 +225,7 @@ class _Session:
                     completion_tokens=usage.completion_tokens if usage else 0,
                     latency_s=latency, wait_s=done - t0 - latency, finish_reason=choice.finish_reason,
                     completion_token_ids=list(token_ids) if token_ids else None, logprobs=logprobs,
-                    endpoint=endpoint.url)
+                    endpoint=endpoint.url, prompt_token_ids=list(prompt_ids) if prompt_ids else None)
 
 
 class OpenAITeacher:
