@@ -64,8 +64,11 @@ class TurnUsage(Record):
     endpoint: str | None = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
-    prompt_shared_len: int = Field(0, description=(
-        "how many leading ids of this turn's prompt equal the previous turn's prompt + completion ids (0 on turn 1)"))
+    # Both optional (null when the server returned no prompt ids): rollout parts written before they existed
+    # still read back under this schema (a missing non-nullable struct field would not).
+    prompt_shared_len: int | None = Field(None, description=(
+        "how many leading ids of this turn's prompt equal the previous turn's prompt + completion ids (0 on turn 1; "
+        "None: no prompt ids)"))
     prompt_new_token_ids: list[int] | None = Field(None, description=(
         "this turn's prompt ids after those `prompt_shared_len` (the whole prompt on turn 1), as the server "
         "tokenised them (vLLM's `prompt_token_ids` with `teacher.return_token_ids`); None: not returned"))

@@ -29,6 +29,8 @@ from trajforge.schemas.trajectory import FunctionCall, Message, ToolCall
 from trajforge.tasks.dataset.chat import MalformedArguments, ToolsNotRendered, render
 from trajforge.tasks.teachers.vllm_server import cache_dir, resolve_python
 
+pytestmark = pytest.mark.teacher  # the model's tokenizer and vLLM's template: `make teacher` (make test does it)
+
 BASH = {"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
     "required": ["command"]}}}

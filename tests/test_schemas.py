@@ -78,3 +78,27 @@ def test_parquet_written_before_a_field_existed_reads_back_with_its_default(tmp_
     pq.write_table(to_table(Rollout, [r]).drop_columns(["tool_call_errors"]), tmp_path / "old.parquet")
     back = from_table(Rollout, pq.read_table(tmp_path / "old.parquet", schema=arrow_schema(Rollout)))
     assert back[0].tool_call_errors == 0 and back[0].rollout_id == "x" and back[0].error is None
+
+
+def test_turn_usage_written_before_the_prompt_ids_existed_reads_back(tmp_path):
+    """A rollout part written before `TurnUsage` kept prompt ids (nested struct fields added later) reads
+    back under today's schema with those fields null, as `trajforge stage export` on an older build does."""
+    import pyarrow.parquet as pq
+
+    from trajforge.tasks.teachers.tokens import assemble
+
+    r = Rollout(rollout_id="x", env_id="e", teacher="t", harness="h", sample=0, messages=[], status="ok",
+                usage=[TurnUsage(turn=1, prompt_tokens=3, completion_tokens=2, latency_s=0.1,
+                                 completion_token_ids=[7, 8])])
+    t = to_table(Rollout, [r])
+    usage = t.column("usage").combine_chunks()
+    old_turn = pa.struct([f for f in usage.type.value_type if f.name not in ("prompt_shared_len", "prompt_new_token_ids")])
+    flat = usage.flatten()
+    old = pa.ListArray.from_arrays(usage.offsets, pa.StructArray.from_arrays(
+        [flat.field(f.name) for f in old_turn], fields=list(old_turn)))
+    pq.write_table(t.set_column(t.schema.get_field_index("usage"), "usage", old), tmp_path / "old.parquet")
+    back = from_table(Rollout, pq.read_table(tmp_path / "old.parquet", schema=arrow_schema(Rollout)))
+    turn = back[0].usage[0]
+    assert turn.completion_token_ids == [7, 8]
+    assert turn.prompt_shared_len is None and turn.prompt_new_token_ids is None
+    assert assemble(back[0].usage).prefix_preserving is None  # no prompt ids: nothing claimed
