@@ -179,8 +179,10 @@ def stage(build_id: str, stage: str, dataset: str, runs: str = "./runs", force: 
 
 @flow(name="trajforge-publish", flow_run_name="publish {dataset} {build_id} to {repo_id}")
 def publish(build_id: str, repo_id: str, dataset: str, runs: str = "./runs", private: bool = False,
-            endpoint: str | None = None, tag: bool = True) -> dict[str, Any]:
-    """Publish a committed build to the Hub repo `repo_id` (`endpoint` or `$HF_ENDPOINT`: another Hub)."""
+            endpoint: str | None = None, tag: bool = True, environments: str = "none") -> dict[str, Any]:
+    """Publish a committed build to the Hub repo `repo_id` (`endpoint` or `$HF_ENDPOINT`: another Hub);
+    `environments` (`none`, `rl`, `kept`): also its environments as a Harbor task tree (`trajforge publish
+    --environments`)."""
     from prefect.artifacts import create_markdown_artifact
 
     from .publish import publish as do_publish
@@ -192,7 +194,7 @@ def publish(build_id: str, repo_id: str, dataset: str, runs: str = "./runs", pri
         from huggingface_hub import HfApi
 
         api = HfApi(endpoint=endpoint, token=os.environ.get("HF_TOKEN"))
-    rec = do_publish(store, build_id, repo_id, private=private, tag=tag, api=api)
+    rec = do_publish(store, build_id, repo_id, private=private, tag=tag, api=api, environments=environments)
     create_markdown_artifact(f"published build `{build_id}` of {dataset} to `{repo_id}` "
                              f"({', '.join(rec['configs'])}){': ' + rec['url'] if rec.get('url') else ''}\n",
                              key=artifact_key(dataset, "published"))

@@ -33,6 +33,7 @@ import tempfile
 from typing import Any
 
 from ..tasks.dataset.card import CardError, hub_usage, validate_card
+from ..tasks.dataset.env_tree import EnvTreeError, environment_tree
 from ..tasks.engine.store import RunStore
 
 BRANCH = "main"
@@ -122,12 +123,14 @@ def _history(store: RunStore, build_id: str) -> tuple[str, list[dict[str, Any]]]
 
 def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = False, token: str | None = None,
             tag: bool = True, api: Any = None, endpoint: str | None = None, batch_files: int = 100,
-            say: Any = None) -> dict[str, Any]:
+            say: Any = None, environments: str | None = None) -> dict[str, Any]:
     """Publish the build's dataset folder to `repo_id` (created if missing) in one commit on `main`,
     tagged with the build id; returns the record appended to `<build>/published.json` (`status`:
     `published`, `tagged` = the branch already held it, or `unchanged` = already published).
     `api` defaults to `huggingface_hub.HfApi(endpoint=endpoint)`; `batch_files` data files are
-    pre-uploaded per request; `say(str)` receives progress lines."""
+    pre-uploaded per request; `say(str)` receives progress lines. `environments` (`none`, `rl`, `kept`)
+    adds the build's environments as a Harbor task tree under `tasks/` in the same commit, declared in
+    the card (tasks/dataset/env_tree.py); a tree of an earlier build is deleted in that commit."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -142,6 +145,11 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
     configs = [c["config_name"] for c in header.get("configs", [])]
     if not configs:
         raise PublishError(f"build {build_id}: the dataset card declares no config (every config is empty)")
+    try:  # before anything is sent: an environment that cannot be exported publishes nothing
+        tree = environment_tree(store, build_id, environments)
+    except EnvTreeError as err:
+        raise PublishError(f"build {build_id}: {err}") from None
+    card = tree.declare(card)
     if api is None:
         from huggingface_hub import HfApi
 
@@ -183,9 +191,13 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
             sha256, git, sizes[rel] = _hashes(local)
             if rel not in remote or not _same(remote[rel], sha256, git):
                 adds.append(CommitOperationAdd(path_in_repo=rel, path_or_fileobj=local))
+        adds += [CommitOperationAdd(path_in_repo=p, path_or_fileobj=data) for p, data in tree.files.items()
+                 if p not in remote or not _same(remote[p], hashlib.sha256(data).hexdigest(), _git_blob_id(data))]
+        sizes.update({p: len(data) for p, data in tree.files.items()})
         sizes["README.md"] = len(card_bytes)
         card_changed = "README.md" not in remote or remote["README.md"].blob_id != _git_blob_id(card_bytes)
-        deletes = [CommitOperationDelete(path_in_repo=p) for p in sorted(remote) if _is_data_file(p) and p not in files]
+        deletes = [CommitOperationDelete(path_in_repo=p) for p in sorted(remote) if p not in files
+                   and p not in tree.files and (_is_data_file(p) or tree.stale(p, remote))]
         if adds or deletes or card_changed:
             for i in range(0, len(adds), batch_files):  # storage only: nothing visible until the commit
                 batch = adds[i:i + batch_files]
