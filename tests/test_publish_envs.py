@@ -136,6 +136,38 @@ def test_publish_environments_as_a_harbor_tree_and_a_snapshot_imports_back_to_th
 
 @pytest.mark.docker
 @pytest.mark.slow
+def test_the_rl_selection_takes_the_rl_configs_environments_and_solutions_follow_its_rule(build):
+    """`rl` = the env ids of the export's `rl/*.parquet` (this replay build has none: one is planted and removed);
+    solutions only with `export.rl.include_solutions` (planted in build.json and restored)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store, b1 = build
+    ids = _env_ids(store, b1)
+    rl_dir = posixpath.join(store.read_build(b1).committed("export"), "rl")
+    record = store.build_record_path(b1)
+    saved = store.read_json(record)
+    try:
+        os.makedirs(rl_dir)
+        pq.write_table(pa.table({"env_id": [ids[1], ids[1]]}), posixpath.join(rl_dir, "train-x-00000.parquet"))
+        tree = environment_tree(store, b1, "rl")
+        assert [t["env_id"] for t in tree.manifest["tasks"]] == [ids[1]] and tree.manifest["solutions"] is False
+        assert not [p for p in tree.files if "/solution/" in p]
+        store.write_json(record, {**saved, "config": {**saved["config"], "export": {
+            **saved["config"]["export"], "rl": {"include_solutions": True}}}})
+        tree = environment_tree(store, b1, "rl")
+        assert tree.manifest["solutions"] is True and f"tasks/{ids[1]}/solution/solve.sh" in tree.files
+        pq.write_table(pa.table({"env_id": ["nope-l1-s0"]}), posixpath.join(rl_dir, "train-x-00001.parquet"))
+        with pytest.raises(EnvTreeError, match="the rl config names environments synthesize did not keep: nope-l1-s0"):
+            environment_tree(store, b1, "rl")
+    finally:
+        shutil.rmtree(rl_dir, ignore_errors=True)
+        store.write_json(record, saved)
+    assert environment_tree(store, b1, "rl").files == {}
+
+
+@pytest.mark.docker
+@pytest.mark.slow
 def test_an_environment_that_cannot_be_exported_or_a_refused_file_publishes_nothing(build, hub_server, tmp_path):
     from huggingface_hub import HfApi
 
