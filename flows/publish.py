@@ -149,7 +149,7 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
         tree = environment_tree(store, build_id, environments)
     except EnvTreeError as err:
         raise PublishError(f"build {build_id}: {err}") from None
-    card = tree.declare(card)
+    card = tree.declare(card, repo_id)
     if api is None:
         from huggingface_hub import HfApi
 

@@ -108,6 +108,7 @@ def test_publish_environments_as_a_harbor_tree_and_a_snapshot_imports_back_to_th
     assert {f["path"] for f in rec["files"]} == set(files) - {".gitattributes"}
     card = DatasetCard(files["README.md"].decode())
     assert HEADING in card.text and "`tasks/` holds 2 environment(s)" in card.text
+    assert f"hf download {repo} --repo-type dataset" in card.text
     assert sorted(c["config_name"] for c in card.data.configs) == ["sft", "trajectories"]
 
     snap = snapshot_download(repo, repo_type="dataset", revision=b1, local_dir=tmp_path / "snap",

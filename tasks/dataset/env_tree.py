@@ -55,21 +55,21 @@ class EnvTree:
         (only under `tasks/` of a repository whose tree trajforge wrote: it has `tasks/manifest.json`)."""
         return path.startswith(TREE + "/") and MANIFEST in remote and path not in self.files
 
-    def declare(self, card: str) -> str:
+    def declare(self, card: str, repo_id: str) -> str:
         """`card` with a section declaring the tree (before "## Provenance", else at the end)."""
         if not self.files:
             return card
         tasks = self.manifest["tasks"]
         lines = [HEADING, "",
-                 f"`{TREE}/` holds {len(tasks)} environment(s) of this build ({self.selection!r}: "
-                 + ("the `rl` config's" if self.selection == "rl" else "every kept one")
+                 f"`{TREE}/` holds {len(tasks)} environment(s) of this build ("
+                 + ("those of the `rl` config" if self.selection == "rl" else "every environment it kept")
                  + ") as Harbor task folders: `task.toml`, `instruction.md`, `environment/`, `tests/`"
                  + (", `solution/`" if self.manifest["solutions"] else " (no reference solutions)")
                  + f". `{MANIFEST}` lists each folder's env id and the sha256 of its files. The folder name "
                  "is the env id; `trajforge envs import` of a folder gives back that env id.", "",
                  "```bash",
-                 "hf download <this repo> --repo-type dataset --include 'tasks/*' --local-dir ds",
-                 "trajforge envs import ds/tasks      # or: harbor run -p ds/tasks/<name> ...",
+                 f"hf download {repo_id} --repo-type dataset --include 'tasks/*' --local-dir ds",
+                 "trajforge envs import ds/tasks      # or a Harbor run: harbor run -p ds/tasks/<name> -a <agent>",
                  "```", "",
                  "The tree is not a `datasets` config: `load_dataset` reads only the configs above.", ""]
         section = "\n".join(lines)
