@@ -278,7 +278,10 @@ def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-o
             endpoint: Optional[str] = typer.Option(None, help="Hub URL (default: $HF_ENDPOINT or huggingface.co)"),
             append: bool = typer.Option(False, "--append", help="add this build's shards to the last published "
                                         "build's instead of replacing them (every config's schema must be the "
-                                        "published one)")):
+                                        "published one)"),
+            environments: str = typer.Option("none", "--environments", help=(
+                "also publish environments as a Harbor task tree under tasks/ (same commit): `rl` = the rl "
+                "config's, `kept` = every kept one, `none`"))):
     """Upload a committed build's dataset (card + declared configs) to the Hugging Face Hub in one
     commit on main, tagged with the build id; re-publishing a published build does nothing."""
     from .publish import PublishError
@@ -287,7 +290,7 @@ def publish(repo_id: str = typer.Argument(..., help="Hub dataset repo, e.g. my-o
     store, build_id = _committed_build(runs, dataset, build_id)
     try:
         rec = do_publish(store, build_id, repo_id, private=private, token=token, tag=tag, endpoint=endpoint,
-                         append=append, say=lambda line: console.print(f"  {line}"))
+                         append=append, say=lambda line: console.print(f"  {line}"), environments=environments)
     except PublishError as err:
         _fail(str(err), 1)
     except Exception as err:  # the Hub: auth, network, quota

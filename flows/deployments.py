@@ -185,9 +185,12 @@ def stage(build_id: str, stage: str, dataset: str, runs: str = "./runs", force: 
 
 @flow(name="trajforge-publish", flow_run_name="publish {dataset} {build_id} to {repo_id}")
 def publish(build_id: str, repo_id: str, dataset: str, runs: str = "./runs", private: bool = False,
-            endpoint: str | None = None, tag: bool = True, append: bool = False) -> dict[str, Any]:
+            endpoint: str | None = None, tag: bool = True, append: bool = False,
+            environments: str = "none") -> dict[str, Any]:
     """Publish a committed build to the Hub repo `repo_id` (`endpoint` or `$HF_ENDPOINT`: another Hub);
-    `append`: add its shards to the last published build's (`trajforge publish --append`)."""
+    `append`: add its shards to the last published build's (`trajforge publish --append`);
+    `environments` (`none`, `rl`, `kept`): also its environments as a Harbor task tree (`trajforge publish
+    --environments`)."""
     from prefect.artifacts import create_markdown_artifact
 
     from .publish import publish as do_publish
@@ -199,7 +202,8 @@ def publish(build_id: str, repo_id: str, dataset: str, runs: str = "./runs", pri
         from huggingface_hub import HfApi
 
         api = HfApi(endpoint=endpoint, token=os.environ.get("HF_TOKEN"))
-    rec = do_publish(store, build_id, repo_id, private=private, tag=tag, api=api, append=append)
+    rec = do_publish(store, build_id, repo_id, private=private, tag=tag, api=api, append=append,
+                     environments=environments)
     create_markdown_artifact(f"published build `{build_id}` of {dataset} to `{repo_id}` "
                              f"({', '.join(rec['configs'])}){': ' + rec['url'] if rec.get('url') else ''}\n",
                              key=artifact_key(dataset, "published"))

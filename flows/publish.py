@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..tasks.dataset.card import CardError, hub_usage, validate_card
+from ..tasks.dataset.env_tree import EnvTree, EnvTreeError, environment_tree
 from ..tasks.engine.store import RunStore
 
 BRANCH = "main"
@@ -188,9 +189,16 @@ def _content_id(f: Any) -> str:
     return lfs.sha256 if lfs else f.blob_id
 
 
-def _localize(store: RunStore, files: dict[str, str], tmp: str) -> dict[str, _Local]:
-    """repo path -> the build's data file on local disk, hashed (an object store's files are copied to `tmp`)."""
+def _localize(store: RunStore, files: dict[str, str], tree: EnvTree, tmp: str) -> dict[str, _Local]:
+    """repo path -> the build's data file (or environment tree file) on local disk, hashed (an object
+    store's files and the tree's are written to `tmp`)."""
     out = {}
+    for rel, data in sorted(tree.files.items()):
+        local = os.path.join(tmp, rel)
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        with open(local, "wb") as f:
+            f.write(data)
+        out[rel] = _Local(local, *_hashes(local))
     for rel, src in sorted(files.items()):
         local = src if store.local else os.path.join(tmp, rel)
         if not store.local:
@@ -201,9 +209,10 @@ def _localize(store: RunStore, files: dict[str, str], tmp: str) -> dict[str, _Lo
 
 
 def _plan(api: Any, repo_id: str, parent: str | None, local: dict[str, _Local], card_bytes: bytes, append: bool,
-          ops: dict[str, Any]) -> _Plan:
+          ops: dict[str, Any], tree: EnvTree) -> _Plan:
     """Additions (files whose content `parent` does not hold), deletions (data files of `parent` the build
-    does not have; none when appending) and whether the card changes. `ops` keeps one CommitOperationAdd
+    does not have, and files of an earlier environment tree this one does not hold; none when appending)
+    and whether the card changes. `ops` keeps one CommitOperationAdd
     per path across re-plans (an operation already pre-uploaded is not uploaded again)."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
@@ -213,7 +222,7 @@ def _plan(api: Any, repo_id: str, parent: str | None, local: dict[str, _Local], 
         if rel not in remote or not _same(remote[rel], f.sha256, f.git):
             adds.append(ops.setdefault(rel, CommitOperationAdd(path_in_repo=rel, path_or_fileobj=f.path)))
     deletes = [] if append else [CommitOperationDelete(path_in_repo=p) for p in sorted(remote)
-                                 if _is_data_file(p) and p not in local]
+                                 if (_is_data_file(p) or tree.stale(p, remote)) and p not in local]
     card_changed = "README.md" not in remote or remote["README.md"].blob_id != _git_blob_id(card_bytes)
     return _Plan(parent, adds, deletes, card_changed)
 
@@ -329,7 +338,8 @@ def _append_base(api: Any, repo_id: str, tags: dict[str, str], head: str | None,
 
 def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = False, token: str | None = None,
             tag: bool = True, api: Any = None, endpoint: str | None = None, batch_files: int = 100,
-            say: Any = None, append: bool = False, attempts: int = 3) -> dict[str, Any]:
+            say: Any = None, append: bool = False, attempts: int = 3,
+            environments: str | None = None) -> dict[str, Any]:
     """Publish the build's dataset folder to `repo_id` (created if missing) in one commit on `main`,
     tagged with the build id; returns the record appended to `<build>/published.json` (`status`:
     `published`, `tagged` = the branch already held it, or `unchanged` = already published).
@@ -340,7 +350,11 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
     nothing deleted; the card's data_files name both), refused with SchemaChangeError when a config's
     schema differs. When `main` moves under the commit (412), the commit is re-planned on the new head
     and retried, up to `attempts` commits in all, unless the other writer changed a path this commit
-    writes or deletes (ConcurrentChangeError: nothing is overwritten blindly)."""
+    writes or deletes (ConcurrentChangeError: nothing is overwritten blindly).
+
+    `environments` (`none`, `rl`, `kept`) adds the build's environments as a Harbor task tree under
+    `tasks/` in the same commit, declared in the card (tasks/dataset/env_tree.py); a tree of an earlier
+    build is deleted in that commit. Not with `append` (the tree's manifest describes one build)."""
     from huggingface_hub.errors import HfHubHTTPError
 
     say = say or (lambda _msg: None)
@@ -353,6 +367,15 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
         raise PublishError(f"build {build_id}: {err}") from None
     if not header.get("configs"):
         raise PublishError(f"build {build_id}: the dataset card declares no config (every config is empty)")
+    if append and (environments or "none") != "none":
+        raise PublishError(f"build {build_id}: --append cannot publish environments (--environments "
+                           f"{environments}): the tree's manifest describes one build; append without it, or "
+                           "publish the build in full with its environments")
+    try:  # before anything is sent: an environment that cannot be exported publishes nothing
+        tree = environment_tree(store, build_id, environments)
+    except EnvTreeError as err:
+        raise PublishError(f"build {build_id}: {err}") from None
+    card = tree.declare(card, repo_id)
     if api is None:
         from huggingface_hub import HfApi
 
@@ -365,7 +388,7 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
     parent_build, parent, base = _append_base(api, repo_id, tags, head, say) if append else (None, head, None)
     files = _data_files(store, folder, header)
     with tempfile.TemporaryDirectory(prefix="trajforge-publish-") as tmp:
-        local = _localize(store, files, tmp)
+        local = _localize(store, files, tree, tmp)
         if base is not None:
             from .publish_append import check_schemas
 
@@ -375,7 +398,7 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
         ops: dict[str, Any] = {}
         for attempt in range(1, attempts + 1):
             card_bytes, configs = _card(api, repo_id, card, header, tags, build_id, tag, base)
-            plan = _plan(api, repo_id, parent, local, card_bytes, append, ops)
+            plan = _plan(api, repo_id, parent, local, card_bytes, append, ops, tree)
             if not (plan.adds or plan.deletes or plan.card_changed):
                 revision, url, status = parent, None, "tagged" if tag else "unchanged"
                 say(f"main already holds build {build_id} ({(parent or '?')[:12]})"
@@ -391,7 +414,7 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
                 if tag and build_id in tags:  # another run published this very build meanwhile
                     return _already_published(api, store, build_id, repo_id, tags, moved_to, configs, private, say)
                 replan = _plan(api, repo_id, moved_to, local, _card(api, repo_id, card, header, tags, build_id, tag,
-                                                                    base)[0], append, ops)
+                                                                    base)[0], append, ops, tree)
                 _check_retry(repo_id, build_id, parent, moved_to, _conflicts(api, repo_id, parent, moved_to, replan),
                              attempt, attempts, say)
                 parent = moved_to

@@ -3,10 +3,20 @@
 `/logs/verifier/reward.json|txt`. Export writes any EnvSpec as a Harbor task folder (Dockerfile on
 the local base image, the trajforge test runner writing `reward.json` with per-test results,
 `solve.sh`), which imports back to the same environment and verdicts.
+
+Identity: an exported terminal environment's `task.toml` records its env id (`trajforge_env_id`) and a
+digest of the folder (`trajforge_digest`: every file but task.toml by path and content, plus task.toml's
+fields without the digest; file modes are left out, which a Hub snapshot does not keep). Import gives
+back that env id when the digest matches, so a folder that went through the Hub comes back as the
+same environment; an edited folder (or one without the record) gets an id of its own content, as any
+imported task does.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -26,6 +36,34 @@ def _agent_user(meta: dict, where: Path) -> str:
     if user not in ("agent", "root"):
         raise TaskFormatError(where, f"[metadata].trajforge_agent_user must be 'agent' or 'root', got {user!r}")
     return user
+
+
+ENV_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+
+
+def export_digest(folder: Path, meta: dict) -> str:
+    """The digest `trajforge_digest` records (see the module docstring)."""
+    h = hashlib.sha256()
+    fields = {k: v for k, v in meta.get("metadata", {}).items() if k != "trajforge_digest"}
+    h.update(json.dumps({**meta, "metadata": fields}, sort_keys=True, default=str).encode())
+    for p in sorted(Path(folder).rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if rel == "task.toml":
+            continue
+        if p.is_symlink():
+            h.update(b"\0L" + rel.encode() + b"\0" + str(p.readlink()).encode())
+        elif p.is_file():
+            h.update(b"\0F" + rel.encode() + b"\0%d\0" % p.stat().st_size + p.read_bytes())
+    return h.hexdigest()[:32]
+
+
+def recorded_env_id(folder: Path, meta: dict) -> str | None:
+    """The env id an unmodified trajforge export records, else None."""
+    fields = meta.get("metadata", {})
+    env_id, digest = fields.get("trajforge_env_id"), fields.get("trajforge_digest")
+    if not isinstance(env_id, str) or not isinstance(digest, str) or not ENV_ID.match(env_id):
+        return None
+    return env_id if export_digest(folder, meta) == digest else None
 
 
 def import_harbor(folder: Path) -> EnvSpec:
@@ -55,7 +93,7 @@ def import_harbor(folder: Path) -> EnvSpec:
     difficulty = str(meta.get("metadata", {}).get("difficulty", "medium")).lower()
     return EnvSpec(
         # every file of the folder counts (build-context data and binary files too): a changed file is another id
-        env_id=base.folder_env_id("harbor", folder, [folder_digest(folder)]),
+        env_id=recorded_env_id(folder, meta) or base.folder_env_id("harbor", folder, [folder_digest(folder)]),
         oracle="present" if has_solve else "absent", blobs=blobs,
         build_timeout_s=base.number(environment.get("build_timeout_sec"), toml_path, "[environment].build_timeout_sec"),
         family=f"harbor:{safe_name(str(meta.get('metadata', {}).get('category', 'task')))}",
@@ -112,10 +150,12 @@ def export_harbor(env: EnvSpec, dest: Path, base_image: str = "trajforge/base:la
     else:
         for t in env.tests:
             _write(out / "tests" / t.path, t)
-    if env.oracle == "absent":
-        return out
-    script = env.solution[0] if len(env.solution) == 1 else "\n".join(env.solution)
-    _write(out / "solution" / "solve.sh", FileSpec(path="solve.sh", content=script + "\n", mode=0o755))
+    if env.oracle == "present":
+        script = env.solution[0] if len(env.solution) == 1 else "\n".join(env.solution)
+        _write(out / "solution" / "solve.sh", FileSpec(path="solve.sh", content=script + "\n", mode=0o755))
+    if env.kind == "terminal":  # other kinds have no Harbor form that imports back as them: no identity claimed
+        meta["metadata"]["trajforge_digest"] = export_digest(out, tomllib.loads((out / "task.toml").read_text()))
+        (out / "task.toml").write_text(tomli_w.dumps(meta))
     return out
 
 
