@@ -5,7 +5,10 @@ Sources (config `synthesize`): procedural `families` (family x level x seed), ta
 `themes`, tool environments for `tool_themes`). A candidate
 that cannot be read is a reject with its reason (`import_malformed`, `llm_*`, `teacher_error`); the
 others go on to `synthesize`, which removes near-duplicates and validates each in Docker.
-Invariant: a candidate's env_id is a content hash, so the same source gives the same id.
+Invariant: a candidate's env_id names one content: the same source gives the same id, and two candidates
+with one id but different content (a Harbor folder trajforge exported keeps its recorded id, and a
+recorded id is a claim anyone can write) are never merged silently: the later one is an
+`env_id_conflict` reject naming both sources.
 """
 
 from __future__ import annotations
@@ -45,6 +48,22 @@ def import_items(config: BuildConfig) -> list[dict[str, Any]]:
         items += [{"kind": "import", "path": str(p)} for p in folders]
     return items
 
+
+
+def merge_candidates(rows: list[EnvSpec]) -> tuple[list[EnvSpec], list[Reject]]:
+    """One candidate per env id, in order: the same content from two sources (or twice in a list) is one
+    candidate; another content under an id already seen is an `env_id_conflict` reject naming both sources
+    (the first is kept), never a silent merge."""
+    seen: dict[str, EnvSpec] = {}
+    rejects = []
+    for e in rows:
+        first = seen.setdefault(e.env_id, e)
+        if first is not e and first.content_hash() != e.content_hash():
+            rejects.append(Reject(key=e.env_id, reason="env_id_conflict", detail=(
+                f"{e.source} gives env id {e.env_id} to other content than {first.source} does (the recorded id "
+                "of an exported task folder whose content was changed, or the same environment imported next to "
+                "its original): the first is kept")))
+    return list(seen.values()), rejects
 
 class ProposeStage(Stage):
     name = "propose"
@@ -101,10 +120,8 @@ class ProposeStage(Stage):
         by_source: dict[str, int] = {}
         for e in rows:
             by_source[e.source] = by_source.get(e.source, 0) + 1
-        seen: dict[str, EnvSpec] = {}
-        for e in rows:  # the same content from two sources (or twice in a list) is one candidate
-            seen.setdefault(e.env_id, e)
-        return ShardResult(list(seen.values()), rejects, {"candidates": by_source})
+        kept, conflicts = merge_candidates(rows)
+        return ShardResult(kept, rejects + conflicts, {"candidates": by_source})
 
     async def _llm(self, ctx: StageContext, items: list[dict]) -> list:
         from .envs.synthesis.terminal import propose

@@ -37,6 +37,43 @@ def test_a_harbor_export_imports_back_to_its_env_id_unless_edited(tmp_path):
     assert import_task(bare).env_id != env.env_id
 
 
+
+def test_a_forged_recorded_id_is_never_merged_with_the_environment_it_names(tmp_path):
+    """The attacker's move: export an environment, weaken its hidden test, recompute the digest (anyone
+    can) and keep the recorded env id. Import believes the claim, so where ids meet, content decides:
+    propose rejects the second content under the id (`env_id_conflict`, the original kept), and the import
+    journal does not reuse the original's outcome for it."""
+    import tomllib
+
+    import tomli_w
+
+    from trajforge.tasks.envs.corpus import Journal, Outcome
+    from trajforge.tasks.envs.formats.harbor import export_digest
+    from trajforge.tasks.propose import merge_candidates
+
+    env = get_family("log_report").generate(1, 0)
+    folder = export_harbor(env, tmp_path)
+    genuine = import_task(folder)
+    for test in (folder / "tests").rglob("test_*.py"):
+        test.write_text("def test_anything():\n    assert True\n")
+    meta = tomllib.loads((folder / "task.toml").read_text())
+    meta["metadata"]["trajforge_digest"] = export_digest(folder, meta)
+    (folder / "task.toml").write_text(tomli_w.dumps(meta))
+    forged = import_task(folder)
+    assert forged.env_id == env.env_id and forged.content_hash() != genuine.content_hash()
+
+    kept, rejects = merge_candidates([env, genuine, forged])
+    assert [e.env_id for e in kept] == [env.env_id] and kept[0] is env
+    assert [r.reason for r in rejects] == ["env_id_conflict", "env_id_conflict"]
+    assert all(r.key == env.env_id and "procedural:log_report" in r.detail for r in rejects)
+    assert merge_candidates([env, env.model_copy()]) == ([env], [])  # the same content twice: one, no reject
+
+    journal = Journal(None)
+    journal.add(Outcome(genuine.env_id, genuine.source, "kept", content=genuine.content_hash()))
+    assert journal.holds(genuine) and not journal.holds(forged)
+    journal.add(Outcome(env.env_id, env.source, "kept"))  # a line written before outcomes recorded content
+    assert journal.holds(forged)  # (then every id was its content's hash: nothing could claim one)
+
 def test_write_tree_names_hashes_and_refuses_what_has_no_harbor_form(tmp_path):
     envs = [get_family(f).generate(1, 0) for f in ("log_report", "file_search")]
     manifest = write_tree(envs, tmp_path, build_id="b1", selection="kept", solutions=False)

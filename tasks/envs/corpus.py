@@ -40,6 +40,7 @@ class Outcome:
     image: str | None = None
     detail: str = ""
     spec: str | None = None  # the kept environment as JSON
+    content: str | None = None  # the candidate's content hash (None in journals written before it existed)
 
     @property
     def kept(self) -> bool:
@@ -80,6 +81,13 @@ class Journal:
                 else:
                     self.done[o.key] = o
 
+    def holds(self, env: EnvSpec) -> bool:
+        """Whether the journal has this environment's outcome: same env id AND same content. An id is a
+        claim (a trajforge export records one): another content under a journalled id is validated, not
+        skipped. A line without `content` predates recorded ids, when an id was its content's hash."""
+        o = self.done.get(env.env_id)
+        return o is not None and (o.content is None or o.content == env.content_hash())
+
     def add(self, o: Outcome) -> None:
         self.done[o.key] = o
         if self.path:
@@ -108,17 +116,18 @@ def admit(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs
             (log_dir / f"{tag.split(':')[-1]}.log").write_text(text)
 
     def one(env: EnvSpec) -> Outcome:
+        content = env.content_hash()  # before validation fills its findings in
         if env.oracle == "absent" and s.require_solution:
-            return Outcome(env.env_id, env.source, "no_reference_solution", env.oracle)
+            return Outcome(env.env_id, env.source, "no_reference_solution", env.oracle, content=content)
         t0 = time.monotonic()
         v = validate_env(client, env, sandbox, sandbox.base_image, s.image_aliases, s.solution_timeout_s,
                          s.test_timeout_s, sibling=sibling_of, build=options, log_sink=keep_log)
         return Outcome(env.env_id, env.source, "kept" if v.ok else v.reject.reason, env.oracle, v.build_cause,
                        round(time.monotonic() - t0, 3), v.built, env.image, "" if v.ok else v.reject.detail,
-                       env.model_dump_json() if v.ok else None)
+                       env.model_dump_json() if v.ok else None, content)
 
-    out = [journal.done[e.env_id] for e in envs if e.env_id in journal.done]
-    todo = [e for e in envs if e.env_id not in journal.done]
+    out = [journal.done[e.env_id] for e in envs if journal.holds(e)]
+    todo = [e for e in envs if not journal.holds(e)]
     with ThreadPoolExecutor(jobs) as pool:
         futures = {pool.submit(one, e): e for e in todo}
         for fut in as_completed(futures):

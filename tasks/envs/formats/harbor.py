@@ -9,7 +9,10 @@ digest of the folder (`trajforge_digest`: every file but task.toml by path and c
 fields without the digest; file modes are left out, which a Hub snapshot does not keep). Import gives
 back that env id when the digest matches, so a folder that went through the Hub comes back as the
 same environment; an edited folder (or one without the record) gets an id of its own content, as any
-imported task does.
+imported task does. The digest guards against accidental edits, not forgery (anyone can recompute
+it): a recorded id is a claim. So where ids meet, content decides: `propose` keeps one candidate per id
+and rejects another content under it (`env_id_conflict`), and the import journal reuses an outcome only
+for the same content (`Journal.holds`).
 """
 
 from __future__ import annotations
