@@ -336,6 +336,7 @@ def test_append_publishes_only_new_shards_pinned_to_the_parent_build_and_refuses
     card = DatasetCard(files["README.md"].decode())
     paths = {c["config_name"]: c["data_files"][0]["path"] for c in card.data.configs}
     assert paths == {c: [f"{c}/train-fp1-*.parquet", f"{c}/train-fp2-*.parquet"] for c in ("sft", "trajectories")}
+    assert "This revision adds build `b2` to the builds published before it (the last: `b1`)" in card.text
     got = _load_through_endpoint(hub_server.endpoint, tmp_path / "hf", repo, [("sft", None), ("sft", "b1")])
     assert len(got[0]) == 2 * len(got[1]) == 12 and set(got[1]) < set(got[0]), "main: both builds' rows"
 
