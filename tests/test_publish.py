@@ -350,6 +350,16 @@ def test_append_publishes_only_new_shards_pinned_to_the_parent_build_and_refuses
     assert not [p for _, p in hub_server.requests[preuploads:] if "/preupload/" in p or p.endswith("/commit/main")]
     assert "b3" not in {t.name for t in api.list_repo_refs(repo, repo_type="dataset").tags}
 
+def test_append_with_environments_is_refused_before_anything_is_sent(hub_server, tmp_path):
+    """An appended revision spans several builds, a task tree's manifest describes one: refused by name,
+    before the repository is even created."""
+    store = RunStore(str(tmp_path / "runs"), "app")
+    _fake_build(store, "b1", "fp1")
+    with pytest.raises(PublishError, match="--append cannot publish environments"):
+        publish(store, "b1", "org/nothing", api=_api(hub_server), append=True, environments="rl")
+    assert not hub_server.requests, "nothing reached the Hub"
+
+
 
 # -- two real replay builds, published and read back ------------------------------------------------------
 
