@@ -17,8 +17,9 @@ long-lived session per episode, because:
   teacher's turns would tie an episode to one exec stream of the Docker API and need reconnect
   logic for a server that died; per call, every exec is the ordinary `Sandbox.exec` with its
   timeout, output cap and kill;
-- cost: one relayed call takes ~0.12 s here (median of 20, 2 cores at load ~4) against ~0.08 s for
-  `docker exec true`: the server's start-up adds ~0.04 s, small next to a teacher turn.
+- cost (benchmarks/mcp_session.py, 200 calls a side, 2 cores at load ~3): a relayed call takes ~0.10 s
+  (median) against ~0.064 s for `docker exec true`: ~37 ms a call over the floor, small next to a teacher
+  turn; a persistent MCP session answers in ~1 ms, but the exec's floor is what a per-call process pays.
 
 Outcomes of a call (client.py): `ok`, `tool_error` (`isError: true`: a domain answer such as "no
 such booking", NOT counted), `call_error` (the model's mistake: an unknown tool, answered on the host,
