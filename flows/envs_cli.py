@@ -155,6 +155,7 @@ def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Ben
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ..tasks.envs.catalogue import merge_candidates
     from ..tasks.envs.corpus import Journal, admit, discover, parse, tally
     from ..tasks.envs.formats import TaskFormatError
     from ..tasks.envs.images import CA_HINT, CERT_ERROR, HOST_CA_VARS, host_ca_bundle
@@ -177,14 +178,16 @@ def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Ben
                   f"{len(malformed)} malformed" + (f" (sample of {sample}, seed {seed})" if sample else ""))
     for o in malformed:
         err_console.print(f"[red]✗[/] {o.detail}")
-    unique = list({e.env_id: e for _, e in envs}.values())
+    unique, conflicts = merge_candidates([e for _, e in envs])
+    for r in conflicts:  # two folders, one env id, two contents: the first is imported, the other named here
+        err_console.print(f"[red]✗[/] {r.reason}: {r.detail}")
     settings = json.dumps([str(folder.resolve()), s.model_dump(mode="json"), sandbox.model_dump(mode="json")],
                           sort_keys=True)  # other settings, another journal
     digest = hashlib.sha256(settings.encode()).hexdigest()[:12]
     journal = Journal(None if fresh and state is None else (state or Path(f".trajforge/import-{digest}.jsonl")))
     if fresh:
         journal.done.clear()
-    resumed = sum(e.env_id in journal.done for e in unique)
+    resumed = sum(journal.holds(e) for e in unique)
     if resumed:
         console.print(f"resuming: {resumed} environment(s) already checked (journal {journal.path})")
     failures: dict[str, int] = {}

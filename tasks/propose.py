@@ -21,6 +21,7 @@ from ..schemas.common import Reject
 from ..schemas.config import BuildConfig
 from ..schemas.environment import EnvSpec
 from .engine import Manifest, Shard, ShardResult, Stage, StageContext
+from .envs.catalogue import merge_candidates
 from .envs.families import get_family
 from .envs.formats import TaskFormatError, find_tasks, folder_digest, import_task, markers
 
@@ -49,21 +50,6 @@ def import_items(config: BuildConfig) -> list[dict[str, Any]]:
     return items
 
 
-
-def merge_candidates(rows: list[EnvSpec]) -> tuple[list[EnvSpec], list[Reject]]:
-    """One candidate per env id, in order: the same content from two sources (or twice in a list) is one
-    candidate; another content under an id already seen is an `env_id_conflict` reject naming both sources
-    (the first is kept), never a silent merge."""
-    seen: dict[str, EnvSpec] = {}
-    rejects = []
-    for e in rows:
-        first = seen.setdefault(e.env_id, e)
-        if first is not e and first.content_hash() != e.content_hash():
-            rejects.append(Reject(key=e.env_id, reason="env_id_conflict", detail=(
-                f"{e.source} gives env id {e.env_id} to other content than {first.source} does (the recorded id "
-                "of an exported task folder whose content was changed, or the same environment imported next to "
-                "its original): the first is kept")))
-    return list(seen.values()), rejects
 
 class ProposeStage(Stage):
     name = "propose"

@@ -21,7 +21,7 @@ from ..schemas.common import Reject
 from ..schemas.config import BuildConfig, fingerprint_view
 from ..schemas.environment import EnvSpec
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext
-from .envs.catalogue import sibling_of, source_kind, source_priority
+from .envs.catalogue import merge_candidates, sibling_of, source_kind, source_priority
 from .envs.images import BuildOptions, ImageBuildError, ensure_image
 from .envs.registry import lookup, push
 from .envs.validator import dedup, validate_env
@@ -56,11 +56,10 @@ class SynthesizeStage(Stage):
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
         cands = ctx.store.read_records(upstream["propose"].parts, EnvSpec)
         cands.sort(key=lambda e: (source_priority(e.source), e.env_id))
-        unique, seen, dups = [], set(), {}
-        for e in cands:  # the same content proposed twice is one candidate
-            if e.env_id not in seen:
-                seen.add(e.env_id)
-                unique.append(e)
+        # the same content proposed twice (by two propose shards) is one candidate; another content under an
+        # id already seen is an `env_id_conflict` (the higher-priority source kept, its content pinned)
+        unique, conflicts = merge_candidates(cands)
+        dups = {}
         threshold = ctx.config.synthesize.dedup_threshold
         if threshold is not None:
             dups = dedup(unique, threshold)
@@ -68,17 +67,25 @@ class SynthesizeStage(Stage):
         n = ctx.config.synthesize.envs_per_shard
         shards = [Shard(index=i, payload={"env_ids": keep[j:j + n], "duplicates": {}})
                   for i, j in enumerate(range(0, len(keep), n))]
-        if dups:  # the rejects of dedup travel with the first shard
+        if dups or conflicts:  # the rejects of dedup and of conflicting ids travel with the first shard
             if not shards:
                 shards = [Shard(index=0, payload={"env_ids": [], "duplicates": {}})]
             shards[0].payload["duplicates"] = dups
+        if conflicts:
+            shards[0].payload["conflicts"] = [r.model_dump(mode="json") for r in conflicts]
+            kept = {e.env_id: e for e in unique}
+            for shard in shards:
+                shard.payload["contents"] = {r.key: kept[r.key].content_hash() for r in conflicts
+                                             if r.key in shard.payload["env_ids"]}
         return shards
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
         cfg = ctx.config
         s = cfg.synthesize
         wanted = set(shard.payload["env_ids"]) | set(shard.payload["duplicates"])
-        cands = {e.env_id: e for e in ctx.store.read_records(upstream["propose"].parts, EnvSpec) if e.env_id in wanted}
+        pinned = shard.payload.get("contents", {})  # an id proposed with two contents: the one plan kept
+        cands = {e.env_id: e for e in ctx.store.read_records(upstream["propose"].parts, EnvSpec)
+                 if e.env_id in wanted and (e.env_id not in pinned or e.content_hash() == pinned[e.env_id])}
         client = docker_client(pool_size=2 * s.build_concurrency + 4, sandbox=cfg.sandbox)
         stats: dict[str, Any] = {"images_built": 0, "images_pushed": 0, "validation_seconds": 0.0, "yield": {},
                                  "kept_by_oracle": {}, "build_failures": {}}
@@ -101,6 +108,7 @@ class SynthesizeStage(Stage):
         for env_id, original in sorted(shard.payload["duplicates"].items()):
             rejects.append(Reject(key=env_id, reason="near_duplicate", detail=f"nearly the same as {original}"))
             count(cands[env_id], "near_duplicate")
+        rejects += [Reject(**r) for r in shard.payload.get("conflicts", [])]
 
         def one(env: EnvSpec):
             if env.oracle == "absent" and s.require_solution:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import shutil
 
 import pytest
@@ -38,41 +39,40 @@ def test_a_harbor_export_imports_back_to_its_env_id_unless_edited(tmp_path):
 
 
 
-def test_a_forged_recorded_id_is_never_merged_with_the_environment_it_names(tmp_path):
-    """The attacker's move: export an environment, weaken its hidden test, recompute the digest (anyone
-    can) and keep the recorded env id. Import believes the claim, so where ids meet, content decides:
-    propose rejects the second content under the id (`env_id_conflict`, the original kept), and the import
-    journal does not reuse the original's outcome for it."""
-    import tomllib
-
-    import tomli_w
-
+def test_a_forged_folder_never_takes_the_env_id_it_records(tmp_path):
+    """The attacker's move: export an environment, weaken its hidden test, keep every recorded field. Import
+    believes a record only when regenerating the environment gives exactly the folder: the forgery gets an
+    id of its own content, the genuine folder comes back as the very environment (same id and content), so
+    next to its original it is one candidate. Where two contents do meet under one id, content decides:
+    propose rejects the second (`env_id_conflict`) and the import journal does not reuse the first's outcome."""
+    from trajforge.tasks.envs.catalogue import merge_candidates
     from trajforge.tasks.envs.corpus import Journal, Outcome
-    from trajforge.tasks.envs.formats.harbor import export_digest
-    from trajforge.tasks.propose import merge_candidates
 
     env = get_family("log_report").generate(1, 0)
-    folder = export_harbor(env, tmp_path)
-    genuine = import_task(folder)
-    for test in (folder / "tests").rglob("test_*.py"):
+    genuine = import_task(export_harbor(env, tmp_path / "g"))
+    assert genuine.env_id == env.env_id and genuine.content_hash() == env.content_hash()
+    folder = export_harbor(env, tmp_path / "f")
+    weakened = [t for t in (folder / "tests").rglob("*") if t.is_file() and t.suffix == ".py" and "runner" not in t.name]
+    assert weakened, list((folder / "tests").rglob("*"))
+    for test in weakened:
         test.write_text("def test_anything():\n    assert True\n")
-    meta = tomllib.loads((folder / "task.toml").read_text())
-    meta["metadata"]["trajforge_digest"] = export_digest(folder, meta)
-    (folder / "task.toml").write_text(tomli_w.dumps(meta))
     forged = import_task(folder)
-    assert forged.env_id == env.env_id and forged.content_hash() != genuine.content_hash()
+    assert forged.env_id != env.env_id and forged.env_id.startswith("harbor-")
+    (folder / "task.toml").write_text((folder / "task.toml").read_text().replace("trajforge_seed = 0", "trajforge_seed = 1"))
+    assert import_task(folder).env_id.startswith("harbor-"), "a record naming another seed is not believed either"
+    assert merge_candidates([env, genuine, forged]) == ([env, forged], [])
 
-    kept, rejects = merge_candidates([env, genuine, forged])
-    assert [e.env_id for e in kept] == [env.env_id] and kept[0] is env
-    assert [r.reason for r in rejects] == ["env_id_conflict", "env_id_conflict"]
-    assert all(r.key == env.env_id and "procedural:log_report" in r.detail for r in rejects)
-    assert merge_candidates([env, env.model_copy()]) == ([env], [])  # the same content twice: one, no reject
+    other = env.model_copy(update={"instruction": env.instruction + " (changed)"})  # one id, two contents
+    kept, rejects = merge_candidates([env, other])
+    assert kept == [env] and [r.reason for r in rejects] == ["env_id_conflict"]
+    assert rejects[0].key == env.env_id and "procedural:log_report" in rejects[0].detail
 
     journal = Journal(None)
-    journal.add(Outcome(genuine.env_id, genuine.source, "kept", content=genuine.content_hash()))
-    assert journal.holds(genuine) and not journal.holds(forged)
+    journal.add(Outcome(env.env_id, env.source, "kept", content=env.content_hash()))
+    assert journal.holds(genuine) and not journal.holds(other)
     journal.add(Outcome(env.env_id, env.source, "kept"))  # a line written before outcomes recorded content
-    assert journal.holds(forged)  # (then every id was its content's hash: nothing could claim one)
+    assert journal.holds(other)  # (then every id was its content's hash: nothing could claim one)
+
 
 def test_write_tree_names_hashes_and_refuses_what_has_no_harbor_form(tmp_path):
     envs = [get_family(f).generate(1, 0) for f in ("log_report", "file_search")]
@@ -86,6 +86,13 @@ def test_write_tree_names_hashes_and_refuses_what_has_no_harbor_form(tmp_path):
     assert check_tree(root) == []
     (root / envs[0].env_id / "instruction.md").write_text("other\n")
     assert check_tree(root) == [f"{envs[0].env_id}/instruction.md: content differs from the manifest"]
+    (root / envs[0].env_id / "instruction.md").write_text(envs[0].instruction + "\n")
+    shutil.copytree(root / envs[1].env_id, root / "zz-contributed")  # a task folder slipped into the tree
+    assert check_tree(root) == ["zz-contributed: not in the manifest"]
+    shutil.rmtree(root / "zz-contributed")
+    outside = dict(manifest, tasks=[*manifest["tasks"], {"name": "../../etc", "env_id": "x", "files": {}}])
+    (root / "manifest.json").write_text(json.dumps(outside))
+    assert check_tree(root) == ["manifest: task name '../../etc' is not a folder name of this tree"]
 
     with_solutions = write_tree(envs[:1], tmp_path / "s", build_id="b1", selection="rl", solutions=True)
     assert "solution/solve.sh" in with_solutions["tasks"][0]["files"]
@@ -239,3 +246,74 @@ def test_an_environment_that_cannot_be_exported_or_a_refused_file_publishes_noth
         shutil.copyfile(saved, part)
     assert hub_server.head(repo) == head and set(hub_server.files(repo)) <= {".gitattributes", "README.md"}
     assert not _records(store, b1, repo)
+
+
+def test_synthesize_plan_keeps_one_content_per_env_id_across_propose_shards(tmp_path):
+    """Two propose shards each merge their own candidates; synthesize's plan sees them all: another content
+    under an id becomes an `env_id_conflict` reject, and the kept content (the higher-priority source) is
+    pinned for the shard that validates it, instead of whichever record is read last."""
+    from types import SimpleNamespace
+
+    from trajforge.tasks.engine.contract import Manifest
+    from trajforge.tasks.synthesize import SynthesizeStage
+
+    store = RunStore(str(tmp_path / "runs"), "conflict")
+    env = get_family("log_report").generate(1, 0)
+    imposter = env.model_copy(update={"source": "harbor", "instruction": env.instruction + " (other content)"})
+    other = get_family("file_search").generate(1, 0)
+    parts = [str(tmp_path / "p0.parquet"), str(tmp_path / "p1.parquet")]
+    store.write_records(parts[0], EnvSpec, [env, other])
+    store.write_records(parts[1], EnvSpec, [imposter])  # read last
+    config = parse_config(small_config(tmp_path / "runs", **{"synthesize.dedup_threshold": None,
+                                                              "synthesize.envs_per_shard": 1}))
+    manifest = Manifest.model_construct(parts=parts)
+    shards = SynthesizeStage().plan(SimpleNamespace(store=store, config=config), {"propose": manifest})
+    assert sorted(i for s in shards for i in s.payload["env_ids"]) == sorted([env.env_id, other.env_id])
+    conflicts = [r for s in shards for r in s.payload.get("conflicts", [])]
+    assert [(r["key"], r["reason"]) for r in conflicts] == [(env.env_id, "env_id_conflict")]
+    pinned = {k: v for s in shards for k, v in s.payload.get("contents", {}).items()}
+    assert pinned == {env.env_id: env.content_hash()}
+
+
+def test_a_folder_named_like_an_environment_never_stands_in_for_it(tmp_path):
+    """`trajforge verify --envs DIR` finds environments by id, and task folders by name too: but a folder
+    whose name is a procedural id (or another environment's id) is found only by its own id."""
+    from trajforge.tasks.envs.catalogue import load_paths
+
+    env = get_family("log_report").generate(1, 0)
+    tree = tmp_path / "tree"
+    other, plain = get_family("file_search").generate(1, 0), get_family("csv_convert").generate(1, 0)
+    shutil.copytree(export_harbor(other, tmp_path / "x"), tree / env.env_id)  # another task, named like env
+    shutil.copytree(export_harbor(plain, tmp_path / "y"), tree / "my-task")
+    envs, rejects = load_paths([str(tree)])
+    assert env.env_id not in envs and not rejects
+    assert envs["my-task"].env_id == plain.env_id and envs[other.env_id] == other  # a plain name still finds it
+
+
+def test_a_tree_with_a_secret_is_refused_naming_the_file_and_detector_not_the_value():
+    """The export scans the data; the tree is scanned too: a token in an environment's files stops the
+    publish (a task's files are not redacted: that would change what runs)."""
+    from trajforge.tasks.dataset.env_tree import refuse_secrets
+    from trajforge.tasks.redaction.secrets import Scanner
+
+    token = "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789"
+    files = {"tasks/a/environment/Dockerfile": f"FROM base\nENV HF_TOKEN={token}\n".encode(),
+             "tasks/a/instruction.md": b"Count the errors.\n"}
+    with pytest.raises(EnvTreeError, match=r"tasks/a/environment/Dockerfile \(Hugging Face Token\)") as err:
+        refuse_secrets(files, Scanner())
+    assert token not in str(err.value) and "instruction.md" not in str(err.value)
+    refuse_secrets({"tasks/a/instruction.md": b"Count the errors.\n"}, Scanner())  # nothing found: no error
+
+
+@pytest.mark.docker
+def test_a_context_file_named_like_the_built_dockerfile_is_refused_before_building(tmp_path, docker_client):
+    """A task's build context holding `.trajforge.Dockerfile` (a later tar entry of that name would replace
+    the Dockerfile trajforge builds and records) fails with its cause named, before Docker is asked to build."""
+    from trajforge.tasks.envs.images import DOCKERFILE_NAME, ImageBuildError, ensure_image
+
+    folder = export_harbor(get_family("log_report").generate(1, 0), tmp_path)
+    (folder / "environment" / DOCKERFILE_NAME).write_text("FROM trajforge/base:latest\nRUN echo hidden\n")
+    env = import_task(folder)
+    with pytest.raises(ImageBuildError, match=f"file named {re.escape(DOCKERFILE_NAME)}") as err:
+        ensure_image(docker_client, "trajforge/base:latest", env)
+    assert err.value.cause == "reserved_name"

@@ -31,6 +31,7 @@ from ...schemas.config import safe_name
 from ...schemas.environment import EnvSpec
 from ..engine.store import RunStore
 from ..envs.formats import export_harbor
+from ..redaction.secrets import Scanner
 
 TREE = "tasks"
 MANIFEST = f"{TREE}/manifest.json"
@@ -156,16 +157,42 @@ def environment_tree(store: RunStore, build_id: str, selection: str | None) -> E
         manifest = write_tree(envs, Path(tmp), build_id=build_id, selection=selection, solutions=solutions,
                               base_image=base_image)
         files = {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
+    detectors = (((config.get("export") or {}).get("secrets") or {}).get("detectors"))
+    refuse_secrets(files, Scanner(detectors))
     return EnvTree(selection, files, manifest)
+
+
+def refuse_secrets(files: dict[str, bytes], scanner: Scanner) -> None:
+    """EnvTreeError naming each file of the tree where the export's secret scan finds a secret (its
+    detector, never the value): the data is scanned by the export, the tree is scanned here, and a tree
+    with a secret is not published (nothing is redacted in a task's files: it would change what runs)."""
+    found = []
+    for path, data in sorted(files.items()):
+        text = data.decode("utf-8", errors="replace")
+        detectors = sorted({d for d, _ in scanner.find(text)})
+        if detectors:
+            found.append(f"{path} ({', '.join(detectors)})")
+    if found:
+        raise EnvTreeError(f"the environment tree holds secrets the export's scan finds: {'; '.join(found[:5])}"
+                           f"{' …' if len(found) > 5 else ''}; remove them from the environments (or publish "
+                           "with --environments none)")
 
 
 def check_tree(root: Path) -> list[str]:
     """Problems of a downloaded tree (`root` = the `tasks/` folder) against its manifest: files missing,
-    changed (sha256) or not listed; empty when it is intact."""
+    changed (sha256) or not listed, task folders (or files) the manifest does not list, task names that
+    are not plain folder names (nothing outside `root` is read); empty when it is intact."""
     root = Path(root)
     manifest = json.loads((root / "manifest.json").read_text())
     problems = []
-    for task in manifest["tasks"]:
+    names = [t.get("name") for t in manifest.get("tasks", [])]
+    listed = {n for n in names if isinstance(n, str) and n == safe_name(n) and n not in (".", "..", "manifest.json")}
+    problems += [f"manifest: task name {n!r} is not a folder name of this tree" for n in names if n not in listed]
+    problems += [f"{p.name}: not in the manifest" for p in sorted(root.iterdir())
+                 if p.name != "manifest.json" and p.name not in listed]
+    for task in manifest.get("tasks", []):
+        if task.get("name") not in listed:
+            continue
         folder = root / task["name"]
         have = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else set()
         for rel, sha in task["files"].items():

@@ -143,20 +143,42 @@ def resolve(ref: str, known: dict[str, EnvSpec] | None = None, runs: str | None 
     return [found]
 
 
+def merge_candidates(rows: list[EnvSpec]) -> tuple[list[EnvSpec], list[Reject]]:
+    """One candidate per env id, in order: the same content from two sources (or twice in a list) is one
+    candidate; another content under an id already seen is an `env_id_conflict` reject naming both sources
+    (the first is kept), never a silent merge."""
+    seen: dict[str, EnvSpec] = {}
+    rejects = []
+    for e in rows:
+        first = seen.setdefault(e.env_id, e)
+        if first is not e and first.content_hash() != e.content_hash():
+            rejects.append(Reject(key=e.env_id, reason="env_id_conflict", detail=(
+                f"{e.source} gives env id {e.env_id} to other content than {first.source} does (the recorded id "
+                "of an exported task folder whose content was changed, or the same environment imported next to "
+                "its original): the first is kept")))
+    return list(seen.values()), rejects
+
+
 def load_paths(paths: list[str]) -> tuple[dict[str, EnvSpec], list[Reject]]:
-    """Environments by env_id (and by task-folder name) from task folders or JSONL files of specs."""
-    envs: dict[str, EnvSpec] = {}
+    """Environments by env_id from task folders or JSONL files of specs, in order: another content under
+    an id already loaded is an `env_id_conflict` reject (the first kept). A task folder is also found by
+    its folder name, unless that name is some environment's id or a procedural id (a folder named like
+    an environment never stands in for it)."""
+    specs: list[EnvSpec] = []
+    names: list[tuple[str, EnvSpec]] = []
     rejects: list[Reject] = []
     for p in paths:
         path = Path(p)
         if path.is_file() and path.suffix == ".jsonl":
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    env = EnvSpec.model_validate_json(line)
-                    envs[env.env_id] = env
+            specs += [EnvSpec.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
             continue
         found, bad = from_folder(path)
         rejects += bad
-        for folder, env in found:
-            envs[env.env_id] = envs[folder.name] = env
-    return envs, rejects
+        specs += [env for _, env in found]
+        names += [(folder.name, env) for folder, env in found]
+    kept, conflicts = merge_candidates(specs)
+    envs = {e.env_id: e for e in kept}
+    for name, env in names:
+        if name not in envs and PROCEDURAL_ID.match(name) is None and envs.get(env.env_id) is env:
+            envs[name] = env
+    return envs, rejects + conflicts

@@ -90,7 +90,7 @@ CAUSES = (
 class ImageBuildError(RuntimeError):
     """A Dockerfile that failed to build; `log_tail` holds the last lines of the build log, `cause` a code:
     base_image_missing | build_fetch_failed | package_not_found | build_timeout | blob_missing |
-    build_step_failed; `hint` the fix when the log shows one (a certificate check: `CA_HINT`), also
+    reserved_name | build_step_failed; `hint` the fix when the log shows one (a certificate check: `CA_HINT`), also
     leading the message's first line."""
 
     def __init__(self, message: str, log_tail: str, cause: str | None = None):
@@ -268,6 +268,12 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
     except docker.errors.ImageNotFound:
         pass
     dockerfile, context = render(env, base_id, aliases)
+    reserved = sorted(({f.path.strip("/") for f in context} | {b.path.strip("/") for b in env.blobs})
+                      & {DOCKERFILE_NAME, CA_NAME})
+    if reserved:  # a later tar entry of that name would replace the Dockerfile trajforge built (and records)
+        raise ImageBuildError(f"image for {env.env_id} failed to build: its build context has a file named "
+                              f"{reserved[0]}, a name trajforge reserves for the Dockerfile it builds and the "
+                              "build CA", "", cause="reserved_name")
     try:
         store = BlobStore() if env.blobs else None
         blobs = [(b.path, store.get(b.sha256), b.mode) for b in env.blobs]

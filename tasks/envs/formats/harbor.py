@@ -4,22 +4,19 @@
 the local base image, the trajforge test runner writing `reward.json` with per-test results,
 `solve.sh`), which imports back to the same environment and verdicts.
 
-Identity: an exported terminal environment's `task.toml` records its env id (`trajforge_env_id`) and a
-digest of the folder (`trajforge_digest`: every file but task.toml by path and content, plus task.toml's
-fields without the digest; file modes are left out, which a Hub snapshot does not keep). Import gives
-back that env id when the digest matches, so a folder that went through the Hub comes back as the
-same environment; an edited folder (or one without the record) gets an id of its own content, as any
-imported task does. The digest guards against accidental edits, not forgery (anyone can recompute
-it): a recorded id is a claim. So where ids meet, content decides: `propose` keeps one candidate per id
-and rejects another content under it (`env_id_conflict`), and the import journal reuses an outcome only
-for the same content (`Journal.holds`).
+Identity: a procedural environment's export records where it comes from (`trajforge_env_id`,
+`trajforge_family`, `trajforge_level`, `trajforge_seed` in `[metadata]`). Import believes that record only
+when it can check it: it regenerates the environment (family x level x seed, with this trajforge) and
+exports it again (without the reference solution when the folder has none); when every file is the
+same, byte for byte (file modes aside: a Hub snapshot does not keep them), the folder IS that
+environment and imports as it, same env id and content. Anything else (an edited or forged folder, a
+family that changed since, an environment of another source) gets an id of its own content, as any
+imported task does: an id is never taken on a file's word.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -41,32 +38,42 @@ def _agent_user(meta: dict, where: Path) -> str:
     return user
 
 
-ENV_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-
-
-def export_digest(folder: Path, meta: dict) -> str:
-    """The digest `trajforge_digest` records (see the module docstring)."""
-    h = hashlib.sha256()
-    fields = {k: v for k, v in meta.get("metadata", {}).items() if k != "trajforge_digest"}
-    h.update(json.dumps({**meta, "metadata": fields}, sort_keys=True, default=str).encode())
+def _files(folder: Path) -> dict[str, bytes] | None:
+    """Every file of a folder by relative path (None when it holds a symlink: no export writes one)."""
+    out = {}
     for p in sorted(Path(folder).rglob("*")):
-        rel = p.relative_to(folder).as_posix()
-        if rel == "task.toml":
-            continue
         if p.is_symlink():
-            h.update(b"\0L" + rel.encode() + b"\0" + str(p.readlink()).encode())
-        elif p.is_file():
-            h.update(b"\0F" + rel.encode() + b"\0%d\0" % p.stat().st_size + p.read_bytes())
-    return h.hexdigest()[:32]
+            return None
+        if p.is_file():
+            out[p.relative_to(folder).as_posix()] = p.read_bytes()
+    return out
 
 
-def recorded_env_id(folder: Path, meta: dict) -> str | None:
-    """The env id an unmodified trajforge export records, else None."""
+def regenerated(folder: Path, meta: dict) -> EnvSpec | None:
+    """The procedural environment a folder's `[metadata]` names, when regenerating and exporting it gives
+    exactly this folder (see the module docstring); else None."""
+    from ..families import FAMILIES
+
     fields = meta.get("metadata", {})
-    env_id, digest = fields.get("trajforge_env_id"), fields.get("trajforge_digest")
-    if not isinstance(env_id, str) or not isinstance(digest, str) or not ENV_ID.match(env_id):
+    family, level, seed = (fields.get(k) for k in ("trajforge_family", "trajforge_level", "trajforge_seed"))
+    if family not in FAMILIES or FAMILIES[family].kind != "terminal" or not isinstance(level, int) \
+            or not isinstance(seed, int):
         return None
-    return env_id if export_digest(folder, meta) == digest else None
+    try:
+        env = FAMILIES[family].generate(level, seed)
+    except Exception:  # a level or seed the family does not make
+        return None
+    if env.env_id != fields.get("trajforge_env_id") or env.kind != "terminal":
+        return None
+    if env.oracle == "present" and not (folder / "solution").exists():  # published without solutions
+        env = env.model_copy(update={"solution": [], "oracle": "absent"})
+    dockerfile = folder / "environment" / "Dockerfile"
+    first = dockerfile.read_text(errors="replace").split("\n", 1)[0] if dockerfile.is_file() else ""
+    if not first.startswith("FROM "):
+        return None
+    with tempfile.TemporaryDirectory(prefix="trajforge-regen-") as tmp:
+        again = _files(export_harbor(env, Path(tmp), first[5:].strip()))
+    return env if again is not None and again == _files(folder) else None
 
 
 def import_harbor(folder: Path) -> EnvSpec:
@@ -76,11 +83,14 @@ def import_harbor(folder: Path) -> EnvSpec:
     for section in ("agent", "verifier", "environment", "metadata"):
         if section in meta and not isinstance(meta[section], dict):
             raise TaskFormatError(toml_path, f"[{section}] must be a table")
+    check_links(folder)
+    same = regenerated(folder, meta)
+    if same is not None:
+        return same
     environment = meta.get("environment", {})
     instruction = base.read_file(folder / "instruction.md", "the task instruction").strip()
     if not instruction:
         raise TaskFormatError(folder / "instruction.md", "empty instruction")
-    check_links(folder)
     blobs: list[Blob] = []
     if environment.get("docker_image"):
         dockerfile, context = f"FROM {environment['docker_image']}\n", []
@@ -96,7 +106,7 @@ def import_harbor(folder: Path) -> EnvSpec:
     difficulty = str(meta.get("metadata", {}).get("difficulty", "medium")).lower()
     return EnvSpec(
         # every file of the folder counts (build-context data and binary files too): a changed file is another id
-        env_id=recorded_env_id(folder, meta) or base.folder_env_id("harbor", folder, [folder_digest(folder)]),
+        env_id=base.folder_env_id("harbor", folder, [folder_digest(folder)]),
         oracle="present" if has_solve else "absent", blobs=blobs,
         build_timeout_s=base.number(environment.get("build_timeout_sec"), toml_path, "[environment].build_timeout_sec"),
         family=f"harbor:{safe_name(str(meta.get('metadata', {}).get('category', 'task')))}",
@@ -120,7 +130,9 @@ def export_harbor(env: EnvSpec, dest: Path, base_image: str = "trajforge/base:la
     meta = {"version": "1.0",
             "metadata": {"difficulty": difficulty, "category": env.family.split(":")[0],
                          "tags": ["trajforge", env.source], "trajforge_env_id": env.env_id,
-                         "trajforge_agent_user": env.agent_user},
+                         "trajforge_agent_user": env.agent_user,
+                         **({"trajforge_family": env.family, "trajforge_level": env.level, "trajforge_seed": env.seed}
+                            if env.source == f"procedural:{env.family}" else {})},
             "verifier": {"timeout_sec": float(env.test_timeout_s or 120)},
             "agent": {"timeout_sec": float(env.agent_timeout_s or 600)},
             "environment": {"workdir": env.workdir,
@@ -156,9 +168,6 @@ def export_harbor(env: EnvSpec, dest: Path, base_image: str = "trajforge/base:la
     if env.oracle == "present":
         script = env.solution[0] if len(env.solution) == 1 else "\n".join(env.solution)
         _write(out / "solution" / "solve.sh", FileSpec(path="solve.sh", content=script + "\n", mode=0o755))
-    if env.kind == "terminal":  # other kinds have no Harbor form that imports back as them: no identity claimed
-        meta["metadata"]["trajforge_digest"] = export_digest(out, tomllib.loads((out / "task.toml").read_text()))
-        (out / "task.toml").write_text(tomli_w.dumps(meta))
     return out
 
 
