@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_quick, host_report, no_target, print_table  # noqa: E402
+from _common import host_report, no_target, parse_quick, print_table  # noqa: E402
 
 from trajforge.schemas.config import SandboxConfig  # noqa: E402
 from trajforge.tasks.envs.families import FAMILIES  # noqa: E402
@@ -102,11 +102,7 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=20, help="calls per side before the next side's turn")
     ap.add_argument("--family", default="bookings", help="a tool family")
     ap.add_argument("--level", type=int, default=1)
-    add_quick(ap, "--calls 20 --block 10")
-    a = ap.parse_args()
-    if a.quick:
-        a.calls, a.block = 20, 10
-    host_report("start", a.quick)
+    a = parse_quick(ap, calls=20, block=10)
     client = docker_client()
     env = FAMILIES[a.family].generate(a.level, 0)
     env.image, _ = ensure_image(client, "trajforge/base:latest", env)

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parent.parent
 
-from _common import add_quick, host_report, print_table, target  # noqa: E402
+from _common import host_report, parse_quick, print_table, target  # noqa: E402
 
 from trajforge.schemas.calibration import Calibration  # noqa: E402
 from trajforge.schemas.config import load_config  # noqa: E402
@@ -100,11 +100,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--repeat", type=int, default=5)
-    add_quick(ap, "--rows 1000 --repeat 1")
-    args = ap.parse_args()
-    if args.quick:
-        args.rows, args.repeat = 1000, 1
-    host_report("start", args.quick)
+    args = parse_quick(ap, rows=1000, repeat=1)
     d = Path(tempfile.mkdtemp(prefix="tf-parquet-"))
     ctx = StageContext.create(load_config(ROOT / "configs/replay.yaml", {"runs": str(d), "dataset": "bench"}), "bench")
     store, stage = ctx.store, ExportStage()

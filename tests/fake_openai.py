@@ -136,7 +136,25 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 512  # hundreds of clients may connect at once (the default backlog is 5)
 
 
-class FakeOpenAI:
+class LoopbackServer:
+    """An HTTP server served on a daemon thread while in `with` (`serve(server)` from `__init__`); `url` is
+    its OpenAI-style base URL."""
+
+    def serve(self, server) -> None:
+        self.server = server
+        self.url = f"http://{server.server_address[0]}:{server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeOpenAI(LoopbackServer):
     def __init__(self, mode: str = "ok", script: Callable[[dict, int], dict] | None = None, delay_s: float = 0.0,
                  sequence: list[str] | None = None, retry_after: float | None = None, host: str = "127.0.0.1",
                  port: int = 0, rate_tok_s: float | None = None, stream_tok_s: float | None = None,
@@ -224,18 +242,9 @@ class FakeOpenAI:
                     with outer.lock:
                         outer.inflight -= 1
 
-        self.server = _Server((host, port), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://{host}:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> "FakeOpenAI":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        server = _Server((host, port), Handler)
+        server.daemon_threads = True
+        self.serve(server)
 
 
 if __name__ == "__main__":  # a stand-in server process: `python fake_openai.py --port N [--delay-s S]`

@@ -148,6 +148,21 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _kill_when_stalled(hub_server, route: str, cmd: list[str]) -> dict[str, str]:
+    """Run the publish command `cmd` in a process, stall the Hub at `route` and SIGKILL the publisher
+    there; returns the process environment it ran with (Prefect's API left out), for the re-run."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    hub_server.stall(route)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert hub_server.stalled.wait(120), f"the publisher never reached {route}: {proc.poll()}"
+        proc.kill()
+        proc.wait(30)
+    finally:
+        hub_server.release()
+    return env
+
+
 def _api(hub_server):
     from huggingface_hub import HfApi
 
@@ -196,15 +211,7 @@ def test_a_publish_killed_mid_upload_resumes_without_resending_stored_objects(hu
     repo = "org/killed-upload"
     cmd = [venv_bin("trajforge"), "publish", repo, "--build", "b1", "--runs", store.runs_url, "--dataset", "kill",
            "--endpoint", hub_server.endpoint, "--token", "hf_test"]
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    hub_server.stall("lfs-upload")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert hub_server.stalled.wait(120), f"the publisher never reached an LFS upload: {proc.poll()}"
-        proc.kill()
-        proc.wait(30)
-    finally:
-        hub_server.release()
+    env = _kill_when_stalled(hub_server, "lfs-upload", cmd)
     assert hub_server.wait_idle(60)
     assert set(hub_server.files(repo)) == {".gitattributes"} and not hub_server.lfs_files(repo), "nothing committed"
     stored = hub_server.objects(repo)
@@ -482,15 +489,7 @@ def test_a_publish_killed_half_way_leaves_main_at_the_old_or_the_new_build_and_a
     old_files = hub_server.files(repo)
     cmd = [venv_bin("trajforge"), "publish", repo, "--build", b2, "--runs", store.runs_url,
            "--dataset", "pub", "--endpoint", hub_server.endpoint, "--token", "hf_test"]
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    hub_server.stall(route)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert hub_server.stalled.wait(120), f"the publisher never reached {route}: {proc.poll()}"
-        proc.kill()
-        proc.wait(30)
-    finally:
-        hub_server.release()
+    env = _kill_when_stalled(hub_server, route, cmd)
     assert hub_server.wait_idle(60), "the Hub finished the request the killed publisher left"
     head = hub_server.head(repo)
     history = hub_server.history(repo)

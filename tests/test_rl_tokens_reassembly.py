@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from fake_openai import LoopbackServer
 
 from trajforge.schemas.trajectory import Message, TurnUsage
 from trajforge.tasks.agent.harness import _State
@@ -72,7 +73,7 @@ def test_rl_tokens_rows_carry_the_flag_and_the_one_sequence(tmp_path):
     assert [u["completion_token_ids"] for u in drift["turns"]] == [c for _, c in DRIFT]
 
 
-class RecordingProxy:
+class RecordingProxy(LoopbackServer):
     """A loopback HTTP proxy in front of the teacher server that keeps every chat completion's raw JSON
     answer: what the server sampled, recorded apart from the rollout and the export."""
 
@@ -108,17 +109,7 @@ class RecordingProxy:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> "RecordingProxy":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler))
 
 
 @pytest.mark.docker
