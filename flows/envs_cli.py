@@ -145,7 +145,9 @@ def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Ben
                                                                      "default: the host's SSL_CERT_FILE / "
                                                                      "PIP_CERT / REQUESTS_CA_BUNDLE)"),
                 state: Optional[Path] = typer.Option(None, help="journal of outcomes (resume); default "
-                                                                 ".trajforge/import-<hash of FOLDER>.jsonl"),
+                                                                 "$TRAJFORGE_CACHE/imports/import-<hash of FOLDER and "
+                                                                 "settings>.jsonl (~/.cache/trajforge), never inside "
+                                                                 "the folder being imported"),
                 fresh: bool = typer.Option(False, help="ignore the journal: check every task again"),
                 log_dir: Path = typer.Option(Path(".trajforge/build-logs"), help="build logs, one per image")):
     """Import task folders through the validator (a build takes them with `synthesize.imports`): parse all,
@@ -159,6 +161,7 @@ def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Ben
     from ..tasks.envs.corpus import Journal, admit, discover, parse, tally
     from ..tasks.envs.formats import TaskFormatError
     from ..tasks.envs.images import CA_HINT, CERT_ERROR, HOST_CA_VARS, host_ca_bundle
+    from ..tasks.teachers.vllm_server import cache_dir
 
     s, sandbox = _settings(config)
     if ca_bundle:
@@ -184,7 +187,10 @@ def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Ben
     settings = json.dumps([str(folder.resolve()), s.model_dump(mode="json"), sandbox.model_dump(mode="json")],
                           sort_keys=True)  # other settings, another journal
     digest = hashlib.sha256(settings.encode()).hexdigest()[:12]
-    journal = Journal(None if fresh and state is None else (state or Path(f".trajforge/import-{digest}.jsonl")))
+    # the journal decides what is NOT validated again: it lives in the user's cache, not in the working
+    # directory, where a downloaded snapshot could bring one along
+    default = cache_dir() / "imports" / f"import-{digest}.jsonl"
+    journal = Journal(None if fresh and state is None else (state or default))
     if fresh:
         journal.done.clear()
     resumed = sum(journal.holds(e) for e in unique)

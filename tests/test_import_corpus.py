@@ -220,14 +220,17 @@ def test_envs_import_cli_samples_resumes_and_reports_yield(tmp_path):
     shutil.copytree(CORPUS / "tally-words", corpus / "no-instruction")
     (corpus / "no-instruction" / "instruction.md").unlink()
     args = ("envs", "import", str(corpus), "--ca-bundle", CA, "--out", str(tmp_path / "kept.jsonl"))
-    out = run_cli(*args, "--sample", "2", "--seed", "1", cwd=tmp_path)
+    cache = {"TRAJFORGE_CACHE": str(tmp_path / "cache")}  # the journal's default home
+    out = run_cli(*args, "--sample", "2", "--seed", "1", cwd=tmp_path, env=cache)
     assert "parsed 2 task folder(s)" in out.stdout and "(sample of 2, seed 1)" in out.stdout, out.stdout + out.stderr
-    out = run_cli(*args, cwd=tmp_path)
+    out = run_cli(*args, cwd=tmp_path, env=cache)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "kept (no oracle)" in out.stdout and "package_not_found" in out.stdout
     assert "import_malformed=1" in out.stdout and "image_build_failed=1" in out.stdout
     assert len((tmp_path / "kept.jsonl").read_text().splitlines()) == 2
     assert list((tmp_path / ".trajforge" / "build-logs").glob("*.log"))
-    again = run_cli(*args, cwd=tmp_path)  # resumes: the kept ones come from the journal
+    again = run_cli(*args, cwd=tmp_path, env=cache)  # resumes: the kept ones come from the journal
     assert "resuming: 2 environment(s) already checked" in again.stdout, again.stdout
+    assert len(list((tmp_path / "cache" / "imports").glob("import-*.jsonl"))) == 1
+    assert not list((tmp_path / ".trajforge").glob("import-*.jsonl")), "no journal in the working directory"
     assert len((tmp_path / "kept.jsonl").read_text().splitlines()) == 2

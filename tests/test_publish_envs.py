@@ -70,8 +70,8 @@ def test_a_forged_folder_never_takes_the_env_id_it_records(tmp_path):
     journal = Journal(None)
     journal.add(Outcome(env.env_id, env.source, "kept", content=env.content_hash()))
     assert journal.holds(genuine) and not journal.holds(other)
-    journal.add(Outcome(env.env_id, env.source, "kept"))  # a line written before outcomes recorded content
-    assert journal.holds(other)  # (then every id was its content's hash: nothing could claim one)
+    journal.add(Outcome(env.env_id, env.source, "kept"))  # a line without content (older, or planted)
+    assert not journal.holds(env) and not journal.holds(other)  # checked again
 
 
 def test_write_tree_names_hashes_and_refuses_what_has_no_harbor_form(tmp_path):
@@ -285,8 +285,11 @@ def test_a_folder_named_like_an_environment_never_stands_in_for_it(tmp_path):
     other, plain = get_family("file_search").generate(1, 0), get_family("csv_convert").generate(1, 0)
     shutil.copytree(export_harbor(other, tmp_path / "x"), tree / env.env_id)  # another task, named like env
     shutil.copytree(export_harbor(plain, tmp_path / "y"), tree / "my-task")
+    harbor_id = "harbor-count-errors-6f365d57"  # an imported environment's id, not among these paths
+    shutil.copytree(tree / "my-task", tree / harbor_id)
+    shutil.copytree(tree / "my-task", tree / "log_report-l1-s0")
     envs, rejects = load_paths([str(tree)])
-    assert env.env_id not in envs and not rejects
+    assert env.env_id not in envs and harbor_id not in envs and "log_report-l1-s0" not in envs and not rejects
     assert envs["my-task"].env_id == plain.env_id and envs[other.env_id] == other  # a plain name still finds it
 
 
@@ -317,3 +320,28 @@ def test_a_context_file_named_like_the_built_dockerfile_is_refused_before_buildi
     with pytest.raises(ImageBuildError, match=f"file named {re.escape(DOCKERFILE_NAME)}") as err:
         ensure_image(docker_client, "trajforge/base:latest", env)
     assert err.value.cause == "reserved_name"
+
+
+def test_the_tree_scan_reads_what_docker_would_see_encoded_packed_or_continued():
+    """UTF-16 text, a tar.gz that Docker's ADD unpacks, and a token split by a Dockerfile line continuation
+    are read as the build would read them: each refused."""
+    import gzip
+    import io
+    import tarfile
+
+    from trajforge.tasks.dataset.env_tree import refuse_secrets
+    from trajforge.tasks.redaction.secrets import Scanner
+
+    token = "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789"
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w") as tar:
+        data = f"token={token}\n".encode()
+        info = tarfile.TarInfo("creds/hub.env")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    files = {"tasks/a/environment/hub.env": f"HF_TOKEN={token}\n".encode("utf-16"),
+             "tasks/a/environment/creds.tar.gz": gzip.compress(packed.getvalue()),
+             "tasks/a/environment/Dockerfile": f"FROM base\nENV HF_TOKEN={token[:12]}\\\n    {token[12:]}\n".encode()}
+    for path, data in files.items():
+        with pytest.raises(EnvTreeError, match=re.escape(path)):
+            refuse_secrets({path: data}, Scanner())

@@ -18,14 +18,19 @@ tree holds no path a config's `data_files` pattern (`<config>/<file>.parquet`) n
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import posixpath
+import re
 import shutil
+import tarfile
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ...schemas.config import safe_name
 from ...schemas.environment import EnvSpec
@@ -162,14 +167,43 @@ def environment_tree(store: RunStore, build_id: str, selection: str | None) -> E
     return EnvTree(selection, files, manifest)
 
 
+def _texts(data: bytes, depth: int = 0) -> Iterator[str]:
+    """What a file says, as the secret scan reads it: UTF-8 or UTF-16 (by its byte-order mark or its NULs),
+    with shell / Dockerfile line continuations joined too; the members of a gzip, tar or zip archive
+    (what Docker's ADD unpacks), two levels deep and 64 MiB at most."""
+    text = data.decode("utf-8", errors="replace")
+    yield text
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or (len(data) > 1 and data.count(b"\0") * 3 > len(data)):
+        yield data.decode("utf-16", errors="replace")
+    if "\\\n" in text:
+        yield re.sub(r"\\\n[ \t]*", "", text)
+    if depth >= 2:
+        return
+    try:
+        if data[:2] == b"\x1f\x8b":
+            with gzip.open(io.BytesIO(data)) as f:
+                yield from _texts(f.read(64 << 20), depth + 1)
+        elif tarfile.is_tarfile(io.BytesIO(data)):
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                for m in tar.getmembers():
+                    if m.isfile() and m.size <= 64 << 20:
+                        yield from _texts(tar.extractfile(m).read(), depth + 1)
+        elif zipfile.is_zipfile(io.BytesIO(data)):
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                for info in z.infolist():
+                    if not info.is_dir() and info.file_size <= 64 << 20:
+                        yield from _texts(z.read(info), depth + 1)
+    except (OSError, EOFError, tarfile.TarError, zipfile.BadZipFile):
+        return  # a damaged archive: its bytes were scanned as text above
+
+
 def refuse_secrets(files: dict[str, bytes], scanner: Scanner) -> None:
     """EnvTreeError naming each file of the tree where the export's secret scan finds a secret (its
     detector, never the value): the data is scanned by the export, the tree is scanned here, and a tree
     with a secret is not published (nothing is redacted in a task's files: it would change what runs)."""
     found = []
     for path, data in sorted(files.items()):
-        text = data.decode("utf-8", errors="replace")
-        detectors = sorted({d for d, _ in scanner.find(text)})
+        detectors = sorted({d for text in _texts(data) for d, _ in scanner.find(text)})
         if detectors:
             found.append(f"{path} ({', '.join(detectors)})")
     if found:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..engine.contract import Manifest, StageContext
 
 PROCEDURAL_ID = re.compile(r"^(?P<family>[a-z_]+)-l(?P<level>\d+)-s(?P<seed>\d+)(?:-(?P<hash>[0-9a-f]{8}))?$")
+ID_SHAPED = re.compile(r"-[0-9a-f]{8}$")  # how every env id ends (a content hash prefix)
 
 
 class EnvNotFound(ValueError):
@@ -162,8 +163,9 @@ def merge_candidates(rows: list[EnvSpec]) -> tuple[list[EnvSpec], list[Reject]]:
 def load_paths(paths: list[str]) -> tuple[dict[str, EnvSpec], list[Reject]]:
     """Environments by env_id from task folders or JSONL files of specs, in order: another content under
     an id already loaded is an `env_id_conflict` reject (the first kept). A task folder is also found by
-    its folder name, unless that name is some environment's id or a procedural id (a folder named like
-    an environment never stands in for it)."""
+    its folder name, unless that name is shaped like an env id (ends in `-<8 hex>`, as every generated and
+    imported id does, or names a procedural environment) or is some loaded environment's id: a folder named like an environment never stands
+    in for it."""
     specs: list[EnvSpec] = []
     names: list[tuple[str, EnvSpec]] = []
     rejects: list[Reject] = []
@@ -179,6 +181,7 @@ def load_paths(paths: list[str]) -> tuple[dict[str, EnvSpec], list[Reject]]:
     kept, conflicts = merge_candidates(specs)
     envs = {e.env_id: e for e in kept}
     for name, env in names:
-        if name not in envs and PROCEDURAL_ID.match(name) is None and envs.get(env.env_id) is env:
-            envs[name] = env
+        if name not in envs and not ID_SHAPED.search(name) and PROCEDURAL_ID.match(name) is None \
+                and env.env_id in envs and envs[env.env_id].content_hash() == env.content_hash():
+            envs[name] = envs[env.env_id]
     return envs, rejects + conflicts

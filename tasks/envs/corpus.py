@@ -82,11 +82,11 @@ class Journal:
                     self.done[o.key] = o
 
     def holds(self, env: EnvSpec) -> bool:
-        """Whether the journal has this environment's outcome: same env id AND same content. An id is a
-        claim (a trajforge export records one): another content under a journalled id is validated, not
-        skipped. A line without `content` predates recorded ids, when an id was its content's hash."""
+        """Whether the journal has this environment's outcome: same env id AND same content (another
+        content under a journalled id is validated, not skipped; a line without `content`, from before it
+        was recorded, is checked again)."""
         o = self.done.get(env.env_id)
-        return o is not None and (o.content is None or o.content == env.content_hash())
+        return o is not None and o.content == env.content_hash()
 
     def add(self, o: Outcome) -> None:
         self.done[o.key] = o
