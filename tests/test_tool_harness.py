@@ -581,9 +581,14 @@ def test_the_official_mcp_client_speaks_to_the_server_in_the_sandbox(docker_clie
                                                "python3", "-I", ".tools/server.py"]))
 
         async def again():
+            import anyio
+
             session = ToolSession(sb)
             try:
-                return [await session.call("get_account", {"name": n}, 20) for n in ("bob", "bob")]
+                outs = [await session.call("get_account", {"name": n}, 20) for n in ("bob", "bob")]
+                # an open session holds no token of anyio's shared thread limiter (many episodes at once)
+                assert anyio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
+                return outs
             finally:
                 await session.close()
 

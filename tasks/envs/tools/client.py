@@ -131,6 +131,9 @@ async def exec_stdio(sb: Sandboxed, argv: list[str], stderr: deque[str]) -> Asyn
                                          "PATH": HARNESS_PATH})["Id"])
     sock = await anyio.to_thread.run_sync(lambda: api.exec_start(exec_id, socket=True))
     raw = getattr(sock, "_sock", sock)
+    # the blocking read holds its thread for the whole session: threads of this session's own, never
+    # tokens of anyio's shared limiter (40), which many concurrent episodes would exhaust
+    threads = anyio.CapacityLimiter(2)
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
 
@@ -138,7 +141,7 @@ async def exec_stdio(sb: Sandboxed, argv: list[str], stderr: deque[str]) -> Asyn
         pending, lines, errs = bytearray(), bytearray(), bytearray()
         async with read_writer:
             while True:
-                data = await anyio.to_thread.run_sync(socket_read, sock, 65536, abandon_on_cancel=True)
+                data = await anyio.to_thread.run_sync(socket_read, sock, 65536, abandon_on_cancel=True, limiter=threads)
                 if not data:
                     return
                 pending += data
@@ -173,7 +176,7 @@ async def exec_stdio(sb: Sandboxed, argv: list[str], stderr: deque[str]) -> Asyn
         async with write_reader:
             async for message in write_reader:
                 data = (message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode()
-                await anyio.to_thread.run_sync(raw.sendall, data)
+                await anyio.to_thread.run_sync(raw.sendall, data, limiter=threads)
 
     done = anyio.Event()
 
