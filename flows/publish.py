@@ -395,6 +395,9 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
             check_schemas(api, repo_id, parent, base, sorted(_tree(api, repo_id, parent)), header,
                           {rel: f.path for rel, f in local.items()})
             say(f"appending to build {parent_build} ({parent[:12]}): every config keeps its published schema")
+            from .publish_append import append_note
+
+            card = append_note(card, build_id, parent_build)
         ops: dict[str, Any] = {}
         for attempt in range(1, attempts + 1):
             card_bytes, configs = _card(api, repo_id, card, header, tags, build_id, tag, base)

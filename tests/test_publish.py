@@ -336,6 +336,7 @@ def test_append_publishes_only_new_shards_pinned_to_the_parent_build_and_refuses
     card = DatasetCard(files["README.md"].decode())
     paths = {c["config_name"]: c["data_files"][0]["path"] for c in card.data.configs}
     assert paths == {c: [f"{c}/train-fp1-*.parquet", f"{c}/train-fp2-*.parquet"] for c in ("sft", "trajectories")}
+    assert "This revision adds build `b2` to the builds published before it (the last: `b1`)" in card.text
     got = _load_through_endpoint(hub_server.endpoint, tmp_path / "hf", repo, [("sft", None), ("sft", "b1")])
     assert len(got[0]) == 2 * len(got[1]) == 12 and set(got[1]) < set(got[0]), "main: both builds' rows"
 
@@ -348,6 +349,17 @@ def test_append_publishes_only_new_shards_pinned_to_the_parent_build_and_refuses
     assert hub_server.head(repo) == head and len(hub_server.lfs_puts) == puts
     assert not [p for _, p in hub_server.requests[preuploads:] if "/preupload/" in p or p.endswith("/commit/main")]
     assert "b3" not in {t.name for t in api.list_repo_refs(repo, repo_type="dataset").tags}
+
+def test_append_with_environments_is_refused_before_anything_is_sent(hub_server, tmp_path):
+    """An appended revision spans several builds, a task tree's manifest describes one: refused by name,
+    before the repository is even created."""
+    store = RunStore(str(tmp_path / "runs"), "app")
+    _fake_build(store, "b1", "fp1")
+    api, before = _api(hub_server), len(hub_server.requests)
+    with pytest.raises(PublishError, match="--append cannot publish environments"):
+        publish(store, "b1", "org/nothing", api=api, append=True, environments="rl")
+    assert len(hub_server.requests) == before, "nothing reached the Hub"
+
 
 
 # -- two real replay builds, published and read back ------------------------------------------------------

@@ -67,19 +67,23 @@ def test_model_that_never_submits_ends_at_max_turns_and_history_is_linear(tmp_pa
     assert len(last) == 6 and last == [m.api_dict() for m in r.messages[:6]]
 
 
-def test_tool_calling_episode_submits_and_counts(tmp_path, envs):
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_tool_calling_episode_submits_and_counts(tmp_path, envs, tool_choice):
     def script(req, n):
         turns = sum(1 for m in req["messages"] if m["role"] == "assistant")
         return tool_call("cat TASK.md 2>/dev/null; ls" if turns == 0 else None, turns)
 
     with FakeOpenAI("ok", script) as srv:
-        res = run_episodes(ctx_for(tmp_path, [srv.url], tool_calling=True, seed=7), envs, episodes(envs, 1))
+        res = run_episodes(ctx_for(tmp_path, [srv.url], tool_calling=True, seed=7, tool_choice=tool_choice), envs,
+                           episodes(envs, 1))
     for r in res.rows:
         assert r.status == "ok" and r.turns == 2
         assert r.messages[2].tool_calls[0].function.name == "bash"
         assert r.messages[3].role == "tool" and r.messages[3].tool_call_id == "call_0"
         assert json.loads(r.tools_json)[0]["function"]["name"] == "bash"
     assert "tools" in srv.bodies[0] and srv.bodies[0]["seed"] != srv.bodies[1]["seed"]
+    # `auto` is the API's default: not sent; `required` travels with every request that offers tools
+    assert [b.get("tool_choice") for b in srv.bodies] == [None if tool_choice == "auto" else tool_choice] * len(srv.bodies)
 
 
 def test_sticky_routing_and_dead_endpoint_leaves_rotation(tmp_path, envs):

@@ -203,3 +203,54 @@ def test_dasks_omp_setting_is_not_taken_for_the_users(monkeypatch):
     assert c.threads is not None and "set" not in c.reasons["threads"]
     monkeypatch.setattr(cpu_profile, "STARTUP_THREAD_ENV", {"OMP_NUM_THREADS": "3"})  # the user's own
     assert cpu_profile.resolve(VLLMServerConfig()).reasons["threads"] == "OMP_NUM_THREADS=3 set"
+
+
+def test_chat_template_is_a_shipped_name_or_a_file(tmp_path, monkeypatch):
+    """`vllm.chat_template`: a name of one in tasks/teachers/chat_templates/ or a file; anything else is refused."""
+    from trajforge.tasks.teachers.vllm_server import CHAT_TEMPLATES, TeacherServerError
+
+    monkeypatch.setenv("TRAJFORGE_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    mine = tmp_path / "mine.jinja"
+    mine.write_text("{{ messages }}")
+    for spec, path in [("smollm2-tools", CHAT_TEMPLATES / "smollm2-tools.jinja"), (str(mine), mine)]:
+        c = cfg({"model": str(model), "python": "/usr/bin/python3", "tool_call_parser": "hermes", "chat_template": spec})
+        cmd = VLLMServer(c.teacher, tmp_path / "vllm.log").command()
+        assert cmd[cmd.index("--chat-template") + 1] == str(path) and path.is_file()
+        assert cmd[cmd.index("--tool-call-parser") + 1] == "hermes"
+    c = cfg({"model": str(model), "python": "/usr/bin/python3", "chat_template": "no-such-template"})
+    with pytest.raises(TeacherServerError, match="smollm2-tools"):
+        VLLMServer(c.teacher, tmp_path / "vllm.log").command()
+    # fingerprinted by content: an edited template is a different teacher
+    before = cfg({"chat_template": str(mine)}).teacher.fingerprint()["vllm"]["chat_template"]
+    mine.write_text("{{ messages }}\n")
+    after = cfg({"chat_template": str(mine)}).teacher.fingerprint()["vllm"]["chat_template"]
+    assert before != after and before.startswith(f"{mine}@")
+
+
+def test_the_shipped_smollm2_template_renders_tools_calls_and_results():
+    """`smollm2-tools` (jinja2, as vLLM renders it): the tools and the Hermes call format in the system turn,
+    an assistant's calls as <tool_call> blocks, a tool result as a user turn; without tools, the model's own."""
+    import json
+
+    import jinja2
+
+    from trajforge.tasks.teachers.vllm_server import CHAT_TEMPLATES
+
+    t = jinja2.Environment().from_string((CHAT_TEMPLATES / "smollm2-tools.jinja").read_text())
+    tool = {"type": "function", "function": {"name": "set_counter", "parameters": {"type": "object"}}}
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Set alpha to 4."},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "set_counter", "arguments": '{"name": "alpha", "value": 4}'}}]},
+            {"role": "tool", "content": '{"ok": true}'}]
+    text = t.render(messages=msgs, tools=[tool], add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\nYou have access to the following tools:\n<tools>"
+                           + json.dumps([tool["function"]]) + "</tools>")
+    assert '<|im_start|>assistant\n<tool_call>{"name": "set_counter", "arguments": {"name": "alpha", "value": 4}}' \
+           "</tool_call><|im_end|>\n" in text
+    assert "<|im_start|>user\n<tool_response>{\"ok\": true}</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
+    plain = t.render(messages=msgs[1:2], add_generation_prompt=True)
+    assert plain == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                     "<|im_start|>user\nSet alpha to 4.<|im_end|>\n<|im_start|>assistant\n")

@@ -3,8 +3,8 @@ an episode in that mode (what is offered, how a reply becomes tool calls, what i
 
 The server (`.tools/server.py`, tasks/envs/tools/server.py) runs INSIDE the sandbox, as the agent
 user, in the work dir, under the per-command timeout, with no network: the host never runs
-environment code. The protocol client (the session command, the nonce-matched replies, listing and
-calling) is tasks/envs/tools/client.py, shared with the validator; this module is the harness side.
+environment code. The protocol client (the SDK session over `docker exec -i`, listing and calling) is
+tasks/envs/tools/client.py, shared with the validator; this module is the harness side.
 
 One MCP client session per episode (client.py `ToolSession`: the SDK's `ClientSession` over the
 server's stdio, `docker exec -i` as the agent user), opened at the first call and closed before the
@@ -13,7 +13,9 @@ episode settles (`close`), because:
   transaction committed or rolled back before it is answered: a long-lived server keeps nothing a
   call could lose, and the end state read after `close` is every answered call's;
 - it is how MCP clients use a stdio server (one start, `initialize` once, then calls), and the
-  server's start-up (the SDK's import, ~1 s) is paid once per episode, not per call;
+  server's start-up (the SDK's import, ~1 s) is paid once per episode, not per call: a call in a
+  held session answers in ~1 ms where a server process per call cost ~37 ms over `docker exec true`'s
+  floor (benchmarks/mcp_session.py on main before this change: 751 vs 9.7 calls/s);
 - the server is the environment's: a call that does not answer within the command timeout, or a
   server that crashes or exits, is `ServerFailed`: the server is killed, the step is recorded (exit
   code 3, `killed_by` "timeout" for a hang) and the episode ends as `SandboxError` naming the reason,

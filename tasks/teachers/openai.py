@@ -151,6 +151,8 @@ class _Session:
             kwargs["seed"] = stable_hash(f"{cfg.seed}|{self.rollout_id}|{self.turn}") % (2 ** 31)
         if cfg.tool_calling and tools:
             kwargs["tools"] = tools
+            if cfg.tool_choice != "auto":
+                kwargs["tool_choice"] = cfg.tool_choice
         if cfg.logprobs:
             kwargs["logprobs"] = True
         if cfg.return_token_ids:

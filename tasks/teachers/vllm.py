@@ -44,6 +44,10 @@ class VLLMServerConfig(Section):
     kv_cache_gib: Annotated[float, Field(gt=0)] | Literal["auto"] | None = operational("auto", description=(
         "CPU: KV cache size in GiB; auto: 15% of the available memory within [0.5, 4] GiB; null: vLLM's own"))
     tool_call_parser: str | None = Field(None, description="e.g. hermes; enables OpenAI tool calling")
+    chat_template: str | None = Field(None, description=(
+        "vLLM --chat-template: a file, or the name of one trajforge ships (tasks/teachers/chat_templates/NAME.jinja: "
+        "`smollm2-tools`, the embedded model's ChatML with a Hermes tools section for `tool_call_parser: hermes`); "
+        "default: the model's own"))
     seed: int = 0
     extra_args: list[str] = Field(default_factory=list)
     python: str | None = operational(None, description="interpreter with vLLM (default: auto-detect)")
@@ -108,11 +112,19 @@ class VLLMTeacherConfig(OpenAIClientConfig):
         return self.vllm.max_model_len
 
     def fingerprint(self) -> dict[str, Any]:
-        """`vllm.dtype: auto` counts as what it resolves to on this machine (it changes the sampled text)."""
+        """`vllm.dtype: auto` counts as what it resolves to on this machine (it changes the sampled text);
+        `vllm.chat_template` as its name and its content's hash (an edited template changes the prompts)."""
+        import hashlib
+
         from .cpu_profile import choose_dtype, cpu_flags, server_env
+        from .vllm_server import TeacherServerError, resolve_chat_template
 
         view = super().fingerprint()
         view["vllm"]["dtype"] = choose_dtype(cpu_flags(server_env(self.vllm))[0], self.vllm)[0]
+        if self.vllm.chat_template:
+            with contextlib.suppress(TeacherServerError, OSError):  # a missing template fails the server's start
+                digest = hashlib.sha256(resolve_chat_template(self.vllm.chat_template).read_bytes()).hexdigest()
+                view["vllm"]["chat_template"] = f"{self.vllm.chat_template}@{digest[:16]}"
         return view
 
 

@@ -92,6 +92,19 @@ def resolve_model(spec: str) -> Path:
     return path
 
 
+CHAT_TEMPLATES = Path(__file__).with_name("chat_templates")
+
+
+def resolve_chat_template(spec: str) -> Path:
+    """`vllm.chat_template`: a template file, or the name of one shipped in chat_templates/."""
+    shipped = CHAT_TEMPLATES / f"{spec}.jinja"
+    path = shipped if "/" not in spec and shipped.exists() else Path(spec).expanduser()
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in CHAT_TEMPLATES.glob("*.jinja")))
+        raise TeacherServerError(f"teacher.vllm.chat_template: {spec!r} is neither a file nor a shipped template ({names})")
+    return path
+
+
 def resolve_python(configured: str | None) -> str:
     """An interpreter that can import vLLM: the config, $TRAJFORGE_VLLM_PYTHON, a `.venv-vllm` next to
     the running virtualenv or in the source tree, or this interpreter."""
@@ -237,6 +250,8 @@ class VLLMServer:
             cmd += ["--enforce-eager"]
         if v.tool_call_parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", v.tool_call_parser]
+        if v.chat_template:
+            cmd += ["--chat-template", str(resolve_chat_template(v.chat_template))]
         return cmd + list(v.extra_args)
 
     def env(self) -> dict[str, str]:
