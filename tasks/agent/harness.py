@@ -41,7 +41,7 @@ from ..judge.verifier import run_hidden_tests
 from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
 from ..teachers.tokens import split_prompt
-from .mcp_relay import SURROGATE, ToolMode, declared_tools, parse_arguments
+from .mcp_relay import SURROGATE, ToolMode, declared_tools, launch_of, parse_arguments, recorded_tools
 
 HARNESS = BASH_HARNESS
 SYSTEM_PROMPT = (
@@ -233,7 +233,7 @@ class _Episode:
 # the turn loops an environment kind may name as its `agent_mode` (tasks/envs/kinds.py): (episode, env) -> mode
 MODES: dict[str, Callable[[_Episode, EnvSpec], Any]] = {
     "bash": lambda ep, env: ep,
-    "mcp": lambda ep, env: ToolMode(ep, declared_tools(env.files)),
+    "mcp": lambda ep, env: ToolMode(ep, declared_tools(env.files) or recorded_tools(env), launch_of(env.files)),
 }
 
 

@@ -41,18 +41,21 @@ from ...schemas.trajectory import TOOLS_HARNESS, Message, Step
 from ..envs.tools.client import (
     EXIT_CODES,
     SURROGATE,
+    Launch,
     Outcome,
     ServerFailed,
     ToolSession,
     clean,
     declared_tools,
+    launch_of,
     list_tools,
     listed,
+    recorded_tools,
 )
 from ..envs.tools.spec import call_command
 from ..sandbox import SandboxError
 
-__all__ = ["TOOLS_HARNESS", "SURROGATE", "ToolMode", "declared_tools", "parse_arguments", "parse_fenced", "openai_tools"]
+__all__ = ["TOOLS_HARNESS", "SURROGATE", "ToolMode", "declared_tools", "launch_of", "recorded_tools", "parse_arguments", "parse_fenced", "openai_tools"]
 
 SUBMIT = {"type": "function", "function": {
     "name": "submit", "description": "Declare the request finished.", "parameters": {"type": "object", "properties": {}}}}
@@ -145,10 +148,12 @@ class ToolMode:
 
     what = "tool call"
 
-    def __init__(self, ep: Any, declared: list[dict[str, Any]] | None = None):
+    def __init__(self, ep: Any, declared: list[dict[str, Any]] | None = None, launch: Launch | None = None):
         """`declared`: the environment's `.tools/tools.json` (`declared_tools`), which the validator
-        proved its server lists exactly: offered without waiting for the container."""
+        proved its server lists exactly: offered without waiting for the container (a brought server
+        declares none: its listing is asked for). `launch`: how its server starts (`launch_of`)."""
         self.ep, self.st, self.s, self.declared = ep, ep.st, ep.s, declared
+        self.launch = launch or Launch()
         self.listed: list[dict[str, Any]] = []
         self.names: set[str] = set()
         self.session: ToolSession | None = None
@@ -158,7 +163,7 @@ class ToolMode:
         start-up is the environment's time, not the agent's budget)."""
         await self.ep.started
         if self.session is None:
-            self.session = ToolSession(self.ep.sb)
+            self.session = ToolSession(self.ep.sb, self.launch)
             t0 = time.monotonic()
             try:
                 await self.session.start()
@@ -210,11 +215,11 @@ class ToolMode:
         try:
             out = await session.call(name, arguments, budget)
         except ServerFailed as err:  # the environment's fault: recorded, then the episode ends
-            self.st.steps.append(Step(turn=turn, command=call_command(name, arguments), exit_code=EXIT_CODES["server_error"],
+            self.st.steps.append(Step(turn=turn, command=call_command(name, arguments, self.launch.brought), exit_code=EXIT_CODES["server_error"],
                                       duration_s=round(time.monotonic() - t0, 4), timed_out=err.timed_out,
                                       killed_by="timeout" if err.timed_out else None, output_bytes=0, truncated=False))
             raise SandboxError(f"tool server: {err}") from None
-        self.st.steps.append(Step(turn=turn, command=call_command(name, arguments), exit_code=out.exit_code,
+        self.st.steps.append(Step(turn=turn, command=call_command(name, arguments, self.launch.brought), exit_code=out.exit_code,
                                   duration_s=round(out.duration_s, 4), timed_out=out.timed_out,
                                   killed_by=out.killed_by, output_bytes=out.output_bytes, truncated=out.truncated))
         if out.outcome == "call_error":

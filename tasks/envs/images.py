@@ -264,7 +264,7 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
     layer = kinds.of(env).layer
     if layer is not None:  # e.g. tools: the base + the MCP SDK (tasks/envs/tools/layer.py)
         try:
-            base_id = layer(client, base_id)
+            base_id = layer(client, base_id, env, options.network == "imports")
         except ToolsLayerError as err:
             raise ImageBuildError(f"image for {env.env_id} failed to build: {err}", "", cause="build_fetch_failed") from None
     aliases = aliases or {}

@@ -48,7 +48,8 @@ from mcp.shared.message import SessionMessage
 from ....schemas.environment import EnvSpec
 from ...sandbox.layer import HARNESS_PATH
 from ...sandbox.users import USERS
-from .spec import TOOLS_DIR
+from .layer import SDK_DIR
+from .spec import TOOL_NAME, TOOLS_DIR, parse_call_command
 
 SERVER_ARGV = ["python3", "-I", f"{TOOLS_DIR}/server.py"]
 SERVER_COMMAND = " ".join(SERVER_ARGV)
@@ -87,6 +88,26 @@ class Outcome:
     ran: bool = True  # False: refused on the host, nothing ran in the sandbox
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How the server starts: `argv` in the work dir (`cwd`: a folder below it), with `TRAJFORGE_STORE`
+    naming the store and the tools layer's SDK on PYTHONPATH. `brought`: an `mcp-server` folder's own
+    server (`.tools/server.json`), else the environment's compiled `.tools/server.py`."""
+
+    argv: tuple[str, ...] = tuple(SERVER_ARGV)
+    cwd: str = ""
+    brought: bool = False
+
+
+def launch_of(files: list[Any]) -> Launch:
+    """The launch an environment's files declare (`.tools/server.json`: `{"command": [...]}`), else the built-in one."""
+    text = next((f.content for f in files if f.path.strip("/") == f"{TOOLS_DIR}/server.json"), None)
+    if text is None:
+        return Launch()
+    command = json.loads(text).get("command")
+    return Launch(tuple(command), f"{TOOLS_DIR}/server", brought=True)
+
+
 class ServerFailed(RuntimeError):
     """The tool server did not start, answer, or stay up: the environment's fault (the reason is the message)."""
 
@@ -120,15 +141,17 @@ def cut(text: str, limit: int) -> tuple[str, bool]:
 
 
 @asynccontextmanager
-async def exec_stdio(sb: Sandboxed, argv: list[str], stderr: deque[str]) -> AsyncIterator[tuple[Any, Any]]:
-    """The SDK's (read, write) streams over `argv` run with `docker exec -i` as the agent in the work dir
-    (what `mcp.client.stdio.stdio_client` is for a local process). The server's stderr goes to `stderr`
-    (the last lines). The streams end when the server exits or prints a message over MAX_MESSAGE_BYTES."""
+async def exec_stdio(sb: Sandboxed, launch: Launch, stderr: deque[str]) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's (read, write) streams over the server `launch` starts, run with `docker exec -i` as the
+    agent (what `mcp.client.stdio.stdio_client` is for a local process). The server's stderr goes to
+    `stderr` (the last lines). The streams end when the server exits or prints a message over
+    MAX_MESSAGE_BYTES."""
     api = sb.client.api
+    workdir = f"{sb.workdir}/{launch.cwd}" if launch.cwd else sb.workdir
     exec_id = await anyio.to_thread.run_sync(lambda: api.exec_create(
-        sb.container.id, argv, stdin=True, stdout=True, stderr=True, user=USERS.get(sb.agent, sb.agent),
-        workdir=sb.workdir, environment={"HOME": "/root" if sb.agent == "root" else "/home/agent",
-                                         "PATH": HARNESS_PATH})["Id"])
+        sb.container.id, list(launch.argv), stdin=True, stdout=True, stderr=True, user=USERS.get(sb.agent, sb.agent),
+        workdir=workdir, environment={"HOME": "/root" if sb.agent == "root" else "/home/agent", "PATH": HARNESS_PATH,
+                                      "TRAJFORGE_STORE": f"{sb.workdir}/store.db", "PYTHONPATH": SDK_DIR})["Id"])
     sock = await anyio.to_thread.run_sync(lambda: api.exec_start(exec_id, socket=True))
     raw = getattr(sock, "_sock", sock)
     # the blocking read holds its thread for the whole session: threads of this session's own, never
@@ -213,8 +236,9 @@ class ToolSession:
     transport are entered and left there, whatever task calls). `start`, `list_tools`, `call`, `close`;
     any failure of the server is `ServerFailed` and leaves the session closed."""
 
-    def __init__(self, sb: Sandboxed, argv: list[str] | None = None):
-        self.sb, self.argv = sb, argv or SERVER_ARGV
+    def __init__(self, sb: Sandboxed, launch: Launch | None = None):
+        self.sb, self.launch = sb, launch or Launch()
+        self.server_info: dict[str, Any] = {}
         self.stderr: deque[str] = deque(maxlen=40)
         self.session: ClientSession | None = None
         self.failure: ServerFailed | None = None
@@ -227,8 +251,9 @@ class ToolSession:
 
     async def _own(self) -> None:
         try:
-            async with exec_stdio(self.sb, self.argv, self.stderr) as (read, write), ClientSession(read, write) as s:
-                await s.initialize()
+            async with exec_stdio(self.sb, self.launch, self.stderr) as (read, write), ClientSession(read, write) as s:
+                init = await s.initialize()
+                self.server_info = init.server_info.model_dump(mode="json", by_alias=True, exclude_none=True)
                 self.session = s
                 self._ready.set()
                 await self._stop.wait()
@@ -318,16 +343,18 @@ def run_sync(coro: Any) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-async def fetch_tools(sb: Sandboxed, timeout_s: float = START_TIMEOUT_S) -> list[dict[str, Any]]:
-    """The MCP tools the server lists, from a session of its own (uncached: the validator's check)."""
-    session = ToolSession(sb)
+async def fetch_tools(sb: Sandboxed, timeout_s: float = START_TIMEOUT_S,
+                      launch: Launch | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the MCP tools the server lists, its `serverInfo`), from a session of its own (uncached: the
+    validator's check)."""
+    session = ToolSession(sb, launch)
     try:
         tools = await session.list_tools(timeout_s)
     finally:
         await session.close()
     if not tools:
         raise ListingFailed(f"the tool server of {sb.image} listed no tools; stderr: {session.diagnostics()!r}")
-    return tools
+    return tools, session.server_info
 
 
 async def list_tools(session: ToolSession, timeout_s: float = START_TIMEOUT_S) -> list[dict[str, Any]]:
@@ -352,6 +379,14 @@ def declared_tools(files: list[Any]) -> list[dict[str, Any]] | None:
     return tools if isinstance(tools, list) else None
 
 
+def recorded_tools(env: EnvSpec) -> list[dict[str, Any]] | None:
+    """The tools the validator recorded for a brought server (`EnvSpec.tool_server`), None if none."""
+    if not env.tool_server:
+        return None
+    tools = json.loads(env.tool_server).get("tools")
+    return tools if isinstance(tools, list) and tools else None
+
+
 def listed(image: str) -> list[dict[str, Any]] | None:
     """The tools already listed for `image` in this process (None: not yet)."""
     return _LISTED.get(image)
@@ -359,28 +394,61 @@ def listed(image: str) -> list[dict[str, Any]] | None:
 
 def serve_error(sb: Sandboxed, env: EnvSpec, timeout_s: float) -> str | None:
     """The validator's `tools_serve` check: why the tool server of a `tools` environment is unusable
-    (None: a session starts and lists exactly the tools of its `.tools/tools.json`, each with a valid
-    JSON Schema of an object)."""
-    declared = next((f.content for f in env.files if f.path.strip("/") == f"{TOOLS_DIR}/tools.json"), None)
+    (None: a session starts and lists tools with shell-safe names and valid JSON Schemas of objects:
+    exactly those of its `.tools/tools.json`, or, for a brought server, the same list in two sessions,
+    recorded with the server's name and version in `env.tool_server`)."""
+    launch = launch_of(env.files)
+    want = None
+    if not launch.brought:
+        declared = next((f.content for f in env.files if f.path.strip("/") == f"{TOOLS_DIR}/tools.json"), None)
+        try:
+            want = json.loads(declared) if declared is not None else None
+        except ValueError as err:
+            return f".tools/tools.json is not JSON: {err}"
+        if not isinstance(want, list):
+            return "the environment has no .tools/tools.json listing its tools"
     try:
-        want = json.loads(declared) if declared is not None else None
-    except ValueError as err:
-        return f".tools/tools.json is not JSON: {err}"
-    if not isinstance(want, list):
-        return "the environment has no .tools/tools.json listing its tools"
-    try:
-        got = run_sync(fetch_tools(sb, timeout_s))
+        got, info = run_sync(fetch_tools(sb, timeout_s, launch))
+        if launch.brought:
+            want, _ = run_sync(fetch_tools(sb, timeout_s, launch))  # a second session lists the same tools
     except ServerFailed as err:
         return f"the tool server did not list its tools: {err}"
     if got != want:
         names = sorted(t.get("name", "?") for t in got)
+        if launch.brought:
+            return f"the server lists different tools in two sessions: {names}, then {sorted(t.get('name', '?') for t in want)}"
         return f"the server lists {names}, not the tools of .tools/tools.json {sorted(t.get('name', '?') for t in want)}"
     for t in got:
         schema = t.get("inputSchema")
+        if not TOOL_NAME.match(t["name"]):
+            return f"tool {t['name']!r}: a name of letters, digits, '_', '.', '-' (at most 128) is required"
         try:
             Draft202012Validator.check_schema(schema if isinstance(schema, dict) else {"type": 0})
         except SchemaError as err:
             return f"tool {t['name']!r}: inputSchema is not a valid JSON Schema: {err.message}"
         if schema.get("type") != "object" or t["name"] == "submit":
             return f"tool {t['name']!r}: inputSchema must have type 'object' (and `submit` is the harness's)"
+    if launch.brought:
+        schemas = {t["name"]: t.get("inputSchema") for t in got}
+        for command in env.solution:  # the oracle's calls must fit the schemas the server lists
+            parsed = parse_call_command(command)
+            if parsed is None or parsed[0] not in schemas:
+                return f"the reference solution's {command[:120]!r} calls no tool the server lists {sorted(schemas)}"
+            errors = sorted(Draft202012Validator(schemas[parsed[0]]).iter_errors(parsed[1]), key=str)
+            if errors:
+                return (f"the reference solution's arguments for {parsed[0]!r} do not fit the inputSchema the "
+                        f"server lists: {errors[0].message}")
+        env.tool_server = json.dumps({"name": info.get("name"), "version": info.get("version"), "tools": got},
+                                     sort_keys=True)
     return None
+
+
+STORE_FILES = ("store.db", "store.db-journal", "store.db-wal", "store.db-shm")
+
+
+def outside_store(env: EnvSpec, changed: list[str]) -> str | None:
+    """Why the reference solution's changes are not confined to the store (None: they are): a tool server
+    writes its state in `store.db` in the work dir and nowhere else."""
+    allowed = {f"{env.workdir}/{name}" for name in STORE_FILES}
+    stray = sorted(p for p in changed if p not in allowed)
+    return f"the tool server wrote outside its store: {', '.join(stray[:8])}" if stray else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +39,13 @@ RUN python3 /tmp/trajforge-wheels/{pip} install --no-index --find-links /tmp/tra
       --no-deps --no-compile --no-cache-dir --disable-pip-version-check --root-user-action=ignore \\
       --target {sdk} -r /tmp/trajforge-wheels/requirements.txt \\
  && rm -rf /tmp/trajforge-wheels && chmod -R a+rX,go-w {sdk}
+"""
+# a brought Node server (`mcp-server` folders with `runtime: node`): Debian's Node.js, pinned, on the tools layer;
+# apt reaches Debian's mirror on the host network (a pinned version the mirror no longer has fails the build)
+NODE_VERSION = "18.20.4+dfsg-1~deb12u2"
+NODE_RECIPE = """FROM {base}
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \\
+      nodejs={version} >/dev/null && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb && node --version
 """
 _LOCK = threading.Lock()
 
@@ -86,8 +94,54 @@ def layer_tag(base_id: str, lock: str | None = None) -> str:
     return f"{REPO}:" + hashlib.sha256(f"{base_id}\n{lock}\n{text}".encode()).hexdigest()[:16]
 
 
-def ensure_tools_layer(client: docker.DockerClient, base_id: str) -> str:
-    """The id of the tools layer over `base_id` on `client`'s engine (built now if absent)."""
+def runtime_of(env) -> str:
+    """`python` or `node`: what a brought server runs on (`.tools/server.json`), `python` for the built-in one."""
+    text = next((f.content for f in env.files if f.path.strip("/") == ".tools/server.json"), None) if env else None
+    return json.loads(text).get("runtime", "python") if text else "python"
+
+
+def ensure_tools_layer(client: docker.DockerClient, base_id: str, env=None, network: bool = True) -> str:
+    """The id of the tools layer over `base_id` on `client`'s engine (built now if absent); for an
+    environment whose brought server runs on Node.js, the Node layer over it (built only where builds may
+    use the network: `network`, i.e. `synthesize.build.network: imports`)."""
+    layer_id = _python_layer(client, base_id)
+    if runtime_of(env) != "node":
+        return layer_id
+    if not network:
+        raise ToolsLayerError("a Node.js server's layer installs Debian's nodejs: it needs the build network "
+                              "(synthesize.build.network: imports)")
+    text = NODE_RECIPE.format(base=layer_id, version=NODE_VERSION)
+    tag = f"{REPO}-node:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    with _LOCK:
+        return _build(client, tag, text, [], network=True)
+
+
+def _build(client: docker.DockerClient, tag: str, dockerfile: str, files: list[tuple[str, Path]],
+           network: bool = False) -> str:
+    try:
+        return client.images.get(tag).id
+    except docker.errors.ImageNotFound:
+        pass
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = dockerfile.encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        for arcname, path in files:
+            tar.add(str(path), arcname=arcname)
+    buf.seek(0)
+    try:
+        image, _ = client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True, forcerm=True,
+                                       network_mode="host" if network else "none",
+                                       labels={"trajforge.image": "tools-layer"})
+    except (docker.errors.BuildError, docker.errors.APIError) as err:
+        log = "".join(str(c.get("stream", c.get("error", ""))) for c in getattr(err, "build_log", []) or [])
+        raise ToolsLayerError(f"the tools layer {tag} failed to build: {err}\n{log[-1500:]}") from None
+    return image.id
+
+
+def _python_layer(client: docker.DockerClient, base_id: str) -> str:
     lock = lock_text()
     tag = layer_tag(base_id, lock)
     with _LOCK:
@@ -96,20 +150,6 @@ def ensure_tools_layer(client: docker.DockerClient, base_id: str) -> str:
         except docker.errors.ImageNotFound:
             pass
         house = wheelhouse(lock)
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            data = recipe(base_id, lock).encode()
-            info = tarfile.TarInfo("Dockerfile")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-            for f in sorted(house.iterdir()):
-                if f.suffix == ".whl" or f.name == "requirements.txt":
-                    tar.add(str(f), arcname=f"wheels/{f.name}")
-        buf.seek(0)
-        try:
-            image, _ = client.images.build(fileobj=buf, custom_context=True, tag=tag, network_mode="none", rm=True,
-                                           forcerm=True, labels={"trajforge.image": "tools-layer"})
-        except (docker.errors.BuildError, docker.errors.APIError) as err:
-            log = "".join(str(c.get("stream", c.get("error", ""))) for c in getattr(err, "build_log", []) or [])
-            raise ToolsLayerError(f"the tools layer {tag} failed to build: {err}\n{log[-1500:]}") from None
-        return image.id
+        files = [(f"wheels/{f.name}", f) for f in sorted(house.iterdir())
+                 if f.suffix == ".whl" or f.name == "requirements.txt"]
+        return _build(client, tag, recipe(base_id, lock), files)
