@@ -231,10 +231,18 @@ class _Episode:
 
 
 # the turn loops an environment kind may name as its `agent_mode` (tasks/envs/kinds.py): (episode, env) -> mode
+# (a mode may have `async close()`: run before the episode settles, and again, idempotent, if it fails)
 MODES: dict[str, Callable[[_Episode, EnvSpec], Any]] = {
     "bash": lambda ep, env: ep,
     "mcp": lambda ep, env: ToolMode(ep, declared_tools(env.files) or recorded_tools(env), launch_of(env.files)),
 }
+
+
+async def _close(mode: Any) -> None:
+    """End what a mode holds open in the sandbox (its optional `close()`; tools mode: the server session)."""
+    close = getattr(mode, "close", None)
+    if close is not None:
+        await close()
 
 
 class ConversationSlot(Protocol):
@@ -330,7 +338,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                 break
         if slot is not None:
             slot.release()
-        await mode.close()  # tools mode: the server session ends before anything is settled or read
+        await _close(mode)  # tools mode: the server session ends before anything is settled or read
         in_place, outside, odd = None, None, []
         try:
             leftover, changed, changes = await ep.finish()
@@ -361,7 +369,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
     finally:
         if mode is not None:
             with contextlib.suppress(Exception):
-                await asyncio.shield(mode.close())
+                await asyncio.shield(_close(mode))
         if ep is not None and not ep.started.done():
             with contextlib.suppress(BaseException):  # a start still in flight: let it end, then remove it
                 await asyncio.shield(ep.started)
