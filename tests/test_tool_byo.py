@@ -56,7 +56,7 @@ def validate(docker_client, env):
 
 @pytest.mark.docker
 @pytest.mark.parametrize("folder, name, version", [(PYTHON, "counter-board", "1.2.0"),
-                                                   (NODE, "counter-board-node", "0.3.1")])
+                                                   (NODE, "counter-board-node", "0.3.1")], ids=["python", "node"])
 def test_examples_validate_and_record_the_servers_tools(docker_client, folder, name, version):
     env = import_task(folder)
     v = validate(docker_client, env)

@@ -26,7 +26,7 @@ def launch():
     """(argv, cwd, environment) of the server, as `.tools/server.json` declares it."""
     with open(os.path.join(HERE, "server.json")) as f:
         spec = json.load(f)
-    env = {**os.environ, "TRAJFORGE_STORE": STORE, "PYTHONPATH": SDK_DIR}
+    env = {**os.environ, "TRAJFORGE_STORE": STORE, "PYTHONPATH": SDK_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
     return spec["command"], os.path.join(HERE, "server"), env
 
 

@@ -151,7 +151,8 @@ async def exec_stdio(sb: Sandboxed, launch: Launch, stderr: deque[str]) -> Async
     exec_id = await anyio.to_thread.run_sync(lambda: api.exec_create(
         sb.container.id, list(launch.argv), stdin=True, stdout=True, stderr=True, user=USERS.get(sb.agent, sb.agent),
         workdir=workdir, environment={"HOME": "/root" if sb.agent == "root" else "/home/agent", "PATH": HARNESS_PATH,
-                                      "TRAJFORGE_STORE": f"{sb.workdir}/store.db", "PYTHONPATH": SDK_DIR})["Id"])
+                                      "TRAJFORGE_STORE": f"{sb.workdir}/store.db", "PYTHONPATH": SDK_DIR,
+                                      "PYTHONDONTWRITEBYTECODE": "1"})["Id"])
     sock = await anyio.to_thread.run_sync(lambda: api.exec_start(exec_id, socket=True))
     raw = getattr(sock, "_sock", sock)
     # the blocking read holds its thread for the whole session: threads of this session's own, never

@@ -1,16 +1,12 @@
 """A counter board as an MCP server, written the SDK's way: tool functions, schemas from type hints."""
 
-import os
-import sqlite3
+import os  # noqa: F401  (the planted-server tests edit this file and use it)
 
+from board import store
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 app = MCPServer("counter-board", version="1.2.0")
-
-
-def store() -> sqlite3.Connection:
-    return sqlite3.connect(os.environ["TRAJFORGE_STORE"])
 
 
 @app.tool()
