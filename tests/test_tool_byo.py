@@ -68,6 +68,10 @@ def test_examples_validate_and_record_the_servers_tools(docker_client, folder, n
     assert [t["name"] for t in server["tools"]] == ["list_counters", "set_counter"]
     assert server["tools"][1]["inputSchema"]["properties"]["value"]["type"] == "integer"
     assert env.expected_changes == [f"{env.workdir}/store.db"]
+    from trajforge.tasks.envs.tools.spec import tool_view
+
+    assert [t["name"] for t in tool_view(env)["tools"]] == ["list_counters", "set_counter"]
+    assert tool_view(env)["oracle"] == [{"name": "set_counter", "arguments": {"name": "alpha", "value": 42}}]
 
 
 @pytest.mark.docker

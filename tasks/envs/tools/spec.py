@@ -318,11 +318,12 @@ def compiled_fields(task: ToolTask) -> dict[str, Any]:
 
 def tool_view(env: EnvSpec, tests: bool = False) -> dict[str, Any]:
     """What a tool environment is about, without its files (`trajforge envs sample`): instruction, the tools its
-    server offers (`.tools/tools.json`), the oracle as tool calls, knobs (and the hidden checks with `tests`)."""
+    server offers (`.tools/tools.json`, or a brought server's recorded list), the oracle as tool calls, knobs (and the hidden checks with `tests`)."""
     files = {f.path: f.content for f in env.files}
     oracle = [parse_call_command(c) for c in env.solution]
     view = {"env_id": env.env_id, "kind": env.kind, "family": env.family, "level": env.level, "seed": env.seed,
-            "instruction": env.instruction, "tools": json.loads(files.get(f"{TOOLS_DIR}/tools.json", "[]")),
+            "instruction": env.instruction, "tools": json.loads(files.get(f"{TOOLS_DIR}/tools.json", "[]"))
+            or json.loads(env.tool_server or "{}").get("tools", []),  # a brought server: what the validator recorded
             "oracle": [{"name": o[0], "arguments": o[1]} if o else {"command": c} for o, c in zip(oracle, env.solution)],
             "knobs": json.loads(env.knobs_json)}
     if tests:
