@@ -20,7 +20,7 @@ DEFAULT_WORKDIR = "/home/agent/work"
 LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "base_images", "expected_tests", "tests_run_agent_code", "tests_leave_processes",
-             "reward_files", "test_writes", "guard_tests", "guard_types")
+             "reward_files", "test_writes", "guard_tests", "guard_types", "tool_server")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
 # the environment kinds EnvSpec accepts: filled by registration (tasks/envs/kinds.py), the two built-in ones here
@@ -148,6 +148,9 @@ class EnvSpec(Record):
         "state (when the tests import agent code; tasks/judge/guard.py): a pass must show each"))
     guard_types: list[str] = found([], "types other than plain Python data that the test code compared in the "
                                        "reference solution's guarded run")
+    tool_server: str | None = found(None, (
+        "a brought MCP server (`mcp-server` folders): JSON of what its session said, `name` and `version` "
+        "(`serverInfo`) and `tools` (the tool list it serves, what the harness offers)"))
     image: str | None = None
     base_images: list[BaseImage] = Field(default_factory=list, description=(
         "set at build: each `FROM` image of `dockerfile` mapped through the alias table -> the local image "

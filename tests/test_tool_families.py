@@ -40,7 +40,7 @@ def _materialize(env, folder: Path) -> Path:
 
 
 def _call(folder: Path, name: str, arguments: dict) -> tuple[str, bool]:
-    return tool_server.Server(str(folder / ".tools"), str(folder / "store.db")).call(name, arguments)
+    return tool_server.Tools(str(folder / ".tools"), str(folder / "store.db")).call(name, arguments)
 
 
 def _module(env, folder: Path) -> dict:

@@ -7,13 +7,12 @@ the server driven by the official MCP Python SDK client (ecosystem conformance).
 from __future__ import annotations
 
 import asyncio
-import base64
-import dataclasses
 import io
 import json
 import sqlite3
 import sys
 import tarfile
+import time
 from typing import Any
 
 import pytest
@@ -25,9 +24,7 @@ from trajforge.schemas.environment import EnvSpec
 from trajforge.schemas.trajectory import FunctionCall, Message, Rollout, ToolCall
 from trajforge.tasks.agent.harness import EpisodeSettings, run_episode
 from trajforge.tasks.agent.mcp_relay import TOOLS_HARNESS, openai_tools, parse_arguments, parse_fenced
-from trajforge.tasks.envs.tools.client import call_tool, responses, session_command
 from trajforge.tasks.envs.tools.spec import ToolTask, call_command, compiled_fields, parse_call_command
-from trajforge.tasks.sandbox import ExecResult
 from trajforge.tasks.teachers import ReplayTeacher
 from trajforge.tasks.teachers.base import Turn
 
@@ -120,54 +117,47 @@ def passed(r) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- pure logic
-def test_session_command_carries_arguments_only_base64_encoded():
-    cmd = session_command([{"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                            "params": {"name": "set_note", "arguments": {"note": INJECTION}}}])
-    payload = cmd.split()[2]
-    assert cmd == f"printf %s {payload} | base64 -d | python3 -I .tools/server.py"
-    assert set(payload) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
-    assert "touch" not in cmd
-
-
-def test_responses_ignore_non_protocol_lines():
-    out = ('Traceback (most recent call last):\n{"not": "rpc"}\n{broken\n'
-           '{"jsonrpc": "2.0", "id": 2, "result": {"content": []}}\n{"jsonrpc": "2.0", "method": "x"}\n')
-    assert list(responses(out)) == [2]
-
-
 class _FakeBox:
-    """Just enough of a Sandbox for `call_tool`'s classification of what the server printed: `"RID"` in
-    the scripted output becomes the request's id (the nonce the relay sent)."""
+    """Just enough of a Sandbox for a `ToolSession`'s outcome (the output limit) and the relay."""
 
     cfg = SandboxConfig(output_limit_bytes=256)
     image = "fake:tools"
 
-    def __init__(self, result: ExecResult):
-        self.result, self.commands = result, []
 
-    def exec(self, command, timeout_s, output_limit=None):
-        self.commands.append(command)
-        sent = [json.loads(line) for line in base64.b64decode(command.split()[2]).decode().splitlines()]
-        return dataclasses.replace(self.result, output=self.result.output.replace('"RID"', json.dumps(sent[-1]["id"])))
+class _FakeSession:
+    """A `ToolSession` answering every call with one scripted outcome (what reached the sandbox: `calls`)."""
+
+    def __init__(self, box: _FakeBox, outcome: str = "ok", text: str = "fine"):
+        from trajforge.tasks.envs.tools.client import ToolSession
+
+        self.sb, self.calls, self.real = box, [], ToolSession(box)
+        self.outcome, self.text = outcome, text
+
+    async def start(self):
+        return self
+
+    async def close(self):
+        pass
+
+    async def list_tools(self, timeout_s=60):
+        return [t.mcp() for t in LEDGER.tools]
+
+    async def call(self, name, arguments, timeout_s):
+        self.calls.append((name, arguments))
+        return self.real._outcome(self.outcome, self.text, 0.1)
 
 
-def _reply(rid: int | str, **body: Any) -> str:
-    return json.dumps({"jsonrpc": "2.0", "id": rid, **body}) + "\n"
+def test_outcomes_are_cut_and_made_encodable():
+    """The model sees at most the sandbox's output limit (head and tail), and a lone surrogate a tool
+    echoed back (/tmp/rev18/attack3.py: arguments `{"text": "\\ud800"}`, pure ASCII) becomes U+FFFD."""
+    from trajforge.tasks.envs.tools.client import EXIT_CODES, ToolSession
 
-
-@pytest.mark.parametrize("output, timed_out, code, kind, exit_code, says", [
-    (_reply("RID", result={"content": [{"type": "text", "text": "x" * 1000}], "isError": False}), False, 0, "ok", 0, "bytes cut"),
-    (_reply("RID", result={"content": [{"type": "text", "text": "error: no such"}], "isError": True}), False, 1,
-     "tool_error", 1, "error: no such"),
-    (_reply("RID", error={"code": -32602, "message": "unknown tool 'bash'"}), False, 0, "call_error", 2, "call error: unknown"),
-    ("Traceback ...\nSyntaxError: bad\n", False, 1, "server_error", 3, "SyntaxError: bad"),
-    (_reply(1, result={}), True, 137, "server_error", 137, "did not answer within 5s"),
-])
-def test_call_outcomes_are_classified(output, timed_out, code, kind, exit_code, says):
-    box = _FakeBox(ExecResult(code, output, 0.1, timed_out, len(output), False))
-    out = call_tool(box, "t", {}, 5)
-    assert (out.outcome, out.exit_code) == (kind, exit_code) and says in out.text
-    assert out.truncated == (kind == "ok") and len(out.text.encode()) < 400
+    out = ToolSession(_FakeBox())._outcome("ok", "x" * 1000, 0.1)
+    assert out.truncated and "bytes cut" in out.text and len(out.text.encode()) < 400 and out.output_bytes == 1000
+    out = ToolSession(_FakeBox())._outcome("tool_error", "error: no book \ud800", 0.1)
+    assert (out.outcome, out.exit_code, out.text) == ("tool_error", 1, "error: no book \ufffd")
+    out.text.encode()
+    assert EXIT_CODES == {"ok": 0, "tool_error": 1, "call_error": 2, "server_error": 3}
 
 
 def test_parse_fenced_and_schema_conversion():
@@ -197,31 +187,12 @@ def test_replay_answers_tool_envs_with_the_oracle_calls():
     assert parse_fenced(first) == want and last == "SUBMIT"
 
 
-def test_a_spoofed_reply_cannot_pass_for_the_servers():
-    """Each request has a random id: a tool that prints a reply-shaped line (id 2, the old fixed id, or
-    any guess) before the server's own reply is ignored."""
-    spoof = _reply(2, result={"content": [{"type": "text", "text": "spoofed"}]}) + _reply(
-        "0" * 16, result={"content": [{"type": "text", "text": "spoofed"}]})
-    box = _FakeBox(ExecResult(0, spoof + _reply("RID", result={"content": [{"type": "text", "text": "real"}]}),
-                              0.1, False, 10, False))
-    assert call_tool(box, "t", {}, 5).text == "real"
-    assert call_tool(_FakeBox(ExecResult(0, spoof, 0.1, False, 10, False)), "t", {}, 5).outcome == "server_error"
-    call_tool(box, "t", {}, 5)
-    ids = [json.loads(base64.b64decode(c.split()[2]).decode().splitlines()[-1])["id"] for c in box.commands]
-    assert len(set(ids)) == 2 and all(len(i) == 16 for i in ids)
-
-
 def test_a_surrogate_escaped_in_arguments_never_breaks_encoding():
-    """/tmp/rev18/attack3.py: arguments `{"text": "\\ud800"}` (pure ASCII) echoed back by a tool."""
+    """/tmp/rev18/attack3.py: arguments `{"text": "\\ud800"}` (pure ASCII) are refused before any call."""
     raw = '{"text": "\\ud800"}'
     assert "lone surrogate" in parse_arguments(raw) and "lone surrogate" in parse_arguments('{"\\udfff": 1}')
     assert parse_arguments('{"a": ["x", {"b": "\\ud83d\\ude00"}]}') == {"a": ["x", {"b": "\U0001F600"}]}  # a pair is fine
     assert "lone surrogate" in parse_fenced('```json\n{"tool": "t", "arguments": {"q": "\\ud800"}}\n```')
-    echoed = json.dumps({"jsonrpc": "2.0", "id": "RID", "result": {"content": [
-        {"type": "text", "text": "error: no book " + json.loads(raw)["text"]}], "isError": True}})
-    out = call_tool(_FakeBox(ExecResult(0, echoed + "\n", 0.1, False, 10, False)), "search", {}, 10)
-    assert out.outcome == "tool_error" and out.text == "error: no book \ufffd"
-    out.text.encode()
 
 
 class _FakeEpisode:
@@ -249,7 +220,7 @@ def test_declared_tools_are_offered_without_waiting_for_the_container():
     assert declared_tools([FileSpec(path=".tools/tools.json", content="{not json")]) is None
 
     async def go(declared):
-        ep = _FakeEpisode(_FakeBox(ExecResult(0, "", 0.1, False, 0, False)))
+        ep = _FakeEpisode(_FakeBox())
         ep.sb.image = "fake:never-listed"
         ep.started = asyncio.get_running_loop().create_future()  # a container start that never ends
         return await asyncio.wait_for(ToolMode(ep, declared).offered(), timeout=2)
@@ -265,13 +236,14 @@ def test_unknown_tools_and_bad_arguments_are_answered_on_the_host():
     from trajforge.tasks.agent.mcp_relay import ToolMode
     from trajforge.tasks.envs.tools import client
 
-    ok = _reply("RID", result={"content": [{"type": "text", "text": "fine"}]})
-    box = _FakeBox(ExecResult(0, ok, 0.1, False, 10, False))
+    box = _FakeBox()
     client._LISTED[box.image] = [t.mcp() for t in LEDGER.tools]
+    session = _FakeSession(box)
 
     async def go(tool_calling: bool, turns: list) -> _FakeEpisode:
         ep = _FakeEpisode(box, tool_calling)
         mode = ToolMode(ep)
+        mode.session = session
         await mode.offered()
         for turn in turns:
             if isinstance(turn, str):
@@ -283,7 +255,7 @@ def test_unknown_tools_and_bad_arguments_are_answered_on_the_host():
 
     ep = asyncio.run(go(True, [[call("nope"), ("get_account", "[1]"), ("get_account", '{"name": "\\ud800"}'),
                                  call("get_account", name="bob")]]))
-    assert box.commands and len(box.commands) == 1  # only the valid call reached the sandbox
+    assert session.calls == [("get_account", {"name": "bob"})]  # only the valid call reached the sandbox
     texts = [m.content for m in ep.st.messages]
     assert texts[0].startswith("call error: unknown tool 'nope'; the tools are: audit, close_account")
     assert texts[1:3] == ["call error: arguments are not a JSON object (arguments must be a JSON object)",
@@ -292,19 +264,20 @@ def test_unknown_tools_and_bad_arguments_are_answered_on_the_host():
     assert ep.st.call_errors == 3 and ep.st.format_errors == 0  # the valid call last: the run of errors ended
     assert [s.command for s in ep.st.steps] == [call_command("get_account", {"name": "bob"})]
     ep = asyncio.run(go(False, ['```json\n{"tool": "bash", "arguments": {"command": "ls"}}\n```']))
-    assert len(box.commands) == 1 and ep.st.call_errors == 1 and ep.st.steps == []
+    assert len(session.calls) == 1 and ep.st.call_errors == 1 and ep.st.steps == []
     assert ep.st.messages[0].content.startswith("Result of bash:\ncall error: unknown tool 'bash'")
 
 
 def test_one_protocol_client_shared_by_harness_and_validator():
-    """The protocol constants live in one place (the server, a standalone file, must agree), and the
-    environments package never imports the agent package (the validator uses the client directly)."""
+    """The constants live in one place (the server, a standalone file, must agree: the SDK's folder in
+    the tools layer, the command), and the environments package never imports the agent package (the
+    validator uses the client directly)."""
     import ast
     from pathlib import Path
 
-    from trajforge.tasks.envs.tools import client, spec
+    from trajforge.tasks.envs.tools import client, layer, spec
 
-    assert f'PROTOCOL = "{client.PROTOCOL}"' in spec.SERVER_SOURCE.read_text()
+    assert f'SDK_DIR = "{layer.SDK_DIR}"' in spec.SERVER_SOURCE.read_text()
     assert call_command("t", {}).startswith(client.SERVER_COMMAND + " call ")
     envs = Path(spec.__file__).parents[1]
     for path in envs.rglob("*.py"):
@@ -529,23 +502,34 @@ def test_submitting_at_once_fails_by_end_state(docker_client, ledger):
 
 
 @pytest.mark.docker
-def test_failing_and_crashing_tools_leave_the_state_unchanged(docker_client, ledger):
-    t = Scripted([[call("close_account", name="alice")], [call("reindex")], [call("submit")]])
-    r = episode(docker_client, ledger, t)
-    raised, crashed = (m.content for m in r.messages if m.role == "tool" and m.name != "submit")
-    assert raised == "error: the tool failed (RuntimeError: ledger offline)"
-    assert crashed.startswith("tool server error: the tool server ended (exit code 3)")
-    # a crashing server is the environment's fault: visible as the step's exit code, not a model call error
-    assert [s.exit_code for s in r.steps] == [1, 3] and r.tool_call_errors == 0 and r.status == "ok"
-    assert {n: b for n, (b, _) in store_rows(r.final_state).items()} == SEED
+def test_a_failing_tool_is_a_tool_error_and_leaves_the_state_unchanged(docker_client, ledger):
+    r = episode(docker_client, ledger, Scripted([[call("close_account", name="alice")], [call("submit")]]))
+    assert r.messages[3].content == "error: the tool failed (RuntimeError: ledger offline)"
+    assert [s.exit_code for s in r.steps] == [1] and r.tool_call_errors == 0 and r.status == "ok"
+    assert {n: b for n, (b, _) in store_rows(r.final_state).items()} == SEED and r.leftover_processes == 0
+
+
+@pytest.mark.docker
+def test_a_crashing_server_ends_the_episode_as_the_environments_fault(docker_client, ledger):
+    """The server exits mid-session (a tool calls os._exit): never the model's failure, never a pass:
+    the episode raises SandboxError naming the reason (the stage retries it, an infrastructure status)."""
+    from trajforge.tasks.sandbox import SandboxError
+
+    with pytest.raises(SandboxError, match=r"tool server: the tool server ended during 'reindex'"):
+        episode(docker_client, ledger, Scripted([[call("transfer", source="alice", target="bob", amount=30)],
+                                                 [call("reindex")], [call("submit")]]))
 
 
 @pytest.mark.docker
 def test_a_hanging_tool_is_killed_at_the_command_timeout(docker_client, ledger):
-    r = episode(docker_client, ledger, Scripted([[call("audit")], [call("submit")]]), command_timeout_s=2)
-    assert r.messages[3].content.startswith("tool server error: the tool did not answer within 2s")
-    assert r.steps[0].timed_out and r.steps[0].killed_by == "timeout" and r.tool_call_errors == 0
-    assert r.status == "ok" and r.leftover_processes == 0 and store_rows(r.final_state)["alice"] == (100, "")
+    """A call with no answer within the command timeout: the server is killed (every agent process),
+    the episode ends as the environment's fault with the reason named."""
+    from trajforge.tasks.sandbox import SandboxError
+
+    t0 = time.monotonic()
+    with pytest.raises(SandboxError, match=r"the tool 'audit' did not answer within 2s and was stopped"):
+        episode(docker_client, ledger, Scripted([[call("audit")], [call("submit")]]), command_timeout_s=2)
+    assert time.monotonic() - t0 < 30
 
 
 @pytest.mark.docker
@@ -585,13 +569,30 @@ def test_validator_checks_that_the_tools_serve(docker_client, ledger):
 
 @pytest.mark.docker
 def test_the_official_mcp_client_speaks_to_the_server_in_the_sandbox(docker_client, ledger):
-    """The same conformance through `docker exec -i` into a sandbox, as the agent user; the state the SDK
-    session left is what the harness's per-call relay then reads."""
+    """The same conformance through the `docker` CLI's `exec -i` into a sandbox, as the agent user; a
+    session of the harness's own then sees the state that session left (the state is the store, not a
+    server process), and the server's prints never reach the protocol."""
+    from trajforge.tasks.envs.tools.client import ToolSession
     from trajforge.tasks.sandbox import Sandbox
 
     with Sandbox(docker_client, ledger.image, SandboxConfig(), workdir=ledger.workdir,
                  labels={"trajforge.test": "tool_harness"}) as sb:
         asyncio.run(sdk_conformance("docker", ["exec", "-i", "-u", "1000:1000", "-w", ledger.workdir, sb.name,
                                                "python3", "-I", ".tools/server.py"]))
-        out = call_tool(sb, "get_account", {"name": "bob"}, 20)
-        assert out.outcome == "ok" and json.loads(out.text)["balance"] == 80
+
+        async def again():
+            import anyio
+
+            session = ToolSession(sb)
+            try:
+                outs = [await session.call("get_account", {"name": n}, 20) for n in ("bob", "bob")]
+                # an open session holds no token of anyio's shared thread limiter (many episodes at once)
+                assert anyio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
+                return outs
+            finally:
+                await session.close()
+
+        outs = asyncio.run(again())
+        assert all(o.outcome == "ok" and json.loads(o.text)["balance"] == 80 for o in outs)
+        assert sb.kill_agent_processes() == 0  # the closed session left no server running
+

@@ -7,7 +7,6 @@ malformed JSON-RPC never ends the server loop, and the protected globs cover `.t
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import runpy
@@ -74,14 +73,14 @@ DENIED = [
 ]
 
 
-def build(task: ToolTask, folder: Path) -> server.Server:
+def build(task: ToolTask, folder: Path) -> server.Tools:
     """`task` compiled and materialized in `folder` (store initialized): its server, in process."""
     for f in compiled_fields(task)["files"]:
         (folder / f.path).parent.mkdir(parents=True, exist_ok=True)
         (folder / f.path).write_text(f.content)
     server.init_store(str(folder / ".tools"), str(folder / "store.db"))
     (folder / ".tools" / "seed.sql").unlink()
-    return server.Server(str(folder / ".tools"), str(folder / "store.db"))
+    return server.Tools(str(folder / ".tools"), str(folder / "store.db"))
 
 
 def snapshot(folder: Path) -> tuple[str, list[str]]:
@@ -161,12 +160,33 @@ def _tests(task: ToolTask, folder: Path) -> Path:
     return path
 
 
-def _mcp(folder: Path, *messages: dict | str) -> list[dict]:
-    lines = "".join((m if isinstance(m, str) else json.dumps(m)) + "\n" for m in messages)
-    done = subprocess.run([sys.executable, "-I", ".tools/server.py"], cwd=folder, input=lines, capture_output=True,
-                          text=True)
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
+HELLO = [{"jsonrpc": "2.0", "id": "hello", "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}},
+         {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+
+
+def _mcp(folder: Path, *messages: dict | str, timeout: float = 60) -> list[dict]:
+    """The replies of the SDK server in `folder` to raw JSON-RPC lines, in one live session (after the
+    handshake): a last `ping` (id "end") is answered after all of them, then stdin closes."""
+    proc = subprocess.Popen([sys.executable, "-I", ".tools/server.py"], cwd=folder, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    replies: list[dict] = []
+    try:
+        for m in [*HELLO, *messages, {"jsonrpc": "2.0", "id": "end", "method": "ping"}]:
+            proc.stdin.write((m if isinstance(m, str) else json.dumps(m)) + "\n")
+            proc.stdin.flush()
+            if isinstance(m, dict) and m.get("id") == "hello":
+                replies.append(json.loads(proc.stdout.readline()))
+        for line in proc.stdout:
+            replies.append(json.loads(line))
+            if replies[-1].get("id") == "end":
+                break
+        proc.stdin.close()
+        assert proc.wait(timeout) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+    assert replies[0]["result"]["serverInfo"]["name"] == "trajforge-tools" and replies[-1]["id"] == "end"
+    return replies[1:-1]
 
 
 HACK = ("ALTER TABLE books RENAME TO books_real;"
@@ -206,10 +226,9 @@ def test_attack2_a_sql_tool_cannot_shadow_a_table_or_plant_files(tmp_path, code)
         tests = tmp_path / "test_task.py"
         tests.write_text(env.tests[0].content)
     before = snapshot(folder)
-    replies = _mcp(folder, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
-                   {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                    "params": {"name": "run_report", "arguments": {"sql": HACK.format(folder=folder)}}})
-    assert replies[1]["result"]["isError"] and "not authorized" in replies[1]["result"]["content"][0]["text"]
+    replies = _mcp(folder, {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                            "params": {"name": "run_report", "arguments": {"sql": HACK.format(folder=folder)}}})
+    assert replies[0]["result"]["isError"] and "not authorized" in replies[0]["result"]["content"][0]["text"]
     assert snapshot(folder) == before and not (folder / ".tools" / "planted.db").exists()
     assert not run_checks(tests, folder)["test_member_has_the_book"]
     con = sqlite3.connect(folder / "store.db")  # done behind the server's back: the schema check sees it
@@ -325,17 +344,17 @@ def test_malformed_json_rpc_never_ends_the_loop(board):
              + '{"sql": ' * 5000 + '"x"' + "}" * 5000 + "}}",
              '{"jsonrpc": "2.0", "id": {"x": 1}, "method": "ping"}',
              '{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": "run"}',
-             '{"jsonrpc": "2.0", "id": 6, "method": "ping"}']
-    out = io.StringIO()
-    server.serve(srv, io.StringIO("\n".join(lines) + "\n"), out)
-    replies = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert [(r["id"], r.get("error", {}).get("code")) for r in replies] == [
-        (None, -32600), (2, -32602), (3, -32602), (None, -32700), (None, -32700), (None, -32600), (None, -32600),
-        (6, None)]
-    srv.store = str(folder / "missing.db")  # the server's own failure: an internal error, no new empty store
-    assert srv.handle({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "run", "arguments": {
-        "sql": "SELECT 1"}}})["error"]["code"] == -32603
-    assert not (folder / "missing.db").exists()
+             '{"jsonrpc": "2.0", "id": 6, "method": "ping"}',
+             '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "nope", "arguments": {}}}']
+    replies = _mcp(folder, *lines)  # the SDK answers what it can tell apart, drops the rest; the loop goes on
+    assert [(r["id"], r.get("error", {}).get("code")) for r in replies] == [(2, -32602), (3, -32602), (6, None),
+                                                                          (7, -32602)]
+    assert replies[3]["error"]["message"].startswith("unknown tool 'nope'; the tools are: a_set,")
+    (folder / "store.db").rename(folder / "moved.db")  # the server's own failure: an error, no new empty store
+    replies = _mcp(folder, {"jsonrpc": "2.0", "id": 8, "method": "tools/call",
+                            "params": {"name": "run", "arguments": {"sql": "SELECT 1"}}})
+    assert replies[0]["id"] == 8 and ("error" in replies[0] or replies[0]["result"]["isError"]), replies
+    assert not (folder / "store.db").exists()
 
 
 def test_protected_globs_cover_dotfiles_and_subfolders(tmp_path):

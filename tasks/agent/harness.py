@@ -41,7 +41,7 @@ from ..judge.verifier import run_hidden_tests
 from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
 from ..teachers.tokens import split_prompt
-from .mcp_relay import SURROGATE, ToolMode, declared_tools, parse_arguments
+from .mcp_relay import SURROGATE, ToolMode, declared_tools, launch_of, parse_arguments, recorded_tools
 
 HARNESS = BASH_HARNESS
 SYSTEM_PROMPT = (
@@ -138,6 +138,9 @@ class _Episode:
     async def offered(self) -> list[dict]:
         return TOOLS if self.s.tool_calling else []
 
+    async def close(self) -> None:
+        """What a mode holds open in the sandbox, ended before the episode settles (bash: nothing)."""
+
     def system_prompt(self, env: EnvSpec) -> str:
         return SYSTEM_PROMPT.format(workdir=env.workdir) + ("" if self.s.tool_calling else FENCED_HINT)
 
@@ -228,10 +231,18 @@ class _Episode:
 
 
 # the turn loops an environment kind may name as its `agent_mode` (tasks/envs/kinds.py): (episode, env) -> mode
+# (a mode may have `async close()`: run before the episode settles, and again, idempotent, if it fails)
 MODES: dict[str, Callable[[_Episode, EnvSpec], Any]] = {
     "bash": lambda ep, env: ep,
-    "mcp": lambda ep, env: ToolMode(ep, declared_tools(env.files)),
+    "mcp": lambda ep, env: ToolMode(ep, declared_tools(env.files) or recorded_tools(env), launch_of(env.files)),
 }
+
+
+async def _close(mode: Any) -> None:
+    """End what a mode holds open in the sandbox (its optional `close()`; tools mode: the server session)."""
+    close = getattr(mode, "close", None)
+    if close is not None:
+        await close()
 
 
 class ConversationSlot(Protocol):
@@ -266,7 +277,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
     teacher_turn_s = s.teacher_max_wait_s + s.max_tokens / s.agent_tokens_per_s + 30  # the longest a turn may take
     status, error = "max_turns", None
     sb = make_sandbox()
-    ep = None
+    ep = mode = None
     try:
         sb.toolchain_allowed = tuple(env.expected_changes)  # what the reference solution changes there too
         ep = _Episode(sb, st, s, env.protected)
@@ -327,6 +338,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                 break
         if slot is not None:
             slot.release()
+        await _close(mode)  # tools mode: the server session ends before anything is settled or read
         in_place, outside, odd = None, None, []
         try:
             leftover, changed, changes = await ep.finish()
@@ -355,6 +367,9 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         if s.verify_in_place and final_state is not None and not sb.toolchain_changed:  # after the capture: tests may write files
             in_place = (await asyncio.to_thread(run_hidden_tests, sb, env, s.test_timeout_s)).to_record()
     finally:
+        if mode is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(_close(mode))
         if ep is not None and not ep.started.done():
             with contextlib.suppress(BaseException):  # a start still in flight: let it end, then remove it
                 await asyncio.shield(ep.started)

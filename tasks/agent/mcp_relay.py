@@ -3,36 +3,35 @@ an episode in that mode (what is offered, how a reply becomes tool calls, what i
 
 The server (`.tools/server.py`, tasks/envs/tools/server.py) runs INSIDE the sandbox, as the agent
 user, in the work dir, under the per-command timeout, with no network: the host never runs
-environment code. The protocol client (the session command, the nonce-matched replies, listing and
-calling) is tasks/envs/tools/client.py, shared with the validator; this module is the harness side.
+environment code. The protocol client (the SDK session over `docker exec -i`, listing and calling) is
+tasks/envs/tools/client.py, shared with the validator; this module is the harness side.
 
-One server process per call (initialize, notifications/initialized, tools/call, EOF), not one
-long-lived session per episode, because:
-- the state lives in SQLite (`store.db`), never in the server process: a per-call process loses
-  nothing, and each call is one transaction, committed or rolled back before the process exits;
-- crash isolation: a tool that crashes, hangs or leaks memory ends with its own call (killed at the
-  command timeout with its process group), and the next call starts clean; the episode's end
-  (`settle`) finds no server left running;
-- a stdio MCP session belongs to one client process; a relay holding a pipe open across the
-  teacher's turns would tie an episode to one exec stream of the Docker API and need reconnect
-  logic for a server that died; per call, every exec is the ordinary `Sandbox.exec` with its
-  timeout, output cap and kill;
-- cost (benchmarks/mcp_session.py, 200 calls a side, 2 cores at load ~3): a relayed call takes ~0.10 s
-  (median) against ~0.064 s for `docker exec true`: ~37 ms a call over the floor, small next to a teacher
-  turn; a persistent MCP session answers in ~1 ms, but the exec's floor is what a per-call process pays.
+One MCP client session per episode (client.py `ToolSession`: the SDK's `ClientSession` over the
+server's stdio, `docker exec -i` as the agent user), opened at the first call and closed before the
+episode settles (`close`), because:
+- the state lives in SQLite (`store.db`), never in the server process, and each call is one
+  transaction committed or rolled back before it is answered: a long-lived server keeps nothing a
+  call could lose, and the end state read after `close` is every answered call's;
+- it is how MCP clients use a stdio server (one start, `initialize` once, then calls), and the
+  server's start-up (the SDK's import, ~1 s) is paid once per episode, not per call: a call in a
+  held session answers in ~1 ms where a server process per call cost ~37 ms over `docker exec true`'s
+  floor (benchmarks/mcp_session.py on main before this change: 751 vs 9.7 calls/s);
+- the server is the environment's: a call that does not answer within the command timeout, or a
+  server that crashes or exits, is `ServerFailed`: the server is killed, the step is recorded (exit
+  code 3, `killed_by` "timeout" for a hang) and the episode ends as `SandboxError` naming the reason,
+  the environment's fault (an infrastructure status, retried by the stage, never a model failure and
+  never a pass); the model's call errors stay the model's.
 
 Outcomes of a call (client.py): `ok`, `tool_error` (`isError: true`: a domain answer such as "no
 such booking", NOT counted), `call_error` (the model's mistake: an unknown tool, answered on the host,
 or arguments that are not a JSON object, hold a lone surrogate, or break the tool's schema: counted
 like a format error and in `tool_call_errors`), `server_error` (no response, a crash, a timeout: the
-model gets a tool error with a short reason; not the model's fault, so not counted: the step keeps
-the exit code >= 3 and `killed_by`). The tools are listed once per image per process and offered as
+episode ends, see above). The tools are listed once per image per process and offered as
 OpenAI tool schemas, plus the harness's own `submit`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -40,19 +39,23 @@ from typing import Any
 
 from ...schemas.trajectory import TOOLS_HARNESS, Message, Step
 from ..envs.tools.client import (
+    EXIT_CODES,
     SURROGATE,
-    ListingFailed,
+    Launch,
     Outcome,
-    call_tool,
+    ServerFailed,
+    ToolSession,
     clean,
     declared_tools,
+    launch_of,
     list_tools,
     listed,
+    recorded_tools,
 )
 from ..envs.tools.spec import call_command
 from ..sandbox import SandboxError
 
-__all__ = ["TOOLS_HARNESS", "SURROGATE", "ToolMode", "declared_tools", "parse_arguments", "parse_fenced", "openai_tools", "call_tool"]
+__all__ = ["TOOLS_HARNESS", "SURROGATE", "ToolMode", "declared_tools", "launch_of", "recorded_tools", "parse_arguments", "parse_fenced", "openai_tools"]
 
 SUBMIT = {"type": "function", "function": {
     "name": "submit", "description": "Declare the request finished.", "parameters": {"type": "object", "properties": {}}}}
@@ -145,12 +148,34 @@ class ToolMode:
 
     what = "tool call"
 
-    def __init__(self, ep: Any, declared: list[dict[str, Any]] | None = None):
+    def __init__(self, ep: Any, declared: list[dict[str, Any]] | None = None, launch: Launch | None = None):
         """`declared`: the environment's `.tools/tools.json` (`declared_tools`), which the validator
-        proved its server lists exactly: offered without waiting for the container."""
+        proved its server lists exactly: offered without waiting for the container (a brought server
+        declares none: its listing is asked for). `launch`: how its server starts (`launch_of`)."""
         self.ep, self.st, self.s, self.declared = ep, ep.st, ep.s, declared
+        self.launch = launch or Launch()
         self.listed: list[dict[str, Any]] = []
         self.names: set[str] = set()
+        self.session: ToolSession | None = None
+
+    async def open(self) -> ToolSession:
+        """The episode's session with its server (started once the container is up; the server's
+        start-up is the environment's time, not the agent's budget)."""
+        await self.ep.started
+        if self.session is None:
+            self.session = ToolSession(self.ep.sb, self.launch)
+            t0 = time.monotonic()
+            try:
+                await self.session.start()
+            except ServerFailed as err:
+                raise SandboxError(f"tool server: {err}") from None
+            self.st.deadline += time.monotonic() - t0
+        return self.session
+
+    async def close(self) -> None:
+        """End the session (the server exits on EOF) before the episode settles; idempotent."""
+        if self.session is not None:
+            await self.session.close()
 
     async def offered(self) -> list[dict[str, Any]]:
         """The tools offered through the API (the server's + `submit`; none in fenced mode): the declared
@@ -158,11 +183,11 @@ class ToolMode:
         listing (waits for this container)."""
         self.listed = self.declared or listed(self.ep.sb.image) or []
         if not self.listed:
-            await self.ep.started
+            session = await self.open()
             try:
-                self.listed = await asyncio.to_thread(list_tools, self.ep.sb)
-            except ListingFailed as err:
-                raise SandboxError(str(err)) from None
+                self.listed = await list_tools(session)
+            except ServerFailed as err:
+                raise SandboxError(f"tool server: {err}") from None
         self.names = {t["name"] for t in self.listed}
         return openai_tools(self.listed) + [SUBMIT] if self.s.tool_calling else []
 
@@ -184,17 +209,23 @@ class ToolMode:
         return (await self.relay(turn, name, args)).text
 
     async def relay(self, turn: int, name: str, arguments: dict[str, Any]) -> Outcome:
-        await self.ep.started
+        session = await self.open()
         budget = min(self.s.command_timeout_s, max(1.0, self.st.deadline - time.monotonic()))
-        out = await asyncio.to_thread(call_tool, self.ep.sb, name, arguments, budget)
-        if out.ran:
-            self.st.steps.append(Step(turn=turn, command=call_command(name, arguments), exit_code=out.exit_code,
-                                      duration_s=round(out.duration_s, 4), timed_out=out.timed_out,
-                                      killed_by=out.killed_by, output_bytes=out.output_bytes, truncated=out.truncated))
+        t0 = time.monotonic()
+        try:
+            out = await session.call(name, arguments, budget)
+        except ServerFailed as err:  # the environment's fault: recorded, then the episode ends
+            self.st.steps.append(Step(turn=turn, command=call_command(name, arguments, self.launch.brought), exit_code=EXIT_CODES["server_error"],
+                                      duration_s=round(time.monotonic() - t0, 4), timed_out=err.timed_out,
+                                      killed_by="timeout" if err.timed_out else None, output_bytes=0, truncated=False))
+            raise SandboxError(f"tool server: {err}") from None
+        self.st.steps.append(Step(turn=turn, command=call_command(name, arguments, self.launch.brought), exit_code=out.exit_code,
+                                  duration_s=round(out.duration_s, 4), timed_out=out.timed_out,
+                                  killed_by=out.killed_by, output_bytes=out.output_bytes, truncated=out.truncated))
         if out.outcome == "call_error":
             self.st.format_errors += 1
             self.st.call_errors += 1
-        else:  # a valid call (a server error is the environment's fault, not the model's)
+        else:  # a valid call
             self.st.format_errors = 0
         return out
 

@@ -39,7 +39,9 @@ from ...schemas.config import BuildImagesConfig, SandboxConfig
 from ...schemas.environment import BaseImage, EnvSpec
 from ..sandbox import AGENT_UID, DockerUnavailable
 from ..sandbox.limits import build_params
+from . import kinds
 from .blobs import BlobMissing, BlobStore
+from .tools.layer import ToolsLayerError
 
 LABEL = {"trajforge.image": "env"}
 DOCKERFILE_NAME = ".trajforge.Dockerfile"
@@ -259,6 +261,12 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
     options = options or BuildOptions()
     timeout_s = timeout_s or env.build_timeout_s or options.timeout_s
     base_id = base_image_id(client, base)
+    layer = kinds.of(env).layer
+    if layer is not None:  # e.g. tools: the base + the MCP SDK (tasks/envs/tools/layer.py)
+        try:
+            base_id = layer(client, base_id, env, options.network == "imports")
+        except ToolsLayerError as err:
+            raise ImageBuildError(f"image for {env.env_id} failed to build: {err}", "", cause="build_fetch_failed") from None
     aliases = aliases or {}
     env.base_images = [BaseImage(image=k, local=v) for k, v in base_mapping(env, aliases, base).items()]
     tag = image_tag(base_id, env, aliases)

@@ -9,7 +9,12 @@ A kind says:
   function of (sandbox, env, timeout) returning why it fails, or None);
 - `replay_call`: how a recorded command replays (None: as a shell command; else a parser giving the tool
   call it stands for, or None for a command to replay as `bash`);
-- `view`: the short JSON summary `trajforge envs sample` prints without `--full` (None: the whole spec).
+- `view`: the short JSON summary `trajforge envs sample` prints without `--full` (None: the whole spec);
+- `layer`: the image its environments build on instead of the base, as a function of (docker client,
+  base image id, env, whether builds may use the network) returning an image id (None: the base itself; tools: the base + the MCP SDK,
+  + Node.js for a brought Node server);
+- `confined`: why what the reference solution changed breaks the kind's contract (tools: anything but
+  the store; the reject `tools_write_outside_store`).
 
 Invariants: a kind is registered once per name (`register` replaces an entry of the same name, which
 tests use for a toy kind); `EnvSpec` accepts exactly the registered names (`schemas.environment.ENV_KINDS`,
@@ -23,7 +28,8 @@ from typing import Any, Callable
 
 from ...schemas.environment import ENV_KINDS, EnvSpec
 from ...schemas.trajectory import TOOLS_HARNESS
-from .tools.client import serve_error
+from .tools.client import outside_store, serve_error
+from .tools.layer import ensure_tools_layer
 from .tools.spec import parse_call_command, tool_view
 
 BASH_HARNESS = "trajforge-bash-v1"
@@ -46,6 +52,10 @@ class Kind:
     checks: tuple[KindCheck, ...] = ()
     replay_call: Callable[[str], tuple[str, dict[str, Any]] | None] | None = None
     view: Callable[[EnvSpec, bool], dict] | None = field(default=None)
+    # (docker client, base image id) -> the id of the image this kind's environments build on instead
+    layer: Callable[[Any, str, EnvSpec, bool], str] | None = None
+    # (env, paths the reference solution changed) -> why they break the kind's contract (None: they do not)
+    confined: Callable[[EnvSpec, list[str]], str | None] | None = None
 
 
 KINDS: dict[str, Kind] = {}
@@ -71,4 +81,5 @@ def of(env: EnvSpec) -> Kind:
 TERMINAL = register(Kind(name="terminal", agent_mode="bash", harness=BASH_HARNESS))
 TOOLS = register(Kind(name="tools", agent_mode="mcp", harness=TOOLS_HARNESS,
                       checks=(KindCheck("tools_serve", "tools_broken", serve_error),),
-                      replay_call=parse_call_command, view=tool_view))
+                      replay_call=parse_call_command, view=tool_view, layer=ensure_tools_layer,
+                      confined=outside_store))

@@ -9,6 +9,8 @@ Checks, in order, each with the reason code a failing environment is rejected wi
   not list exactly the tools of `.tools/tools.json`, each with a valid object schema (the reject
   carries the server's output tail);
 - `solution_fails`: the reference solution errors, hangs past its timeout, or does not pass;
+- `tools_write_outside_store` (`tools` environments): the reference solution's tool calls changed a file
+  other than the store (`store.db`);
 - `nondeterministic_tests`: the tests give different per-test results when run twice;
 - `not_instance_specific`: where the answer is a file, the solved work dir of this instance also
   passes the tests of a sibling instance (same family and level, another seed): a hard-coded answer
@@ -143,6 +145,10 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
                               f"reference solution exited {res.exit_code}: {res.output[-600:]}")
         # what the reference solution changes: an agent's change that is not among these is unexpected
         env.expected_changes = sorted(sb.changes().paths())
+        confined = kind_of(env).confined
+        stray = confined(env, env.expected_changes) if confined else None
+        if stray:
+            return v.fail("solution_passes", "tools_write_outside_store", stray)
         first = run_hidden_tests(sb, env, test_timeout_s)
         if first.error or first.fallback:
             return v.fail("solution_passes", "verifier_error", f"{first.error or first.fallback}\n{first.output[-600:]}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from ....schemas.environment import EnvSpec
 from .base import TaskFormat, TaskFormatError, folder_digest
 from .harbor import Harbor, export_harbor
+from .mcp_server import McpServer
 from .terminal_bench import TerminalBench
 
 FORMATS: dict[str, TaskFormat] = {}
@@ -22,7 +23,7 @@ def register(fmt: TaskFormat) -> TaskFormat:
     return fmt
 
 
-for _builtin in (Harbor(), TerminalBench()):
+for _builtin in (Harbor(), TerminalBench(), McpServer()):
     register(_builtin)
 
 

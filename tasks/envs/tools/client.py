@@ -1,51 +1,78 @@
-"""The host side of the protocol to a `tools` environment's MCP server (`.tools/server.py`, see
-server.py): what the validator's `tools_serve` check and the harness's relay (tasks/agent/mcp_relay.py)
-both speak. It needs only a sandbox-like object: `exec(command, timeout_s, output_limit=)` returning an
-`ExecResult` (and `image`, `cfg.output_limit_bytes` for listing once per image and cutting results).
+"""The host side of a `tools` environment's MCP server (`.tools/server.py`, see server.py): one MCP
+client session (the official SDK's `ClientSession`) over the server's stdio in the sandbox, held for a
+whole episode. The harness's relay (tasks/agent/mcp_relay.py) and the validator's `tools_serve`
+check both use it.
 
-One server process per session: the JSON-RPC lines go in base64-encoded inside the command
-(`printf %s B64 | base64 -d | python3 -I .tools/server.py`), so nothing a model writes ever reaches a
-shell (the base64 alphabet has no shell syntax). Each request carries a fresh random id (a nonce):
-whatever a tool prints to stderr (merged into the output, kept for crash diagnostics) cannot pass for
-the server's reply, since it cannot know the id.
+Transport: `docker exec -i` through the Docker API (`exec_stdio`): the server runs as the agent user
+in the work dir with the harness's PATH, its stdin and stdout carry the JSON-RPC lines the SDK reads
+and writes, its stderr (tracebacks) is kept for diagnostics; nothing the model writes reaches a
+shell (arguments travel as JSON inside the protocol). The engine is the sandbox's own client, so a
+session works against any engine the sandbox does.
+
+Invariants:
+- the state is the store (`store.db`), never the server process: a session that died is not
+  restarted mid-episode, and a new one (the next episode, the validator) sees the same store;
+- a call that does not answer within its timeout, a server that exits, crashes or prints a protocol
+  message over `MAX_MESSAGE_BYTES`, is `ServerFailed`: the session is closed and every process of the
+  agent's in the sandbox (in tools mode: only servers) is killed; the harness ends the episode as the
+  environment's fault, never the model's (`ToolMode.relay`);
+- `close()` ends the session (EOF on the server's stdin, then the server exits) before the episode
+  settles, so no server is left running to be counted as the agent's leftover.
 
 Outcomes of a call: `ok` (the result text), `tool_error` (`isError: true`: a domain answer),
-`call_error` (JSON-RPC -32602 or arguments too long: the model's mistake), `server_error` (no reply,
-a crash, a timeout: the environment's fault). Every text is made encodable (a lone surrogate, which a
-JSON escape in the model's arguments can carry back through a tool's answer, becomes U+FFFD).
+`call_error` (JSON-RPC -32602: the model's mistake). Every text is made encodable (a lone surrogate,
+which a JSON escape in the model's arguments can carry back through a tool's answer, becomes U+FFFD).
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
+import concurrent.futures
 import json
 import re
-import secrets
-import shlex
+import socket
+from collections import deque
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, AsyncIterator, Literal, Protocol
 
+import anyio
+import mcp_types as types
+from docker.utils.socket import read as socket_read
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from mcp import ClientSession
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 
 from ....schemas.environment import EnvSpec
-from .spec import TOOLS_DIR
+from ...sandbox.layer import HARNESS_PATH
+from ...sandbox.users import USERS
+from .layer import SDK_DIR
+from .spec import TOOL_NAME, TOOLS_DIR, parse_call_command
 
-PROTOCOL = "2025-06-18"  # the MCP revision server.py speaks (its own PROTOCOL; a test keeps them equal)
-SERVER_COMMAND = f"python3 -I {TOOLS_DIR}/server.py"
-RELAY_OUTPUT_LIMIT = 1 << 20  # what one server run may print (the model sees at most the sandbox's output limit)
-MAX_REQUEST_BYTES = 64 << 10  # one command argument must stay below Linux's 128 KiB per-argument limit
-EXIT_CODES = {"ok": 0, "tool_error": 1, "call_error": 2}  # a server error keeps the process's code (3 if 0-2)
+SERVER_ARGV = ["python3", "-I", f"{TOOLS_DIR}/server.py"]
+SERVER_COMMAND = " ".join(SERVER_ARGV)
+MAX_MESSAGE_BYTES = 1 << 20  # one protocol message from the server (the model sees at most the sandbox's output limit)
+START_TIMEOUT_S = 60.0  # the server's start-up and `initialize` (the SDK's import takes ~1 s)
+EXIT_CODES = {"ok": 0, "tool_error": 1, "call_error": 2, "server_error": 3}
 SURROGATE = re.compile("[\ud800-\udfff]")  # never valid in UTF-8 text (Parquet strings, JSON requests)
 
 _LISTED: dict[str, list[dict[str, Any]]] = {}  # image -> the MCP tools its server lists (images are content-addressed)
 
 
-class Execs(Protocol):
-    image: str
-    cfg: Any  # `output_limit_bytes`: the most of a result the model is shown
+class Sandboxed(Protocol):
+    """What a session needs of a sandbox (tasks/sandbox/container.py `Sandbox`)."""
 
-    def exec(self, command: str, timeout_s: float, output_limit: int | None = None) -> Any: ...
+    image: str
+    workdir: str
+    agent: str
+    cfg: Any  # `output_limit_bytes`: the most of a result the model is shown
+    client: Any
+    container: Any
+    settled: bool
+
+    def kill_agent_processes(self) -> int: ...
 
 
 @dataclass
@@ -61,46 +88,41 @@ class Outcome:
     ran: bool = True  # False: refused on the host, nothing ran in the sandbox
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How the server starts: `argv` in the work dir (`cwd`: a folder below it), with `TRAJFORGE_STORE`
+    naming the store and the tools layer's SDK on PYTHONPATH. `brought`: an `mcp-server` folder's own
+    server (`.tools/server.json`), else the environment's compiled `.tools/server.py`."""
+
+    argv: tuple[str, ...] = tuple(SERVER_ARGV)
+    cwd: str = ""
+    brought: bool = False
+
+
+def launch_of(files: list[Any]) -> Launch:
+    """The launch an environment's files declare (`.tools/server.json`: `{"command": [...]}`), else the built-in one."""
+    text = next((f.content for f in files if f.path.strip("/") == f"{TOOLS_DIR}/server.json"), None)
+    if text is None:
+        return Launch()
+    command = json.loads(text).get("command")
+    return Launch(tuple(command), f"{TOOLS_DIR}/server", brought=True)
+
+
+class ServerFailed(RuntimeError):
+    """The tool server did not start, answer, or stay up: the environment's fault (the reason is the message)."""
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class ListingFailed(ServerFailed):
+    """The tool server listed no tools (the validator's `tools_serve` check keeps such environments out)."""
+
+
 def clean(text: str) -> str:
     """`text` made encodable as UTF-8 (lone surrogates become U+FFFD)."""
     return SURROGATE.sub("\ufffd", text)
-
-
-def session_command(messages: list[dict[str, Any]]) -> str:
-    """The shell command that runs one server session fed `messages` (one JSON-RPC line each, then EOF)."""
-    payload = base64.b64encode("".join(json.dumps(m) + "\n" for m in messages).encode()).decode()
-    return f"printf %s {shlex.quote(payload)} | base64 -d | {SERVER_COMMAND}"
-
-
-def nonce() -> str:
-    return secrets.token_hex(8)
-
-
-def opening(rid: str, method: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """initialize + notifications/initialized + one request `method` with id `rid`."""
-    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "trajforge", "version": "1"}}}
-    req = {"jsonrpc": "2.0", "id": rid, "method": method, **({"params": params} if params is not None else {})}
-    return [hello, {"jsonrpc": "2.0", "method": "notifications/initialized"}, req]
-
-
-def responses(output: str) -> dict[Any, dict[str, Any]]:
-    """The JSON-RPC responses in a server's output, by id; any other line (a traceback, noise) is ignored."""
-    out: dict[Any, dict[str, Any]] = {}
-    for line in output.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            msg = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(msg, dict) and msg.get("jsonrpc") == "2.0" and "id" in msg and ("result" in msg or "error" in msg):
-            try:
-                out.setdefault(msg["id"], msg)
-            except TypeError:  # an unhashable id: not ours
-                continue
-    return out
 
 
 def tail(text: str, n: int = 300) -> str:
@@ -108,28 +130,243 @@ def tail(text: str, n: int = 300) -> str:
     return text if len(text) <= n else "..." + text[-n:]
 
 
-def fetch_tools(sb: Execs, timeout_s: float = 60) -> tuple[list[dict[str, Any]] | None, str]:
-    """(the MCP tools the server lists, None if it lists none; its output): uncached (the validator's check)."""
-    rid = nonce()
-    res = sb.exec(session_command(opening(rid, "tools/list")), timeout_s, output_limit=RELAY_OUTPUT_LIMIT)
-    reply = responses(res.output).get(rid) or {}
-    tools = (reply.get("result") or {}).get("tools") if isinstance(reply.get("result"), dict) else None
-    ok = isinstance(tools, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools)
-    return (tools if ok else None), res.output
+def cut(text: str, limit: int) -> tuple[str, bool]:
+    """(`text` cut to `limit` UTF-8 bytes, head and tail kept; whether it was cut)."""
+    data = clean(text).encode()
+    if len(data) <= limit:
+        return data.decode(), False
+    half = limit // 2
+    return (data[:half].decode(errors="ignore") + f"\n[... {len(data) - limit} bytes cut ...]\n"
+            + data[-(limit - half):].decode(errors="ignore")), True
 
 
-class ListingFailed(RuntimeError):
-    """The tool server listed no tools (the validator's `tools_serve` check keeps such environments out)."""
+@asynccontextmanager
+async def exec_stdio(sb: Sandboxed, launch: Launch, stderr: deque[str]) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's (read, write) streams over the server `launch` starts, run with `docker exec -i` as the
+    agent (what `mcp.client.stdio.stdio_client` is for a local process). The server's stderr goes to
+    `stderr` (the last lines). The streams end when the server exits or prints a message over
+    MAX_MESSAGE_BYTES."""
+    api = sb.client.api
+    workdir = f"{sb.workdir}/{launch.cwd}" if launch.cwd else sb.workdir
+    exec_id = await anyio.to_thread.run_sync(lambda: api.exec_create(
+        sb.container.id, list(launch.argv), stdin=True, stdout=True, stderr=True, user=USERS.get(sb.agent, sb.agent),
+        workdir=workdir, environment={"HOME": "/root" if sb.agent == "root" else "/home/agent", "PATH": HARNESS_PATH,
+                                      "TRAJFORGE_STORE": f"{sb.workdir}/store.db", "PYTHONPATH": SDK_DIR,
+                                      "PYTHONDONTWRITEBYTECODE": "1"})["Id"])
+    sock = await anyio.to_thread.run_sync(lambda: api.exec_start(exec_id, socket=True))
+    raw = getattr(sock, "_sock", sock)
+    # the blocking read holds its thread for the whole session: threads of this session's own, never
+    # tokens of anyio's shared limiter (40), which many concurrent episodes would exhaust
+    threads = anyio.CapacityLimiter(2)
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def reader() -> None:
+        pending, lines, errs = bytearray(), bytearray(), bytearray()
+        async with read_writer:
+            while True:
+                data = await anyio.to_thread.run_sync(socket_read, sock, 65536, abandon_on_cancel=True, limiter=threads)
+                if not data:
+                    return
+                pending += data
+                while len(pending) >= 8:  # multiplexed frames: stream (1 stdout, 2 stderr), 0, 0, 0, size
+                    size = int.from_bytes(pending[4:8], "big")
+                    if len(pending) < 8 + size:
+                        break
+                    kind, payload = pending[0], bytes(pending[8:8 + size])
+                    del pending[:8 + size]
+                    if kind == 2:
+                        errs += payload
+                        *done, rest = errs.split(b"\n")
+                        stderr.extend(d.decode(errors="replace") for d in done)
+                        errs = bytearray(rest[-4096:])
+                        continue
+                    lines += payload
+                    while b"\n" in lines:
+                        line, _, rest = bytes(lines).partition(b"\n")
+                        lines = bytearray(rest)
+                        if line.strip():
+                            try:
+                                msg: SessionMessage | Exception = SessionMessage(
+                                    types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+                            except ValueError as err:
+                                msg = err
+                            await read_writer.send(msg)
+                    if len(lines) > MAX_MESSAGE_BYTES:
+                        stderr.append(f"[trajforge] the server printed a message over {MAX_MESSAGE_BYTES} bytes")
+                        return
+
+    async def writer() -> None:
+        async with write_reader:
+            async for message in write_reader:
+                data = (message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode()
+                await anyio.to_thread.run_sync(raw.sendall, data, limiter=threads)
+
+    done = anyio.Event()
+
+    async def read_all() -> None:
+        try:
+            await reader()
+        finally:
+            done.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_all)
+            tg.start_soon(writer)
+            try:
+                yield read_stream, write_stream
+            finally:
+                try:
+                    raw.shutdown(socket.SHUT_WR)  # EOF: the server ends its session and exits
+                except OSError:
+                    pass
+                with anyio.move_on_after(5, shield=True):
+                    await done.wait()
+                tg.cancel_scope.cancel()
+    finally:
+        for close in (lambda: raw.shutdown(socket.SHUT_RDWR), sock.close):
+            try:
+                close()
+            except Exception:
+                pass
 
 
-def list_tools(sb: Execs, timeout_s: float = 60) -> list[dict[str, Any]]:
-    """The server's tools, once per image per process; ListingFailed when the server lists none."""
-    if sb.image not in _LISTED:
-        tools, output = fetch_tools(sb, timeout_s)
-        if tools is None:
-            raise ListingFailed(f"the tool server of {sb.image} listed no tools: {tail(output)!r}")
-        _LISTED[sb.image] = tools
-    return _LISTED[sb.image]
+class ToolSession:
+    """One MCP session with the tool server in `sb`, owned by a background task (the SDK's session and
+    transport are entered and left there, whatever task calls). `start`, `list_tools`, `call`, `close`;
+    any failure of the server is `ServerFailed` and leaves the session closed."""
+
+    def __init__(self, sb: Sandboxed, launch: Launch | None = None):
+        self.sb, self.launch = sb, launch or Launch()
+        self.server_info: dict[str, Any] = {}
+        self.stderr: deque[str] = deque(maxlen=40)
+        self.session: ClientSession | None = None
+        self.failure: ServerFailed | None = None
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def diagnostics(self) -> str:
+        return tail("\n".join(self.stderr), 600)
+
+    async def _own(self) -> None:
+        try:
+            async with exec_stdio(self.sb, self.launch, self.stderr) as (read, write), ClientSession(read, write) as s:
+                init = await s.initialize()
+                self.server_info = init.server_info.model_dump(mode="json", by_alias=True, exclude_none=True)
+                self.session = s
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as err:  # noqa: BLE001 (the owner reports every end; cancellation re-raised below)
+            if self.failure is None and not self._stop.is_set():
+                self.failure = ServerFailed(f"the tool server ended: {err.__class__.__name__}: {err}; "
+                                            f"stderr: {self.diagnostics()!r}")
+            if isinstance(err, asyncio.CancelledError):
+                raise
+        finally:
+            self.session = None
+            self._ready.set()
+
+    async def start(self, timeout_s: float = START_TIMEOUT_S) -> "ToolSession":
+        if self._task is None:
+            self.sb.settled = False  # an agent process runs: the episode's settle must look for it
+            self._task = asyncio.ensure_future(self._own())
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            await self.fail(f"the tool server did not start within {timeout_s:g}s", timed_out=True)
+        if self.session is None:
+            raise self.failure or ServerFailed("the tool server session is closed")
+        return self
+
+    async def fail(self, why: str, timed_out: bool = False) -> None:
+        """Record `why`, close the session and kill the server (and any process it left); raises ServerFailed."""
+        self.failure = self.failure or ServerFailed(f"{why}; stderr: {self.diagnostics()!r}", timed_out)
+        await asyncio.to_thread(self.sb.kill_agent_processes)  # first: a hung server would not end on EOF
+        await self.close()
+        raise self.failure
+
+    async def close(self, kill: bool = False) -> None:
+        self._stop.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), 10)
+            except BaseException:  # noqa: BLE001 (a transport that will not end: cancelled, the server killed below)
+                self._task.cancel()
+                kill = True
+        if kill:
+            await asyncio.to_thread(self.sb.kill_agent_processes)
+
+    async def list_tools(self, timeout_s: float = START_TIMEOUT_S) -> list[dict[str, Any]]:
+        """The tools the server lists, as MCP describes them (JSON objects, as `tools.json` holds them)."""
+        s = (await self.start(timeout_s)).session
+        try:
+            result = await asyncio.wait_for(s.list_tools(), timeout_s)
+        except asyncio.TimeoutError:
+            await self.fail(f"the tool server did not answer tools/list within {timeout_s:g}s", timed_out=True)
+        except MCPError as err:
+            raise ListingFailed(f"the tool server refused tools/list: {err}") from None
+        except Exception as err:
+            await self.fail(f"tools/list failed: {err.__class__.__name__}: {err}")
+        return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in result.tools]
+
+    async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> Outcome:
+        """One `tools/call`; ServerFailed when the server does not answer in time or dies."""
+        s = (await self.start()).session
+        t0 = asyncio.get_running_loop().time()
+        try:
+            result = await asyncio.wait_for(s.call_tool(name, arguments), timeout_s)
+        except asyncio.TimeoutError:
+            await self.fail(f"the tool {name!r} did not answer within {timeout_s:g}s and was stopped", timed_out=True)
+        except MCPError as err:
+            duration = asyncio.get_running_loop().time() - t0
+            if err.error.code == types.INVALID_PARAMS:
+                return self._outcome("call_error", f"call error: {err.error.message}", duration)
+            if err.error.code == types.CONNECTION_CLOSED:
+                await self.fail(f"the tool server ended during {name!r} (its connection closed)")
+            await self.fail(f"the tool server answered {name!r} with error {err.error.code}: {err.error.message}")
+        except Exception as err:
+            await self.fail(f"the tool server ended during {name!r} ({err.__class__.__name__}: {err})")
+        duration = asyncio.get_running_loop().time() - t0
+        text = "\n".join(str(getattr(c, "text", "")) for c in result.content)
+        return self._outcome("tool_error" if result.is_error else "ok", text, duration)
+
+    def _outcome(self, outcome: str, text: str, duration: float) -> Outcome:
+        shown, truncated = cut(text, self.sb.cfg.output_limit_bytes)
+        return Outcome(outcome, shown, EXIT_CODES[outcome], duration, output_bytes=len(clean(text).encode()),  # type: ignore[arg-type]
+                       truncated=truncated)
+
+
+def run_sync(coro: Any) -> Any:
+    """Run `coro` to completion from synchronous code (in its own thread: the caller may be in a loop)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+async def fetch_tools(sb: Sandboxed, timeout_s: float = START_TIMEOUT_S,
+                      launch: Launch | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the MCP tools the server lists, its `serverInfo`), from a session of its own (uncached: the
+    validator's check)."""
+    session = ToolSession(sb, launch)
+    try:
+        tools = await session.list_tools(timeout_s)
+    finally:
+        await session.close()
+    if not tools:
+        raise ListingFailed(f"the tool server of {sb.image} listed no tools; stderr: {session.diagnostics()!r}")
+    return tools, session.server_info
+
+
+async def list_tools(session: ToolSession, timeout_s: float = START_TIMEOUT_S) -> list[dict[str, Any]]:
+    """The server's tools, listed once per image per process (through `session`)."""
+    image = session.sb.image
+    if image not in _LISTED:
+        tools = await session.list_tools(timeout_s)
+        if not tools:
+            raise ListingFailed(f"the tool server of {image} listed no tools; stderr: {session.diagnostics()!r}")
+        _LISTED[image] = tools
+    return _LISTED[image]
 
 
 def declared_tools(files: list[Any]) -> list[dict[str, Any]] | None:
@@ -143,78 +380,76 @@ def declared_tools(files: list[Any]) -> list[dict[str, Any]] | None:
     return tools if isinstance(tools, list) else None
 
 
+def recorded_tools(env: EnvSpec) -> list[dict[str, Any]] | None:
+    """The tools the validator recorded for a brought server (`EnvSpec.tool_server`), None if none."""
+    if not env.tool_server:
+        return None
+    tools = json.loads(env.tool_server).get("tools")
+    return tools if isinstance(tools, list) and tools else None
+
+
 def listed(image: str) -> list[dict[str, Any]] | None:
     """The tools already listed for `image` in this process (None: not yet)."""
     return _LISTED.get(image)
 
 
-def cut(text: str, limit: int) -> tuple[str, bool]:
-    """(`text` cut to `limit` UTF-8 bytes, head and tail kept; whether it was cut)."""
-    data = clean(text).encode()
-    if len(data) <= limit:
-        return data.decode(), False
-    half = limit // 2
-    return (data[:half].decode(errors="ignore") + f"\n[... {len(data) - limit} bytes cut ...]\n"
-            + data[-(limit - half):].decode(errors="ignore")), True
-
-
-def call_tool(sb: Execs, name: str, arguments: dict[str, Any], timeout_s: float) -> Outcome:
-    """One tool call through a fresh server process in the sandbox (see the module docstring)."""
-    rid = nonce()
-    cmd = session_command(opening(rid, "tools/call", {"name": name, "arguments": arguments}))
-    if len(cmd) > MAX_REQUEST_BYTES:
-        return Outcome("call_error", f"call error: the arguments are too long ({len(cmd)} bytes encoded; "
-                                     f"at most {MAX_REQUEST_BYTES})", 2, ran=False)
-    res = sb.exec(cmd, timeout_s, output_limit=RELAY_OUTPUT_LIMIT)
-    reply = responses(res.output).get(rid)
-    if res.timed_out or res.killed_by or reply is None:
-        if res.timed_out:
-            why = f"the tool did not answer within {timeout_s:g}s and was stopped"
-        elif res.killed_by == "oom":
-            why = "the tool ran out of memory and was stopped"
-        else:
-            why = f"the tool server ended (exit code {res.exit_code}) without an answer: {tail(res.output, 200)}"
-        code = res.exit_code if res.exit_code not in (0, 1, 2) else 3
-        text, outcome = f"tool server error: {why}", "server_error"
-    elif "error" in reply:
-        err = reply["error"] if isinstance(reply["error"], dict) else {}
-        outcome = "call_error" if err.get("code") == -32602 else "server_error"
-        text = f"{'call' if outcome == 'call_error' else 'tool server'} error: {err.get('message', reply['error'])}"
-        code = EXIT_CODES.get(outcome, 3)
-    else:
-        result = reply.get("result") if isinstance(reply.get("result"), dict) else {}
-        text = "\n".join(str(c.get("text", "")) for c in result.get("content") or [] if isinstance(c, dict))
-        outcome = "tool_error" if result.get("isError") else "ok"
-        code = EXIT_CODES[outcome]
-    shown, truncated = cut(text, sb.cfg.output_limit_bytes)
-    return Outcome(outcome, shown, code, res.duration_s, res.timed_out, res.killed_by, len(clean(text).encode()),
-                   truncated or res.truncated)
-
-
-def serve_error(sb: Execs, env: EnvSpec, timeout_s: float) -> str | None:
+def serve_error(sb: Sandboxed, env: EnvSpec, timeout_s: float) -> str | None:
     """The validator's `tools_serve` check: why the tool server of a `tools` environment is unusable
-    (None: it lists exactly the tools of its `.tools/tools.json`, each with a valid JSON Schema of
-    an object)."""
-    declared = next((f.content for f in env.files if f.path.strip("/") == ".tools/tools.json"), None)
+    (None: a session starts and lists tools with shell-safe names and valid JSON Schemas of objects:
+    exactly those of its `.tools/tools.json`, or, for a brought server, the same list in two sessions,
+    recorded with the server's name and version in `env.tool_server`)."""
+    launch = launch_of(env.files)
+    want = None
+    if not launch.brought:
+        declared = next((f.content for f in env.files if f.path.strip("/") == f"{TOOLS_DIR}/tools.json"), None)
+        try:
+            want = json.loads(declared) if declared is not None else None
+        except ValueError as err:
+            return f".tools/tools.json is not JSON: {err}"
+        if not isinstance(want, list):
+            return "the environment has no .tools/tools.json listing its tools"
     try:
-        want = json.loads(declared) if declared is not None else None
-    except ValueError as err:
-        return f".tools/tools.json is not JSON: {err}"
-    if not isinstance(want, list):
-        return "the environment has no .tools/tools.json listing its tools"
-    got, output = fetch_tools(sb, timeout_s)
-    shown = f"\nserver output: {output[-800:]}"
-    if got is None:
-        return "the tool server did not answer tools/list" + shown
+        got, info = run_sync(fetch_tools(sb, timeout_s, launch))
+        if launch.brought:
+            want, _ = run_sync(fetch_tools(sb, timeout_s, launch))  # a second session lists the same tools
+    except ServerFailed as err:
+        return f"the tool server did not list its tools: {err}"
     if got != want:
         names = sorted(t.get("name", "?") for t in got)
-        return f"the server lists {names}, not the tools of .tools/tools.json {sorted(t.get('name', '?') for t in want)}" + shown
+        if launch.brought:
+            return f"the server lists different tools in two sessions: {names}, then {sorted(t.get('name', '?') for t in want)}"
+        return f"the server lists {names}, not the tools of .tools/tools.json {sorted(t.get('name', '?') for t in want)}"
     for t in got:
         schema = t.get("inputSchema")
+        if not TOOL_NAME.match(t["name"]):
+            return f"tool {t['name']!r}: a name of letters, digits, '_', '.', '-' (at most 128) is required"
         try:
             Draft202012Validator.check_schema(schema if isinstance(schema, dict) else {"type": 0})
         except SchemaError as err:
-            return f"tool {t['name']!r}: inputSchema is not a valid JSON Schema: {err.message}" + shown
+            return f"tool {t['name']!r}: inputSchema is not a valid JSON Schema: {err.message}"
         if schema.get("type") != "object" or t["name"] == "submit":
-            return f"tool {t['name']!r}: inputSchema must have type 'object' (and `submit` is the harness's)" + shown
+            return f"tool {t['name']!r}: inputSchema must have type 'object' (and `submit` is the harness's)"
+    if launch.brought:
+        schemas = {t["name"]: t.get("inputSchema") for t in got}
+        for command in env.solution:  # the oracle's calls must fit the schemas the server lists
+            parsed = parse_call_command(command)
+            if parsed is None or parsed[0] not in schemas:
+                return f"the reference solution's {command[:120]!r} calls no tool the server lists {sorted(schemas)}"
+            errors = sorted(Draft202012Validator(schemas[parsed[0]]).iter_errors(parsed[1]), key=str)
+            if errors:
+                return (f"the reference solution's arguments for {parsed[0]!r} do not fit the inputSchema the "
+                        f"server lists: {errors[0].message}")
+        env.tool_server = json.dumps({"name": info.get("name"), "version": info.get("version"), "tools": got},
+                                     sort_keys=True)
     return None
+
+
+STORE_FILES = ("store.db", "store.db-journal", "store.db-wal", "store.db-shm")
+
+
+def outside_store(env: EnvSpec, changed: list[str]) -> str | None:
+    """Why the reference solution's changes are not confined to the store (None: they are): a tool server
+    writes its state in `store.db` in the work dir and nowhere else."""
+    allowed = {f"{env.workdir}/{name}" for name in STORE_FILES}
+    stray = sorted(p for p in changed if p not in allowed)
+    return f"the tool server wrote outside its store: {', '.join(stray[:8])}" if stray else None

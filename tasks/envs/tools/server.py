@@ -1,4 +1,4 @@
-"""The tool server of a `tools` environment: an MCP server over stdio, standard library only.
+"""The tool server of a `tools` environment: an MCP server over stdio, on the official MCP Python SDK.
 
 This file is copied into every tool environment's image as `.tools/server.py` and runs there, in the
 sandbox, as the agent user (never on the host). Next to it: `tools.json` (the tools: name,
@@ -6,16 +6,18 @@ description, `inputSchema`), `tools.py` (one Python function per tool, `def name
 returning JSON-able data or raising `ToolError`) and `seed.sql` (the store's schema and rows). The
 state is the SQLite file `store.db` in the work dir, created at image build by `server.py init`.
 
-Why MCP over stdio, written here rather than with the MCP Python SDK: stdio MCP is the ecosystem's
-convention for local tool servers, and speaking it keeps a tool environment usable by any MCP client
-(the tests drive it with the official SDK's client); the SDK itself (pydantic, anyio, starlette...)
-is not in the minimal base image and images build offline, so the server implements the small part
-of the protocol a tool server needs (`initialize`, `ping`, `tools/list`, `tools/call`, JSON-RPC 2.0,
-one message per line) on the standard library.
+The protocol is the SDK's (`mcp.server.lowlevel.Server` over `mcp.server.stdio.stdio_server`; the SDK
+is installed in the image's tools layer, `SDK_DIR`, see tasks/envs/tools/layer.py): the tools are
+listed as `tools.json` declares them (explicit schemas, so the server enforces exactly what the model
+is shown), and a call's result is its JSON text plus, for an object, `structuredContent`. The store
+logic below is the standard library only, so `init` and `call` (the reference solution's commands)
+need no SDK. One server process serves a whole episode (the harness's session, client.py).
 
 Invariants:
-- one `tools/call` is one SQLite transaction (`BEGIN IMMEDIATE`): committed when the tool returns and
-  its result serializes, rolled back when it raises, so a failed call leaves no partial state;
+- the state lives in `store.db`, never in the server process: a restarted server sees the same store;
+- one `tools/call` is one SQLite transaction (`BEGIN IMMEDIATE`, opened per call on a fresh
+  connection): committed when the tool returns and its result serializes, rolled back when it raises,
+  so a failed call leaves no partial state; calls run one at a time, on the event loop;
 - while a tool runs, an authorizer allows only reads and row changes (SELECT, INSERT, UPDATE, DELETE,
   functions but `load_extension`): no schema change (CREATE / DROP / ALTER of tables, indexes,
   triggers, views, temp ones too), no ATTACH / DETACH, no PRAGMA, no BEGIN / COMMIT / SAVEPOINT, and
@@ -27,10 +29,9 @@ Invariants:
   -32602 (the model's mistake: counted like a format error); an integral number (5.0) is an integer,
   as in JSON Schema, and reaches the tool as an int; an error raised by the tool itself is a result
   with `isError: true` (a domain answer such as "no such booking");
-- a malformed message is a JSON-RPC error, never the end of the loop;
 - stdout carries protocol messages only (the tools' prints, stdout and stderr, are captured and dropped).
 
-Usage: `server.py` (MCP stdio loop, until EOF) · `server.py init` (build the store) ·
+Usage: `server.py` (MCP stdio session, until EOF) · `server.py init` (build the store) ·
 `server.py call NAME 'JSON'` (one call, result text on stdout, exit 1 on a tool error: the
 reference solution's commands).
 """
@@ -47,7 +48,7 @@ import urllib.parse
 sys.dont_write_bytecode = True  # no __pycache__ next to the tools: the folder is protected
 HERE = os.path.dirname(os.path.abspath(__file__))
 STORE = os.path.join(os.path.dirname(HERE), "store.db")
-PROTOCOL = "2025-06-18"
+SDK_DIR = "/opt/trajforge/mcp"  # the tools layer's SDK (tasks/envs/tools/layer.py)
 TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict,
          "null": type(None)}
 
@@ -178,7 +179,9 @@ def as_json(value):
     raise TypeError(f"a {type(value).__name__} is not JSON")
 
 
-class Server:
+class Tools:
+    """The environment's tools over its store (standard library only)."""
+
     def __init__(self, folder=HERE, store=STORE):
         with open(os.path.join(folder, "tools.json")) as f:
             self.tools = json.load(f)
@@ -223,51 +226,38 @@ class Server:
                 db.execute("ROLLBACK")
             db.close()
 
-    def handle(self, msg):
-        """The response to one JSON-RPC message (None for a notification); never raises."""
-        mid, method = msg.get("id"), msg.get("method")
-        if mid is None:
-            return None
-        params = msg.get("params") or {}
-        if not isinstance(mid, (str, int, float)) or not isinstance(params, dict):
-            return {"jsonrpc": "2.0", "id": None, "error": {
-                "code": -32600, "message": "invalid request: the id must be a string or number, params an object"}}
+
+
+def serve(tools):
+    """The MCP stdio session (the SDK's low-level server) until the client closes stdin."""
+    sys.path.insert(0, SDK_DIR)
+    import anyio
+    import mcp_types as types
+    from mcp.server.lowlevel import Server
+    from mcp.server.stdio import stdio_server
+    from mcp.shared.exceptions import MCPError
+
+    listed = [types.Tool.model_validate(t) for t in tools.tools]
+
+    async def list_tools(ctx, params):
+        return types.ListToolsResult(tools=listed)
+
+    async def call_tool(ctx, params):
         try:
-            if method == "initialize":
-                result = {"protocolVersion": PROTOCOL, "capabilities": {"tools": {"listChanged": False}},
-                          "serverInfo": {"name": "trajforge-tools", "version": "1"}}
-            elif method == "ping":
-                result = {}
-            elif method == "tools/list":
-                result = {"tools": self.tools}
-            elif method == "tools/call":
-                text, is_error = self.call(params.get("name"), params.get("arguments"))
-                result = {"content": [{"type": "text", "text": text}], "isError": is_error}
-            else:
-                return {"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": f"no method {method!r}"}}
+            text, is_error = tools.call(params.name, params.arguments)
         except CallError as err:
-            return {"jsonrpc": "2.0", "id": mid, "error": {"code": -32602, "message": str(err)}}
-        except Exception as err:  # the server's own failure (e.g. the store is locked): never the loop's end
-            return {"jsonrpc": "2.0", "id": mid, "error": {
-                "code": -32603, "message": f"internal error: {err.__class__.__name__}: {err}"}}
-        return {"jsonrpc": "2.0", "id": mid, "result": result}
+            raise MCPError(types.INVALID_PARAMS, str(err)) from None
+        data = None if is_error else json.loads(text)
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error,
+                                    structured_content=data if isinstance(data, dict) else None)
 
+    app = Server("trajforge-tools", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
 
-def serve(server, inp, out):
-    """Answer each line of `inp` on `out` until EOF; a malformed line gets an error reply."""
-    for line in inp:
-        if not line.strip():
-            continue
-        try:
-            msg = json.loads(line)
-        except (ValueError, RecursionError) as err:
-            reply = {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": f"parse error: {err}"}}
-        else:
-            reply = server.handle(msg) if isinstance(msg, dict) else {
-                "jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "not a JSON-RPC object"}}
-        if reply is not None:
-            out.write(json.dumps(reply) + "\n")
-            out.flush()
+    async def run():
+        async with stdio_server() as (read, write):
+            await app.run(read, write, app.create_initialization_options())
+
+    anyio.run(run)
 
 
 def init_store(folder=HERE, store=STORE):
@@ -288,7 +278,7 @@ def main(argv):
     if argv[:1] == ["call"] and len(argv) == 3:
         try:
             arguments = json.loads(argv[2])
-            text, is_error = Server().call(argv[1], arguments)
+            text, is_error = Tools().call(argv[1], arguments)
         except (CallError, ValueError, RecursionError) as err:
             print(f"call error: {err}")
             return 2
@@ -297,7 +287,7 @@ def main(argv):
     if argv:
         print("usage: server.py [init | call NAME JSON]", file=sys.stderr)
         return 2
-    serve(Server(), sys.stdin, sys.stdout)
+    serve(Tools())
     return 0
 
 

@@ -47,11 +47,15 @@ from ..families.base import tests_module
 from .checks import PRELUDE, SCHEMA_CHECK, SCHEMA_SQL, UNCHANGED_CHECK
 
 SERVER_SOURCE = Path(__file__).with_name("server.py")
+CALL_SOURCE = Path(__file__).with_name("call.py")  # a brought server's one-shot client (formats/mcp_server.py)
 TOOLS_DIR = ".tools"
 STORE = "store.db"
 RESERVED = {"submit"}
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-CALL = re.compile(r"^python3 -I \.tools/server\.py call (?P<name>[a-z][a-z0-9_]*) (?P<args>.+)$", re.S)
+# a call through the environment's own server (`server.py call`) or a brought one (`call.py`, formats/mcp_server.py)
+CALL = re.compile(r"^python3 -I \.tools/(?:server\.py call|call\.py) (?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]*) (?P<args>.+)$",
+                  re.S)
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # MCP's advice; shell-safe in a recorded command
 
 # JSON-Schema keywords the server (server.schema_errors) enforces or that carry no constraint
 SCHEMA_KEYWORDS = {"type", "properties", "required", "additionalProperties", "enum", "items", "minimum", "maximum",
@@ -166,9 +170,12 @@ class ToolTask(_Model):
         return self
 
 
-def call_command(name: str, arguments: dict[str, Any]) -> str:
-    """The shell command that makes one tool call through the environment's server (oracle steps)."""
-    return f"python3 -I {TOOLS_DIR}/server.py call {name} {shlex.quote(json.dumps(arguments, sort_keys=True))}"
+def call_command(name: str, arguments: dict[str, Any], brought: bool = False) -> str:
+    """The shell command that makes one tool call through the environment's server (oracle steps):
+    `server.py call` of a compiled `ToolTask`, `call.py` for a brought server (`mcp-server` folders)."""
+    head = f"{TOOLS_DIR}/call.py" if brought else f"{TOOLS_DIR}/server.py call"
+    name = name if TOOL_NAME.match(name) else shlex.quote(name)
+    return f"python3 -I {head} {name} {shlex.quote(json.dumps(arguments, sort_keys=True))}"
 
 
 def parse_call_command(command: str) -> tuple[str, dict[str, Any]] | None:
@@ -311,11 +318,12 @@ def compiled_fields(task: ToolTask) -> dict[str, Any]:
 
 def tool_view(env: EnvSpec, tests: bool = False) -> dict[str, Any]:
     """What a tool environment is about, without its files (`trajforge envs sample`): instruction, the tools its
-    server offers (`.tools/tools.json`), the oracle as tool calls, knobs (and the hidden checks with `tests`)."""
+    server offers (`.tools/tools.json`, or a brought server's recorded list), the oracle as tool calls, knobs (and the hidden checks with `tests`)."""
     files = {f.path: f.content for f in env.files}
     oracle = [parse_call_command(c) for c in env.solution]
     view = {"env_id": env.env_id, "kind": env.kind, "family": env.family, "level": env.level, "seed": env.seed,
-            "instruction": env.instruction, "tools": json.loads(files.get(f"{TOOLS_DIR}/tools.json", "[]")),
+            "instruction": env.instruction, "tools": json.loads(files.get(f"{TOOLS_DIR}/tools.json", "[]"))
+            or json.loads(env.tool_server or "{}").get("tools", []),  # a brought server: what the validator recorded
             "oracle": [{"name": o[0], "arguments": o[1]} if o else {"command": c} for o, c in zip(oracle, env.solution)],
             "knobs": json.loads(env.knobs_json)}
     if tests:

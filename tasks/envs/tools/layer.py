@@ -1,0 +1,155 @@
+"""The tools layer: the base image plus the MCP Python SDK, which every `tools` environment image builds on.
+
+The SDK (`mcp` and its dependency closure) is pinned, version and sha256 of every wheel, in
+`deploy/images/tools/requirements.txt`. The wheels are downloaded on the host, from the registry the
+project installs from (`pip download --require-hashes`, cached under `$TRAJFORGE_CACHE/wheels/<lock
+hash>`), and copied into a build with no network, where pip (run from its own pinned wheel: the base
+image has no pip) installs them `--no-index --require-hashes --no-deps` into `SDK_DIR`, a root-owned
+folder outside Debian's Python (PEP 668) that the tool server puts on its own `sys.path`.
+
+Invariants: the layer's tag is `trajforge/tools:<hash of the base image id, the lock and the recipe>`,
+so a new lock or base gives a new layer and, through `image_tag` (it hashes the layer's id as the
+base), new environment images; same inputs, same tag, built once per engine. Nothing is fetched at
+build time inside Docker, and a wheel whose hash differs from the lock's fails the download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import docker
+
+LOCK = Path(__file__).resolve().parents[3] / "deploy" / "images" / "tools" / "requirements.txt"
+SDK_DIR = "/opt/trajforge/mcp"  # the server does `sys.path.insert(0, SDK_DIR)` (server.py)
+REPO = "trajforge/tools"
+PLATFORM = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+            "--abi", "abi3", "--abi", "none", "--platform", "manylinux_2_17_x86_64",
+            "--platform", "manylinux2014_x86_64"]  # bookworm's python3 (3.11, glibc 2.36)
+RECIPE = """FROM {base}
+COPY wheels/ /tmp/trajforge-wheels/
+RUN python3 /tmp/trajforge-wheels/{pip} install --no-index --find-links /tmp/trajforge-wheels --require-hashes \\
+      --no-deps --no-compile --no-cache-dir --disable-pip-version-check --root-user-action=ignore \\
+      --target {sdk} -r /tmp/trajforge-wheels/requirements.txt \\
+ && rm -rf /tmp/trajforge-wheels && chmod -R a+rX,go-w {sdk}
+"""
+# a brought Node server (`mcp-server` folders with `runtime: node`): Debian's Node.js, pinned, on the tools layer;
+# apt reaches Debian's mirror on the host network (a pinned version the mirror no longer has fails the build)
+NODE_VERSION = "18.20.4+dfsg-1~deb12u2"
+NODE_RECIPE = """FROM {base}
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \\
+      nodejs={version} >/dev/null && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb && node --version
+"""
+_LOCK = threading.Lock()
+
+
+class ToolsLayerError(RuntimeError):
+    """The tools layer could not be made (wheels not downloadable, build failed)."""
+
+
+def lock_text() -> str:
+    return LOCK.read_text()
+
+
+def wheelhouse(lock: str | None = None) -> Path:
+    """The folder holding exactly the lock's wheels (downloaded once per lock, hash-checked by pip)."""
+    lock = lock_text() if lock is None else lock
+    digest = hashlib.sha256(lock.encode()).hexdigest()[:16]
+    root = Path(os.environ.get("TRAJFORGE_CACHE", "~/.cache/trajforge")).expanduser() / "wheels" / digest
+    if (root / ".complete").exists():
+        return root
+    part = root.with_name(digest + f".part-{os.getpid()}")
+    part.mkdir(parents=True, exist_ok=True)
+    (part / "requirements.txt").write_text(lock)
+    res = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+                          *PLATFORM, "-r", str(part / "requirements.txt"), "-d", str(part)],
+                         capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise ToolsLayerError(f"could not download the MCP SDK's wheels ({LOCK.name}): {res.stderr[-1500:]}")
+    (part / ".complete").write_text("")
+    try:
+        part.rename(root)
+    except OSError:  # another process finished first: use its copy
+        subprocess.run(["rm", "-rf", str(part)], check=False)
+    return root
+
+
+def recipe(base_id: str, lock: str) -> str:
+    pip = next((line.split("==")[1].split()[0] for line in lock.splitlines() if line.startswith("pip==")), None)
+    if pip is None:
+        raise ToolsLayerError(f"{LOCK} pins no pip (the installer)")
+    return RECIPE.format(base=base_id, pip=f"pip-{pip}-py3-none-any.whl/pip", sdk=SDK_DIR)
+
+
+def layer_tag(base_id: str, lock: str | None = None) -> str:
+    lock = lock_text() if lock is None else lock
+    text = recipe(base_id, lock)
+    return f"{REPO}:" + hashlib.sha256(f"{base_id}\n{lock}\n{text}".encode()).hexdigest()[:16]
+
+
+def runtime_of(env) -> str:
+    """`python` or `node`: what a brought server runs on (`.tools/server.json`), `python` for the built-in one."""
+    text = next((f.content for f in env.files if f.path.strip("/") == ".tools/server.json"), None) if env else None
+    return json.loads(text).get("runtime", "python") if text else "python"
+
+
+def ensure_tools_layer(client: docker.DockerClient, base_id: str, env=None, network: bool = True) -> str:
+    """The id of the tools layer over `base_id` on `client`'s engine (built now if absent); for an
+    environment whose brought server runs on Node.js, the Node layer over it (built only where builds may
+    use the network: `network`, i.e. `synthesize.build.network: imports`)."""
+    layer_id = _python_layer(client, base_id)
+    if runtime_of(env) != "node":
+        return layer_id
+    if not network:
+        raise ToolsLayerError("a Node.js server's layer installs Debian's nodejs: it needs the build network "
+                              "(synthesize.build.network: imports)")
+    text = NODE_RECIPE.format(base=layer_id, version=NODE_VERSION)
+    tag = f"{REPO}-node:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    with _LOCK:
+        return _build(client, tag, text, [], network=True)
+
+
+def _build(client: docker.DockerClient, tag: str, dockerfile: str, files: list[tuple[str, Path]],
+           network: bool = False) -> str:
+    try:
+        return client.images.get(tag).id
+    except docker.errors.ImageNotFound:
+        pass
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = dockerfile.encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        for arcname, path in files:
+            tar.add(str(path), arcname=arcname)
+    buf.seek(0)
+    try:
+        image, _ = client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True, forcerm=True,
+                                       network_mode="host" if network else "none",
+                                       labels={"trajforge.image": "tools-layer"})
+    except (docker.errors.BuildError, docker.errors.APIError) as err:
+        log = "".join(str(c.get("stream", c.get("error", ""))) for c in getattr(err, "build_log", []) or [])
+        raise ToolsLayerError(f"the tools layer {tag} failed to build: {err}\n{log[-1500:]}") from None
+    return image.id
+
+
+def _python_layer(client: docker.DockerClient, base_id: str) -> str:
+    lock = lock_text()
+    tag = layer_tag(base_id, lock)
+    with _LOCK:
+        try:
+            return client.images.get(tag).id
+        except docker.errors.ImageNotFound:
+            pass
+        house = wheelhouse(lock)
+        files = [(f"wheels/{f.name}", f) for f in sorted(house.iterdir())
+                 if f.suffix == ".whl" or f.name == "requirements.txt"]
+        return _build(client, tag, recipe(base_id, lock), files)
