@@ -1,21 +1,20 @@
 """Benchmark `mcp_session`: tool calls per second into a `tools` environment's MCP server in a sandbox,
-through the harness's relay (a server process per call) against one persistent MCP session (issue 32).
+through one persistent MCP session (what the harness holds per episode since issue 32) against a server
+process per call (what the relay did before).
 
-One real tool environment (a procedural tool family's instance, its image built from the local base)
-and one sandbox; side by side in one run, interleaved in blocks so that load drifts hit every side alike:
-(a) the relay as the harness runs it (tasks/agent/mcp_relay.py): `call_tool` per call, i.e. one
-    `Sandbox.exec` through the Docker API of `printf B64 | base64 -d | python3 -I .tools/server.py`
-    (initialize, initialized, tools/call, EOF) as the agent user in the work dir;
-(b) a persistent session: the official MCP Python SDK's `ClientSession` over stdio, the stdio command
-    `docker exec -i -u AGENT -w WORKDIR -e HOME=... CONTAINER python3 -I .tools/server.py` (the server
-    command the harness runs, same user, work dir and HOME): initialized once, then every call on it;
+One real tool environment (a procedural tool family's instance, its image built on the tools layer) and
+one sandbox; side by side in one run, interleaved in blocks so that load drifts hit every side alike:
+(a) a process per call: `Sandbox.exec` through the Docker API of the call command the reference solution
+    uses (`server.py call NAME ARGS`: start the server, one call, exit) as the agent user in the work dir;
+(b) the harness's session (tasks/envs/tools/client.py `ToolSession`): the official MCP SDK's
+    `ClientSession` over `docker exec -i` through the Docker API, initialized once, then every call on it;
 (c) the floor: `docker exec CONTAINER true` (the CLI, a process per exec), and, for the record, the
-    sandbox's own exec of `true` (the relay's exec path without the server).
+    sandbox's own exec of `true` (the per-call path without the server).
 Every call is the environment's first reference call (the same tool and arguments each time: a
 domain error on a repeat is still a full round trip; outcomes are counted).
 
-Prints calls/s and per-call ms (median, p90) per side, (b) ÷ (a), and the relay's cost per call over
-the floor ((a) − (c), medians). No target: issue 32 asks for the figures (for the record).
+Prints calls/s and per-call ms (median, p90) per side, (b) / (a), and the per-call cost of a process per
+call over the floor ((a) - (c), medians). No target: issue 32 asks for the figures (for the record).
 
 Usage: python benchmarks/mcp_session.py [--calls 200] [--block 20] [--family bookings] [--level 1] [--quick]
 """
@@ -37,10 +36,9 @@ from _common import host_report, no_target, parse_quick, print_table  # noqa: E4
 from trajforge.schemas.config import SandboxConfig  # noqa: E402
 from trajforge.tasks.envs.families import FAMILIES  # noqa: E402
 from trajforge.tasks.envs.images import ensure_image  # noqa: E402
-from trajforge.tasks.envs.tools.client import SERVER_COMMAND, call_tool  # noqa: E402
-from trajforge.tasks.envs.tools.spec import parse_call_command  # noqa: E402
+from trajforge.tasks.envs.tools.client import ToolSession  # noqa: E402
+from trajforge.tasks.envs.tools.spec import call_command, parse_call_command  # noqa: E402
 from trajforge.tasks.sandbox import Sandbox, docker_client  # noqa: E402
-from trajforge.tasks.sandbox.users import USERS  # noqa: E402
 
 
 def stats(times: list[float], wall: float) -> list[str]:
@@ -49,50 +47,46 @@ def stats(times: list[float], wall: float) -> list[str]:
 
 
 async def run(sb: Sandbox, name: str, args: dict, calls: int, block: int) -> dict[str, tuple[list[float], float]]:
-    from mcp import ClientSession, StdioServerParameters
-    from mcp.client.stdio import stdio_client
-
-    user = USERS.get(sb.agent, sb.agent)
-    argv = ["exec", "-i", "-u", user, "-w", sb.workdir, "-e", f"HOME={sb._home(sb.agent)}", sb.name,
-            *SERVER_COMMAND.split()]
     out: dict[str, tuple[list[float], float]] = {k: ([], 0.0) for k in ("a", "b", "c", "c2")}
     outcomes: dict[str, dict[str, int]] = {"a": {}, "b": {}}
+    command = call_command(name, args)
 
-    def add(side: str, dt: float) -> None:
+    def add(side: str, dt: float, outcome: str | None = None) -> None:
         times, wall = out[side]
         times.append(dt)
         out[side] = (times, wall + dt)
+        if outcome is not None:
+            outcomes[side][outcome] = outcomes[side].get(outcome, 0) + 1
 
+    session = ToolSession(sb)
     t0 = time.monotonic()
-    async with stdio_client(StdioServerParameters(command="docker", args=argv)) as (read, write), \
-            ClientSession(read, write) as session:
-        await session.initialize()
-        setup = time.monotonic() - t0
+    await session.start()
+    setup = time.monotonic() - t0
+    try:
         done = 0
         while done < calls:
             n = min(block, calls - done)
-            for _ in range(n):  # (a) the relay: a server process per call
+            for _ in range(n):  # (a) a server process per call
                 t = time.monotonic()
-                o = call_tool(sb, name, args, 60)
-                add("a", time.monotonic() - t)
-                outcomes["a"][o.outcome] = outcomes["a"].get(o.outcome, 0) + 1
-            for _ in range(n):  # (b) one persistent SDK session
+                r = sb.exec(command, 60)
+                add("a", time.monotonic() - t, "ok" if r.exit_code == 0 else f"exit {r.exit_code}")
+            for _ in range(n):  # (b) the harness's persistent SDK session
                 t = time.monotonic()
-                r = await session.call_tool(name, args)
-                add("b", time.monotonic() - t)
-                key = "tool_error" if (getattr(r, "is_error", None) or getattr(r, "isError", False)) else "ok"
-                outcomes["b"][key] = outcomes["b"].get(key, 0) + 1
+                o = await session.call(name, args, 60)
+                add("b", time.monotonic() - t, o.outcome)
             for _ in range(n):  # (c) the floor: `docker exec true`
                 t = time.monotonic()
                 subprocess.run(["docker", "exec", sb.name, "true"], check=True)
                 add("c", time.monotonic() - t)
-            for _ in range(n):  # (c2) the sandbox's own exec of `true` (the relay's path, no server)
+            for _ in range(n):  # (c2) the sandbox's own exec of `true` (the per-call path, no server)
                 t = time.monotonic()
                 sb.exec("true", 60)
                 add("c2", time.monotonic() - t)
             done += n
+    finally:
+        await session.close(kill=True)
     print(f"session set-up (docker exec -i + initialize): {setup * 1e3:.0f} ms, once; outcomes: "
-          f"relay {outcomes['a']}, session {outcomes['b']}")
+          f"process per call {outcomes['a']}, session {outcomes['b']}")
     return out
 
 
@@ -110,18 +104,18 @@ def main() -> int:
     print(f"environment {env.env_id} ({a.family} level {a.level}), image {env.image}; every call: {name} {args}")
     with Sandbox(client, env.image, SandboxConfig(), workdir=env.workdir,
                  labels={"trajforge.bench": "mcp_session"}) as sb:
-        call_tool(sb, name, args, 60)  # warm: the image's layers, python's bytecode
+        sb.exec(call_command(name, args), 60)  # warm: the image's layers, python's bytecode
         out = asyncio.run(run(sb, name, args, a.calls, a.block))
     header = ["side", "calls", "calls/s", "median ms", "p90 ms"]
-    labels = {"a": "(a) relay: a server process per call (Sandbox.exec)",
-              "b": "(b) persistent MCP SDK session (docker exec -i)",
+    labels = {"a": "(a) a server process per call (Sandbox.exec)",
+              "b": "(b) the harness's MCP SDK session (docker exec -i)",
               "c": "(c) floor: docker exec true (CLI)",
-              "c2": "(c2) Sandbox.exec('true') (the relay's exec path)"}
+              "c2": "(c2) Sandbox.exec('true') (the per-call exec path)"}
     print_table("tool calls into the sandbox's MCP server", header,
                 [[labels[k], *stats(times, wall)] for k, (times, wall) in out.items()])
     med = {k: statistics.median(times) for k, (times, _) in out.items()}
     rate = {k: len(times) / wall for k, (times, wall) in out.items()}
-    print(f"(b) / (a) calls/s: {rate['b'] / rate['a']:.1f}x; relay cost per call over the floor, (a) - (c) "
+    print(f"(b) / (a) calls/s: {rate['b'] / rate['a']:.1f}x; a process per call over the floor, (a) - (c) "
           f"medians: {(med['a'] - med['c']) * 1e3:.1f} ms; over the sandbox's own exec, (a) - (c2): "
           f"{(med['a'] - med['c2']) * 1e3:.1f} ms")
     host_report("end", a.quick)
