@@ -280,7 +280,7 @@ def test_committed_event_triggers_publish(stack, first_build, hub):
 
     [prun] = _until("the publish run the committed event triggers", triggered)
     assert prun["parameters"] == {"build_id": build_id, "dataset": "tiny", "runs": store.url(os.path.dirname(store.root)),
-                                  "repo_id": "trajforge-test/tiny"}
+                                  "repo_id": "trajforge-test/tiny", "append": False}  # a build not published --append
     r = _run_worker_once(stack, HF_ENDPOINT=hub.endpoint, HF_TOKEN="hf_test")
     assert _flow_run(stack, prun["id"])["state_type"] == "COMPLETED", r.stdout[-4000:] + r.stderr[-4000:]
     files = hub.files("trajforge-test/tiny", revision=build_id)
