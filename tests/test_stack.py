@@ -112,7 +112,7 @@ def test_prefect_yaml_declares_the_deployments():
     assert (nightly["slug"], nightly["cron"], nightly["timezone"]) == ("nightly", "0 2 * * *", "UTC")
     [trigger] = _initialize_deployment_triggers("publish", [dict(t) for t in deps["publish"]["triggers"]])
     assert trigger.expect == {"trajforge.build.committed"}
-    assert set(trigger.parameters) == {"build_id", "dataset", "runs", "repo_id"}
+    assert set(trigger.parameters) == {"build_id", "dataset", "runs", "repo_id", "append"}
     flows = {d["entrypoint"]: load_flow_from_entrypoint(d["entrypoint"]) for d in deps.values()}
     assert {f.name for f in flows.values()} == {"trajforge-build", "trajforge-stage", "trajforge-publish"}
     assert {"build_id", "stage", "force"} <= set(flows["trajforge.flows.deployments:stage"].parameters.properties)
