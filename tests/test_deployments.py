@@ -273,7 +273,8 @@ def test_committed_event_triggers_publish(stack, first_build, hub_server):
     [prun] = _until("the publish run the committed event triggers", triggered)
     assert prun["parameters"] == {"build_id": build_id, "dataset": "tiny", "runs": store.url(os.path.dirname(store.root)),
                                   "repo_id": "trajforge-test/tiny", "append": False}  # a build not published --append
-    r = _run_worker_once(stack, HF_ENDPOINT=hub.endpoint, HF_TOKEN="hf_test")
+    # the loopback Hub speaks LFS: with hf_xet installed the client would upload through Xet unless told not to
+    r = _run_worker_once(stack, HF_ENDPOINT=hub.endpoint, HF_TOKEN="hf_test", HF_HUB_DISABLE_XET="1")
     assert _flow_run(stack, prun["id"])["state_type"] == "COMPLETED", r.stdout[-4000:] + r.stderr[-4000:]
     files = hub.files("trajforge-test/tiny", revision=build_id)
     assert "README.md" in files and any(p.endswith(".parquet") for p in files)
