@@ -186,6 +186,15 @@ def test_deploy_all_registers_the_project(stack, project):
 
 
 @pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    from hub_server import HubServer
+
+    server = HubServer(tmp_path_factory.mktemp("hub")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
 def shipped(stack, tmp_path_factory):
     """configs/replay.yaml as shipped (`runs: ./runs`, a relative path), deployed with `trajforge deploy` from a
     folder of its own as docs/scheduled-builds.md says, and a run of it under way: a `worker --run-once` in the
@@ -261,8 +270,7 @@ def test_build_deployment_commits_with_artifacts_and_event(stack, first_build):
     assert ev["resource"]["trajforge.publish"] == "true"
 
 
-def test_committed_event_triggers_publish(stack, first_build, hub_server):
-    hub = hub_server  # conftest's: it also disables Xet for this process and the worker it starts (LFS here)
+def test_committed_event_triggers_publish(stack, first_build, hub):
     run, store, build_id = first_build
     publish = _deployment(stack, "trajforge-publish/publish")
 
