@@ -124,6 +124,23 @@ def parse_meta(path: Path, loads, error: type[Exception], kind: str):
         raise TaskFormatError(path, f"not valid {kind}: {err}") from None
 
 
+def yaml_mapping(path: Path) -> dict:
+    """A task format's YAML metadata file, which must hold a mapping (TaskFormatError naming the file)."""
+    import yaml
+
+    meta = parse_meta(path, yaml.safe_load, yaml.YAMLError, "YAML")
+    if not isinstance(meta, dict):
+        raise TaskFormatError(path, "expected a mapping at the top level")
+    return meta
+
+
+def instruction_text(value, path: Path) -> str:
+    """The task instruction: a non-empty string (TaskFormatError naming the file and the field)."""
+    if not isinstance(value, str) or not value.strip():
+        raise TaskFormatError(path, "field `instruction` is missing or empty")
+    return value
+
+
 def number(value, path: Path, field: str) -> float | None:
     if value is None:
         return None

@@ -29,8 +29,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
 from ....schemas.common import FileSpec
 from ....schemas.config import safe_name
 from ....schemas.environment import EnvSpec
@@ -46,12 +44,8 @@ RUNTIMES = {"python", "node"}
 def import_mcp_server(folder: Path) -> EnvSpec:
     folder = Path(folder)
     meta_path = folder / "mcp-env.yaml"
-    meta = base.parse_meta(meta_path, yaml.safe_load, yaml.YAMLError, "YAML")
-    if not isinstance(meta, dict):
-        raise TaskFormatError(meta_path, "expected a mapping at the top level")
-    instruction = meta.get("instruction")
-    if not isinstance(instruction, str) or not instruction.strip():
-        raise TaskFormatError(meta_path, "field `instruction` is missing or empty")
+    meta = base.yaml_mapping(meta_path)
+    instruction = base.instruction_text(meta.get("instruction"), meta_path)
     runtime = meta.get("runtime", "python")
     if runtime not in RUNTIMES:
         raise TaskFormatError(meta_path, f"field `runtime` must be one of {sorted(RUNTIMES)}, got {runtime!r}")

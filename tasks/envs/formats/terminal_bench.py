@@ -20,14 +20,11 @@ from .base import TaskFormat, TaskFormatError, check_links, folder_digest
 def import_terminal_bench(folder: Path) -> EnvSpec:
     folder = Path(folder)
     yaml_path = folder / "task.yaml"
-    meta = base.parse_meta(yaml_path, yaml.safe_load, yaml.YAMLError, "YAML")
-    if not isinstance(meta, dict):
-        raise TaskFormatError(yaml_path, "expected a mapping at the top level")
+    meta = base.yaml_mapping(yaml_path)
     instruction = meta.get("instruction")
     if instruction is None and isinstance(meta.get("descriptions"), list) and meta["descriptions"]:
         instruction = meta["descriptions"][0].get("description")
-    if not isinstance(instruction, str) or not instruction.strip():
-        raise TaskFormatError(yaml_path, "field `instruction` is missing or empty")
+    instruction = base.instruction_text(instruction, yaml_path)
     check_links(folder)
     dockerfile = base.read_file(folder / "Dockerfile", "the environment's Dockerfile")
     context = base.file_specs(folder, exclude={"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "tests",
