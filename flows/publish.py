@@ -399,9 +399,9 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
 
             card = append_note(card, build_id, parent_build)
         ops: dict[str, Any] = {}
+        card_bytes, configs = _card(api, repo_id, card, header, tags, build_id, tag, base)
+        plan = _plan(api, repo_id, parent, local, card_bytes, append, ops, tree)
         for attempt in range(1, attempts + 1):
-            card_bytes, configs = _card(api, repo_id, card, header, tags, build_id, tag, base)
-            plan = _plan(api, repo_id, parent, local, card_bytes, append, ops, tree)
             if not (plan.adds or plan.deletes or plan.card_changed):
                 revision, url, status = parent, None, "tagged" if tag else "unchanged"
                 say(f"main already holds build {build_id} ({(parent or '?')[:12]})"
@@ -416,11 +416,11 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
                 tags, moved_to = _refs(api, repo_id)
                 if tag and build_id in tags:  # another run published this very build meanwhile
                     return _already_published(api, store, build_id, repo_id, tags, moved_to, configs, private, say)
-                replan = _plan(api, repo_id, moved_to, local, _card(api, repo_id, card, header, tags, build_id, tag,
-                                                                    base)[0], append, ops, tree)
+                card_bytes, configs = _card(api, repo_id, card, header, tags, build_id, tag, base)
+                replan = _plan(api, repo_id, moved_to, local, card_bytes, append, ops, tree)
                 _check_retry(repo_id, build_id, parent, moved_to, _conflicts(api, repo_id, parent, moved_to, replan),
                              attempt, attempts, say)
-                parent = moved_to
+                parent, plan = moved_to, replan  # the next attempt commits the plan made on the new head
                 continue
             revision, url, status = commit.oid, getattr(commit, "commit_url", None), "published"
             say(f"committed {len(plan.adds)} files (+ card), deleted {len(plan.deletes)} on main: {revision[:12]}")
