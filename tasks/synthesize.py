@@ -1,6 +1,8 @@
-"""Stage `synthesize`: admit the proposed environments. Near-duplicates are removed over all candidates
-(MinHash over instruction and files, `synthesize.dedup_threshold`; procedural sources are kept first),
-then each image is built once (content-addressed, `build_concurrency` at a time) and the validator
+"""Stage `synthesize`: admit the proposed environments. Near-duplicates are found over all candidates
+(MinHash over instruction and files, `synthesize.dedup_threshold`; procedural sources come first): of
+each group of near-duplicates the first that passes validation is kept and the others are rejected as
+`near_duplicate` of it (a broken or unbuildable copy never knocks out a good one; the next in order is
+checked only when the one before it was rejected). Then each image is built once (content-addressed, `build_concurrency` at a time) and the validator
 runs every check in Docker (see `validator`). Kept rows carry their image tag; each rejected
 candidate is a row of `rejects` with its reason code; `stats.json` has the yield per source
 (`yield`: `source|outcome`), the kept environments by oracle (`kept_by_oracle`: `source|present` /
@@ -67,16 +69,18 @@ class SynthesizeStage(Stage):
         n = ctx.config.synthesize.envs_per_shard
         shards = [Shard(index=i, payload={"env_ids": keep[j:j + n], "duplicates": {}})
                   for i, j in enumerate(range(0, len(keep), n))]
-        if dups or conflicts:  # the rejects of dedup and of conflicting ids travel with the first shard
+        home = {env_id: shard for shard in shards for env_id in shard.payload["env_ids"]}
+        for env in unique:  # a near-duplicate travels with the first of its group: its stand-in if that fails
+            if env.env_id in dups:
+                home[dups[env.env_id]].payload["duplicates"][env.env_id] = dups[env.env_id]
+        if conflicts:  # the rejects of conflicting ids travel with the first shard
             if not shards:
                 shards = [Shard(index=0, payload={"env_ids": [], "duplicates": {}})]
-            shards[0].payload["duplicates"] = dups
-        if conflicts:
             shards[0].payload["conflicts"] = [r.model_dump(mode="json") for r in conflicts]
             kept = {e.env_id: e for e in unique}
             for shard in shards:
-                shard.payload["contents"] = {r.key: kept[r.key].content_hash() for r in conflicts
-                                             if r.key in shard.payload["env_ids"]}
+                mine = set(shard.payload["env_ids"]) | set(shard.payload["duplicates"])
+                shard.payload["contents"] = {r.key: kept[r.key].content_hash() for r in conflicts if r.key in mine}
         return shards
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
@@ -105,9 +109,9 @@ class SynthesizeStage(Stage):
             key = f"{source_kind(env.source)}|{outcome}"
             stats["yield"][key] = stats["yield"].get(key, 0) + 1
 
-        for env_id, original in sorted(shard.payload["duplicates"].items()):
-            rejects.append(Reject(key=env_id, reason="near_duplicate", detail=f"nearly the same as {original}"))
-            count(cands[env_id], "near_duplicate")
+        group: dict[str, list[str]] = {}  # first of a near-duplicate group -> the others, in plan order
+        for env_id, original in shard.payload["duplicates"].items():
+            group.setdefault(original, []).append(env_id)
         rejects += [Reject(**r) for r in shard.payload.get("conflicts", [])]
 
         def one(env: EnvSpec):
@@ -139,9 +143,23 @@ class SynthesizeStage(Stage):
                 push(client, env.image, registry, ctx.store)
             return env, reject, built, seconds, pushed
 
+        def first_valid(env_id: str) -> list[tuple]:
+            """The group's members in order until one is kept (or Docker fails: the shard runs again); the
+            rest are near duplicates of the one kept (of the first, if none was)."""
+            tried = []
+            members = [env_id, *group.get(env_id, [])]
+            for member in members:
+                tried.append(one_and_push(cands[member]))
+                reject = tried[-1][1]
+                if reject is None or reject.reason == "validation_infra":
+                    break
+            kept = tried[-1][0].env_id if tried[-1][1] is None else env_id
+            return tried + [(cands[m], Reject(key=m, reason="near_duplicate", detail=f"nearly the same as {kept}"),
+                             False, 0.0, False) for m in members[len(tried):]]
+
         with ThreadPoolExecutor(s.build_concurrency) as pool:
-            for env, reject, built, seconds, pushed in pool.map(one_and_push,
-                                                               [cands[i] for i in shard.payload["env_ids"]]):
+            results = [r for rs in pool.map(first_valid, shard.payload["env_ids"]) for r in rs]
+            for env, reject, built, seconds, pushed in results:
                 stats["images_built"] += int(built)
                 stats["images_pushed"] += int(pushed)
                 stats["validation_seconds"] += seconds

@@ -123,3 +123,73 @@ def test_a_broken_server_is_rejected_with_the_reason_named(docker_client, tmp_pa
     assert v.reject is not None and v.reject.reason == reason, v.reject
     assert says in v.reject.detail, v.reject.detail
 
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_a_build_mixes_the_brought_servers_with_terminal_environments(tmp_path):
+    """One build (Prefect + Dask + Docker): the Python and the Node server come in through `synthesize.imports`
+    beside a procedural terminal family and a procedural tool family; each is validated with its tools
+    recorded, rolled out, verified and exported, and the tool rows offer the server's own tools. A near copy
+    whose server never starts is rejected by name and does not knock out the good server it nearly
+    duplicates; a plain copy of that one is a near duplicate of it."""
+    import datasets
+    from helpers import small_config
+
+    from trajforge.flows.launch import run_build
+    from trajforge.schemas.common import Reject
+    from trajforge.schemas.config import parse_config
+    from trajforge.schemas.environment import EnvSpec
+    from trajforge.tasks.engine.store import RunStore
+    from trajforge.tasks.envs.families import get_family
+
+    servers = tmp_path / "servers"  # the two examples, a copy of one and a near copy whose server never starts:
+    shutil.copytree(EXAMPLES, servers)  # one near-duplicate group, in order missing < python < python2
+    shutil.copytree(PYTHON, servers / "counters-missing")
+    shutil.copytree(PYTHON, servers / "counters-python2")
+    meta = servers / "counters-missing" / "mcp-env.yaml"
+    meta.write_text(meta.read_text().replace("command: [python3, server.py]", "command: [python3, missing.py]"))
+    brought = {import_task(servers / "counters-python").env_id: "counter-board",
+               import_task(servers / "counters-node").env_id: "counter-board-node"}
+    broken = import_task(servers / "counters-missing").env_id
+    copy = import_task(servers / "counters-python2").env_id
+    terminal = get_family("log_report").generate(1, 0).env_id
+    cfg = small_config(tmp_path / "runs", dataset="mixed", **{
+        "synthesize": {"families": [{"name": "log_report", "levels": [1], "seeds": [0]},
+                                    {"name": "bookings", "levels": [1], "seeds": [0]}],
+                       "imports": [str(servers)]},
+        "rollout.samples_per_env": 2, "rollout.episodes_per_shard": 4, "rollout.concurrency": 4})
+    rec = run_build(parse_config(cfg))
+    assert rec["status"] == "committed" and all(st["status"] == "committed" for st in rec["stages"].values())
+    store = RunStore(cfg["runs"], "mixed")
+    synth = store.read_json(f"{rec['stages']['synthesize']['manifest']}/manifest.json")
+    kept = {e.env_id: e for e in store.read_records(synth["parts"], EnvSpec)}
+    assert set(brought) | {terminal} <= set(kept) and len(kept) == 4, sorted(e.family for e in kept.values())
+    rejects = store.read_records([f"{rec['stages']['synthesize']['manifest']}/rejects.parquet"], Reject)
+    # the broken first of the group does not knock out the good one: the next is checked and kept, the rest
+    # of the group are near duplicates of it
+    python = next(iter(brought))
+    assert sorted((r.key, r.reason, r.detail) for r in rejects if r.reason != "tools_broken") == [
+        (copy, "near_duplicate", f"nearly the same as {python}")], rejects
+    assert [(r.key, r.reason) for r in rejects if r.reason == "tools_broken"] == [(broken, "tools_broken")]
+    assert "missing.py" in next(r.detail for r in rejects if r.key == broken)
+    kinds = {e.env_id: e.kind for e in kept.values()}
+    assert kinds[terminal] == "terminal" and sorted(kinds.values()) == ["terminal", "tools", "tools", "tools"]
+    for env_id, name in brought.items():  # the validator recorded each server's tools and version
+        server = json.loads(kept[env_id].tool_server)
+        assert server["name"] == name and [t["name"] for t in server["tools"]] == ["list_counters", "set_counter"]
+    traj = datasets.load_dataset(str(tmp_path / "runs" / "mixed" / "latest" / "dataset"), "trajectories")["train"]
+    rows = {}
+    for r in traj:
+        rows.setdefault(r["env_id"], []).append(r)
+    assert set(rows) == set(kept) and all(len(v) == 2 for v in rows.values())
+    assert all(r["passed"] for v in rows.values() for r in v), [(r["env_id"], r["passed"]) for r in traj]
+    for env_id in brought:  # the replayed oracle went through the brought server's own tool, and it answered
+        for r in rows[env_id]:
+            assert r["kind"] == "tools" and r["source"] == "mcp-server"
+            assert [t["function"]["name"] for t in r["tools"]] == ["list_counters", "set_counter", "submit"]
+            answer = [m["content"] for m in r["messages"] if m["role"] == "tool" and m["name"] == "set_counter"]
+            assert [json.loads(a) for a in answer] == [{"alpha": 42}], answer
+    assert all(r["kind"] == "terminal" and [t["function"]["name"] for t in r["tools"]] == ["bash", "submit"]
+               for r in rows[terminal])

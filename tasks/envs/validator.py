@@ -17,7 +17,8 @@ Checks, in order, each with the reason code a failing environment is rejected wi
   would pass too;
 - `verifier_error`: the tests themselves crash or print no result on the solved state;
 - `validation_infra`: Docker failed while checking (infrastructure, not the environment).
-`near_duplicate` is decided before (see `dedup`), over all candidates of a build.
+`near_duplicate` groups are found before (see `dedup`), over all candidates of a build; the stage keeps
+the first of a group that passes these checks.
 
 Without a reference solution (`oracle: absent`) every check that needs no oracle runs: the image
 builds, the tests are not in it, the untouched environment fails its tests and they give the same
