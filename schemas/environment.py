@@ -17,6 +17,9 @@ from pydantic import Field, field_validator
 from .common import FileSpec, Record
 
 DEFAULT_WORKDIR = "/home/agent/work"
+# The most a task may ask for itself (its own timeouts win over the build's settings, so a task could
+# otherwise hold a worker for as long as it liked): hidden tests 1 h, an episode 4 h, an image build 2 h.
+MAX_TEST_TIMEOUT_S, MAX_AGENT_TIMEOUT_S, MAX_BUILD_TIMEOUT_S = 3600.0, 14400.0, 7200.0
 LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "base_images", "expected_tests", "tests_run_agent_code", "tests_leave_processes",
@@ -114,13 +117,14 @@ class EnvSpec(Record):
         "solvable only once some teacher passes it"))
     blobs: list[Blob] = Field(default_factory=list, description=(
         "binary build-context files, carried by content hash (bytes in the blob store, never in the spec)"))
-    build_timeout_s: float | None = Field(None, description="the task's own image build timeout")
+    build_timeout_s: float | None = Field(None, gt=0, le=MAX_BUILD_TIMEOUT_S,
+                                          description="the task's own image build timeout")
     protected: list[str] = Field(default_factory=list,
                                  description="globs (relative to workdir) the agent must not change: checksummed "
                                              "before and after each episode")
     knobs_json: str = "{}"
-    agent_timeout_s: float | None = None
-    test_timeout_s: float | None = None
+    agent_timeout_s: float | None = Field(None, gt=0, le=MAX_AGENT_TIMEOUT_S)
+    test_timeout_s: float | None = Field(None, gt=0, le=MAX_TEST_TIMEOUT_S)
     agent_user: Literal["agent", "root"] = Field("agent", description=(
         "who runs the agent's commands: the unprivileged `agent` (procedural and LLM-written environments) or "
         "`root` with root's file powers (imported tasks, which assume it, as their own harness runs them); "

@@ -74,6 +74,40 @@ def test_binary_test_file_is_named(tmp_path):
         import_task(tmp_path / "t")
 
 
+def test_an_oversized_task_folder_is_refused_before_anything_is_read(tmp_path):
+    shutil.copytree(CORPUS / "gz-sum", tmp_path / "gz-sum")
+    with open(tmp_path / "gz-sum" / "environment" / "weights.bin", "wb") as f:  # sparse: no disk, 300 MiB by stat
+        f.truncate(300 << 20)
+    with pytest.raises(TaskFormatError, match=r"holds 300\.\d MiB, over the 256 MiB a task may hold \(largest: "
+                                              r"environment/weights.bin, 300\.0 MiB\)"):
+        import_task(tmp_path / "gz-sum")
+    (tmp_path / "gz-sum" / "environment" / "weights.bin").unlink()
+    assert import_task(tmp_path / "gz-sum").env_id == import_task(CORPUS / "gz-sum").env_id
+
+
+@pytest.mark.parametrize("folder, meta, old, new, says", [
+    ("harbor/count-words", "task.toml", "timeout_sec = 60.0", "timeout_sec = 1e9",
+     r"\[verifier\].timeout_sec is 1e\+09 s, over the 3600 s a task may set for itself"),
+    ("harbor/count-words", "task.toml", "timeout_sec = 300.0\n\n[environment]", "timeout_sec = 86400\n\n[environment]",
+     r"\[agent\].timeout_sec is 86400 s, over the 14400 s"),
+    ("harbor/count-words", "task.toml", "build_timeout_sec = 300.0", "build_timeout_sec = 7201",
+     r"\[environment\].build_timeout_sec is 7201 s, over the 7200 s"),
+    ("tbench/sort-names", "task.yaml", "max_test_timeout_sec: 60", "max_test_timeout_sec: 3601",
+     r"max_test_timeout_sec is 3601 s, over the 3600 s"),
+])
+def test_a_task_cannot_give_itself_an_unbounded_timeout(tmp_path, folder, meta, old, new, says):
+    """A task's own timeouts win over the build's; they are bounded so a task cannot hold a worker forever."""
+    shutil.copytree(Path(__file__).parent / "fixtures" / folder, tmp_path / "t")
+    path = tmp_path / "t" / meta
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+    with pytest.raises(TaskFormatError, match=says):
+        import_task(tmp_path / "t")
+    env = import_task(Path(__file__).parent / "fixtures" / folder)
+    with pytest.raises(ValueError, match="less than or equal to 3600"):  # nor through a spec written elsewhere
+        EnvSpec.model_validate({**env.model_dump(), "test_timeout_s": 1e9})
+
+
 def test_registry_bases_map_to_local_ones_and_are_recorded():
     aliases = SynthesizeConfig(imports=["x"]).image_aliases
     env = import_task(CORPUS / "gz-sum")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ....schemas.environment import EnvSpec
-from .base import TaskFormat, TaskFormatError, folder_digest
+from .base import TaskFormat, TaskFormatError, check_size, folder_digest
 from .harbor import Harbor, export_harbor
 from .mcp_server import McpServer
 from .terminal_bench import TerminalBench
@@ -56,6 +56,7 @@ def import_task(folder: Path) -> EnvSpec:
         if fmt is None:
             markers = " or ".join(f.marker for f in FORMATS.values())
             raise TaskFormatError(Path(folder), f"not a task folder (no {markers})")
+        check_size(Path(folder))
         return fmt.read(Path(folder))
     except TaskFormatError:
         raise

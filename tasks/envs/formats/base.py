@@ -21,7 +21,8 @@ from ..blobs import BlobStore
 LEVELS = {"easy": 1, "medium": 2, "hard": 3}
 WORKDIR_LINE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.I | re.M)
 MAX_FILE = 4 << 20  # a text file inlined in a spec
-MAX_BLOB = 512 << 20  # a binary build-context file (carried by hash, see `blobs`)
+MAX_BLOB = 256 << 20  # a binary build-context file (carried by hash, see `blobs`)
+MAX_TASK = 256 << 20  # everything in a task folder
 
 
 class TaskFormatError(ValueError):
@@ -141,12 +142,30 @@ def instruction_text(value, path: Path) -> str:
     return value
 
 
-def number(value, path: Path, field: str) -> float | None:
+def number(value, path: Path, field: str, most: float) -> float | None:
+    """A task's own timeout in seconds: positive and at most `most` (TaskFormatError naming the field)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise TaskFormatError(path, f"{field} must be a positive number, got {value!r}")
+    if value > most:
+        raise TaskFormatError(path, f"{field} is {value:g} s, over the {most:g} s a task may set for itself")
     return float(value)
+
+
+def check_size(folder: Path) -> None:
+    """A task folder holds at most MAX_TASK bytes (files counted once, links not followed): a larger one
+    is malformed, naming its largest file, before anything is read."""
+    total, largest = 0, (0, Path(folder))
+    for p in Path(folder).rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            size = p.stat().st_size
+            total += size
+            largest = max(largest, (size, p))
+    if total > MAX_TASK:
+        raise TaskFormatError(Path(folder), f"the task folder holds {total / (1 << 20):.1f} MiB, over the "
+                                            f"{MAX_TASK >> 20} MiB a task may hold (largest: "
+                                            f"{largest[1].relative_to(folder)}, {largest[0] / (1 << 20):.1f} MiB)")
 
 
 def folder_digest(root: Path) -> str:

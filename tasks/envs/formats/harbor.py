@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ....schemas.common import FileSpec
 from ....schemas.config import safe_name
-from ....schemas.environment import Blob, EnvSpec
+from ....schemas.environment import MAX_AGENT_TIMEOUT_S, MAX_BUILD_TIMEOUT_S, MAX_TEST_TIMEOUT_S, Blob, EnvSpec
 from ...judge.verifier import RUNNER
 from ..blobs import BlobStore
 from ..images import render
@@ -108,14 +108,15 @@ def import_harbor(folder: Path) -> EnvSpec:
         # every file of the folder counts (build-context data and binary files too): a changed file is another id
         env_id=base.folder_env_id("harbor", folder, [folder_digest(folder)]),
         oracle="present" if has_solve else "absent", blobs=blobs,
-        build_timeout_s=base.number(environment.get("build_timeout_sec"), toml_path, "[environment].build_timeout_sec"),
+        build_timeout_s=base.number(environment.get("build_timeout_sec"), toml_path, "[environment].build_timeout_sec",
+                                     MAX_BUILD_TIMEOUT_S),
         family=f"harbor:{safe_name(str(meta.get('metadata', {}).get('category', 'task')))}",
         level=base.LEVELS.get(difficulty, 2), seed=0, source="harbor", instruction=instruction,
         dockerfile=dockerfile, context=context,
         workdir=base.workdir_of(dockerfile, environment.get("workdir"), toml_path), agent_user=_agent_user(meta, toml_path),
         tests=tests, verifier="script", test_command="bash /tests/test.sh", solution=[solve] if solve is not None else [],
-        agent_timeout_s=base.number(meta.get("agent", {}).get("timeout_sec"), toml_path, "[agent].timeout_sec"),
-        test_timeout_s=base.number(meta.get("verifier", {}).get("timeout_sec"), toml_path, "[verifier].timeout_sec"),
+        agent_timeout_s=base.number(meta.get("agent", {}).get("timeout_sec"), toml_path, "[agent].timeout_sec", MAX_AGENT_TIMEOUT_S),
+        test_timeout_s=base.number(meta.get("verifier", {}).get("timeout_sec"), toml_path, "[verifier].timeout_sec", MAX_TEST_TIMEOUT_S),
         knobs_json=f'{{"imported_from": "{folder.name}"}}')
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from ....schemas.common import FileSpec
 from ....schemas.config import safe_name
-from ....schemas.environment import EnvSpec
+from ....schemas.environment import MAX_AGENT_TIMEOUT_S, MAX_TEST_TIMEOUT_S, EnvSpec
 from . import base
 from .base import TaskFormat, TaskFormatError, check_links, folder_digest
 
@@ -52,8 +52,10 @@ def import_terminal_bench(folder: Path) -> EnvSpec:
         workdir=workdir, tests=tests, verifier="script",
         test_command=f"cd {shlex.quote(workdir)} && TEST_DIR=/tests bash /tests/run-tests.sh", solution=solution,
         agent_user="root",
-        agent_timeout_s=base.number(meta.get("max_agent_timeout_sec"), yaml_path, "max_agent_timeout_sec"),
-        test_timeout_s=base.number(meta.get("max_test_timeout_sec"), yaml_path, "max_test_timeout_sec"),
+        agent_timeout_s=base.number(meta.get("max_agent_timeout_sec"), yaml_path, "max_agent_timeout_sec",
+                                     MAX_AGENT_TIMEOUT_S),
+        test_timeout_s=base.number(meta.get("max_test_timeout_sec"), yaml_path, "max_test_timeout_sec",
+                                    MAX_TEST_TIMEOUT_S),
         knobs_json=f'{{"imported_from": "{folder.name}"}}')
 
 
