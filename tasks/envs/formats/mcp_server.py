@@ -22,6 +22,19 @@ two sessions (the same list, shell-safe names, object schemas the oracle's argum
 them with the server's name and version (`EnvSpec.tool_server`); running the oracle, a write outside the
 store is `tools_write_outside_store`. A server that never starts, hangs or crashes is rejected with its
 stderr named (`tools_broken`, `solution_fails`).
+
+Or, instead of `server/`, a package pinned by one exact version (tasks/envs/tools/package.py):
+
+```yaml
+package: {pip: "counters-mcp==1.0.0"}   # or {npm: "counters-mcp@1.0.0"}; ranges, URLs, git refs: refused
+command: [counters-mcp]                 # run in .tools/, the package's executables on PATH
+```
+
+Importing resolves the pin and its dependencies once, from the configured index / registry, into
+`.tools/package.lock.json` (every artifact's file, version and sha256; the env id follows it) and caches the
+artifacts under $TRAJFORGE_CACHE; the image build installs them with no network (pip: wheels only; npm:
+install scripts never run) and refuses an artifact whose bytes differ from the lock (`artifact_mismatch`).
+`.tools/server.json` then names the `package`; the validation is the same.
 """
 
 from __future__ import annotations
