@@ -114,6 +114,45 @@ def test_a_dependency_the_tools_layer_holds_is_not_installed_again(registry, tmp
     assert requirements(lock).startswith("counters-mcp==1.0.0 --hash=sha256:") and "annotated" not in requirements(lock)
 
 
+def with_a_dependency(registry, tmp_path: Path) -> None:
+    """counters-mcp@1.0.0 republished requiring counters-util (which has a postinstall script that fails)."""
+    util = tmp_path / "util"
+    util.mkdir()
+    (util / "package.json").write_text(json.dumps({"name": "counters-util", "version": "2.1.0", "license": "MIT",
+                                                   "main": "index.js", "scripts": {"postinstall": "exit 1"}}))
+    (util / "index.js").write_text("module.exports = { ready: true };\n")
+    registry.add(npm_pack(util, tmp_path / "dist-util"))
+    project = tmp_path / "project"
+    shutil.copytree(NODE_PROJECT, project)
+    meta = json.loads((project / "package.json").read_text())
+    (project / "package.json").write_text(json.dumps({**meta, "dependencies": {"counters-util": "^2.0.0"}}))
+    server = project / "server.js"  # the server does not start unless node finds its dependency
+    server.write_text(server.read_text().replace('"use strict";', '"use strict";\nif (!require("counters-util").ready) '
+                                                                    "process.exit(9);", 1))
+    registry.replace((tarball := npm_pack(project, tmp_path / "dist2")).name, tarball.read_bytes())
+    registry.npm["counters-mcp"]["1.0.0"] = json.loads((project / "package.json").read_text())
+
+
+def test_an_npm_packages_dependencies_are_locked_with_their_paths(registry, tmp_path):
+    """The npm tree as `npm install --package-lock-only` lays it out: every tarball with its path below
+    node_modules/ (where the image build unpacks it), integrity and sha256; install scripts listed, not run."""
+    with_a_dependency(registry, tmp_path)
+    env = import_task(PINNED["npm"])
+    lock = json.loads(next(f.content for f in env.files if f.path == ".tools/package.lock.json"))
+    assert [(a["name"], a["version"], a["path"]) for a in lock["artifacts"]] == [
+        ("counters-mcp", "1.0.0", "node_modules/counters-mcp"), ("counters-util", "2.1.0", "node_modules/counters-util")]
+    assert lock["install_scripts"] == ["counters-util"]
+    assert json.loads(env.knobs_json)["install_scripts_not_run"] == ["counters-util"]
+
+
+@pytest.mark.docker
+def test_an_npm_dependency_is_unpacked_where_the_server_finds_it(docker_client, registry, tmp_path):
+    with_a_dependency(registry, tmp_path)
+    v = validate(docker_client, env := import_task(PINNED["npm"]))
+    assert v.ok, v.reject  # the failing postinstall never ran; require("counters-util") resolved
+    assert json.loads(env.tool_server)["package"] == {"manager": "npm", "name": "counters-mcp", "version": "1.0.0"}
+
+
 def test_a_republished_artifact_is_another_environment(registry, tmp_path):
     first = import_task(PINNED["pip"]).env_id
     again = stamped("pip", tmp_path, "again")
