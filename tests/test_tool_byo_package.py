@@ -175,11 +175,19 @@ def test_a_loose_pin_is_refused_naming_the_field(tmp_path, manager, spec, says):
 
 def test_a_missing_version_or_package_is_refused_naming_it_and_the_registry(registry, tmp_path):
     registry.add(sdist("counters-sdist", "2.0.0", tmp_path / "sdist"))
+    project = tmp_path / "needs-sdist"  # a wheel whose dependency has only an sdist
+    shutil.copytree(PY_PROJECT, project)
+    meta = project / "pyproject.toml"
+    meta.write_text(meta.read_text().replace('name = "counters-mcp"', 'name = "counters-needs-sdist"').replace(
+        'requires-python = ">=3.10"', 'dependencies = ["counters-sdist>=1"]'))
+    registry.add(build_wheel(project, tmp_path / "dist-needs"))
     cases = [("pip", "counters-mcp==9.9.9", ["counters-mcp==9.9.9", "version 9.9.9 not found", registry.index_url,
                                                "versions there: 1.0.0"]),
              ("pip", "no-such-mcp==1.0.0", ["no-such-mcp==1.0.0", "not found in the index", registry.index_url]),
              ("pip", "counters-sdist==2.0.0", ["counters-sdist==2.0.0", "only a source distribution",
                                                 "counters_sdist-2.0.0.tar.gz", "wheels only"]),
+             ("pip", "counters-needs-sdist==1.0.0", ["counters-needs-sdist==1.0.0", "its dependency counters-sdist",
+                                                      "only a source distribution", "counters_sdist-2.0.0.tar.gz"]),
              ("npm", "counters-mcp@9.9.9", ["counters-mcp@9.9.9", "version not found", registry.url]),
              ("npm", "no-such-mcp@1.0.0", ["no-such-mcp@1.0.0", "not found in the registry", registry.url])]
     for manager, spec, says in cases:

@@ -166,8 +166,8 @@ def _pip_failure(name: str, version: str, indexes: list[str], log: str) -> str:
         return f"{what}: the index is unreachable: {'; '.join(unreachable)}"
     if not files:
         return f"{what}: not found in the index {where} (no project {_norm(req)!r} there)"
-    mine = [f for f in files if (_pair(f) or ("", ""))[0] == _norm(req) and (_pair(f) or ("", ""))[1] == want]
     versions = sorted({pair[1] for f in files if (pair := _pair(f))})
+    mine = [f for f in files if (pair := _pair(f)) and pair[0] == _norm(req) and (want is None or pair[1] == want)]
     if want and not mine:
         return f"{what}: version {want} not found in the index {where} (versions there: {', '.join(versions)})"
     if mine and not any(f.endswith(".whl") for f in mine):
