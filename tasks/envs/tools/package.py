@@ -84,7 +84,12 @@ def lock_of(files) -> dict | None:
 def resolve(manager: str, name: str, version: str) -> tuple[dict, str]:
     """(lock, registry URL): the pin and its dependencies, downloaded into the host cache. PackageError naming
     the package, the version and the registry when it cannot be."""
-    return (_resolve_pip if manager == "pip" else _resolve_npm)(name, version)
+    try:
+        return (_resolve_pip if manager == "pip" else _resolve_npm)(name, version)
+    except subprocess.TimeoutExpired as err:
+        raise PackageError(f"{manager} package {name}{'==' if manager == 'pip' else '@'}{version}: resolving it "
+                           f"took over {err.timeout:g}s (`{' '.join(err.cmd[:3])} ...`): is the registry slow or "
+                           "unreachable?") from None
 
 
 # --------------------------------------------------------------------------------------------------------- pip
