@@ -135,7 +135,7 @@ def envs_validate(ref: str = typer.Argument(..., help="task folder(s), family-l<
 
 
 @envs_app.command("import")
-def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Bench task folder, an MCP server folder (mcp-env.yaml), or a folder of them"),
+def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Bench task folder, an MCP server folder (mcp-env.yaml: a server/ folder or a pinned package), or a folder of them"),
                 out: Optional[Path] = typer.Option(None, help="write the admitted environments here (JSONL)"),
                 config: Optional[Path] = typer.Option(None), jobs: int = typer.Option(2, help="builds at once"),
                 sample: Optional[int] = typer.Option(None, help="try a seeded sample of N task folders first"),

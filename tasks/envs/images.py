@@ -92,7 +92,8 @@ CAUSES = (
 class ImageBuildError(RuntimeError):
     """A Dockerfile that failed to build; `log_tail` holds the last lines of the build log, `cause` a code:
     base_image_missing | build_fetch_failed | package_not_found | build_timeout | blob_missing |
-    reserved_name | build_step_failed; `hint` the fix when the log shows one (a certificate check: `CA_HINT`), also
+    reserved_name | artifact_mismatch (a pinned MCP server's locked artifact has other bytes) | build_step_failed;
+    `hint` the fix when the log shows one (a certificate check: `CA_HINT`), also
     leading the message's first line."""
 
     def __init__(self, message: str, log_tail: str, cause: str | None = None):
@@ -266,7 +267,7 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
         try:
             base_id = layer(client, base_id, env, options.network == "imports")
         except ToolsLayerError as err:
-            raise ImageBuildError(f"image for {env.env_id} failed to build: {err}", "", cause="build_fetch_failed") from None
+            raise ImageBuildError(f"image for {env.env_id} failed to build: {err}", "", cause=err.cause) from None
     aliases = aliases or {}
     env.base_images = [BaseImage(image=k, local=v) for k, v in base_mapping(env, aliases, base).items()]
     tag = image_tag(base_id, env, aliases)

@@ -2,7 +2,8 @@
 library only: what the reference solution's commands and a recorded trajectory's steps run in the sandbox.
 
 Copied into such an environment as `.tools/call.py`, next to `.tools/server.json` (the server's `command`,
-run in `.tools/server/` with `TRAJFORGE_STORE` naming the store). `call.py NAME 'JSON'` starts the server,
+run in `.tools/server/` with `TRAJFORGE_STORE` naming the store; a server pinned as a package runs in `.tools/`
+with its executables on PATH and its modules on PYTHONPATH / NODE_PATH). `call.py NAME 'JSON'` starts the server,
 does the MCP handshake and one `tools/call`, prints the result's text and exits 0 (ok), 1 (a tool error:
 `isError`), 2 (a call error: JSON-RPC -32602 or arguments that are not a JSON object) or 3 (the server did
 not start, answer or stay up; the reason on stdout). `call.py init` builds `store.db` from `.tools/seed.sql`.
@@ -19,6 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORK = os.path.dirname(HERE)
 STORE = os.path.join(WORK, "store.db")
 SDK_DIR = "/opt/trajforge/mcp"  # the tools layer's SDK, for Python servers (tasks/envs/tools/layer.py)
+PKG_DIR = "/opt/trajforge/pkg"  # a server pinned as a package (tasks/envs/tools/package.py)
 PROTOCOL = "2025-06-18"
 
 
@@ -27,6 +29,10 @@ def launch():
     with open(os.path.join(HERE, "server.json")) as f:
         spec = json.load(f)
     env = {**os.environ, "TRAJFORGE_STORE": STORE, "PYTHONPATH": SDK_DIR, "PYTHONDONTWRITEBYTECODE": "1"}
+    if spec.get("package"):  # pinned as a package: installed in PKG_DIR, run in .tools/
+        env.update(PATH=PKG_DIR + "/bin:" + env.get("PATH", "/usr/bin:/bin"), PYTHONPATH=PKG_DIR + "/site:" + SDK_DIR,
+                   NODE_PATH=PKG_DIR + "/node_modules")
+        return spec["command"], HERE, env
     return spec["command"], os.path.join(HERE, "server"), env
 
 

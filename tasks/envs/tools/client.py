@@ -49,6 +49,7 @@ from ....schemas.environment import EnvSpec
 from ...sandbox.layer import HARNESS_PATH
 from ...sandbox.users import USERS
 from .layer import SDK_DIR
+from .package import PKG_DIR, lock_of
 from .spec import TOOL_NAME, TOOLS_DIR, parse_call_command
 
 SERVER_ARGV = ["python3", "-I", f"{TOOLS_DIR}/server.py"]
@@ -97,6 +98,15 @@ class Launch:
     argv: tuple[str, ...] = tuple(SERVER_ARGV)
     cwd: str = ""
     brought: bool = False
+    package: bool = False  # pinned as a package (tasks/envs/tools/package.py): installed in PKG_DIR
+
+    def environment(self, workdir: str, home: str) -> dict[str, str]:
+        env = {"HOME": home, "PATH": HARNESS_PATH, "TRAJFORGE_STORE": f"{workdir}/store.db", "PYTHONPATH": SDK_DIR,
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        if self.package:  # the same as call.py's launch
+            env.update(PATH=f"{PKG_DIR}/bin:{HARNESS_PATH}", PYTHONPATH=f"{PKG_DIR}/site:{SDK_DIR}",
+                       NODE_PATH=f"{PKG_DIR}/node_modules")
+        return env
 
 
 def launch_of(files: list[Any]) -> Launch:
@@ -104,8 +114,10 @@ def launch_of(files: list[Any]) -> Launch:
     text = next((f.content for f in files if f.path.strip("/") == f"{TOOLS_DIR}/server.json"), None)
     if text is None:
         return Launch()
-    command = json.loads(text).get("command")
-    return Launch(tuple(command), f"{TOOLS_DIR}/server", brought=True)
+    spec = json.loads(text)
+    if spec.get("package"):
+        return Launch(tuple(spec["command"]), TOOLS_DIR, brought=True, package=True)
+    return Launch(tuple(spec["command"]), f"{TOOLS_DIR}/server", brought=True)
 
 
 class ServerFailed(RuntimeError):
@@ -150,9 +162,7 @@ async def exec_stdio(sb: Sandboxed, launch: Launch, stderr: deque[str]) -> Async
     workdir = f"{sb.workdir}/{launch.cwd}" if launch.cwd else sb.workdir
     exec_id = await anyio.to_thread.run_sync(lambda: api.exec_create(
         sb.container.id, list(launch.argv), stdin=True, stdout=True, stderr=True, user=USERS.get(sb.agent, sb.agent),
-        workdir=workdir, environment={"HOME": "/root" if sb.agent == "root" else "/home/agent", "PATH": HARNESS_PATH,
-                                      "TRAJFORGE_STORE": f"{sb.workdir}/store.db", "PYTHONPATH": SDK_DIR,
-                                      "PYTHONDONTWRITEBYTECODE": "1"})["Id"])
+        workdir=workdir, environment=launch.environment(sb.workdir, "/root" if sb.agent == "root" else "/home/agent"))["Id"])
     sock = await anyio.to_thread.run_sync(lambda: api.exec_start(exec_id, socket=True))
     raw = getattr(sock, "_sock", sock)
     # the blocking read holds its thread for the whole session: threads of this session's own, never
@@ -439,8 +449,11 @@ def serve_error(sb: Sandboxed, env: EnvSpec, timeout_s: float) -> str | None:
             if errors:
                 return (f"the reference solution's arguments for {parsed[0]!r} do not fit the inputSchema the "
                         f"server lists: {errors[0].message}")
-        env.tool_server = json.dumps({"name": info.get("name"), "version": info.get("version"), "tools": got},
-                                     sort_keys=True)
+        server = {"name": info.get("name"), "version": info.get("version"), "tools": got}
+        lock = lock_of(env.files)
+        if lock:  # pinned as a package: what was installed
+            server["package"] = {k: lock[k] for k in ("manager", "name", "version")}
+        env.tool_server = json.dumps(server, sort_keys=True)
     return None
 
 

@@ -19,6 +19,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -53,16 +54,33 @@ _LOCK = threading.Lock()
 class ToolsLayerError(RuntimeError):
     """The tools layer could not be made (wheels not downloadable, build failed)."""
 
+    cause = "build_fetch_failed"
+
+
+class ArtifactMismatch(ToolsLayerError):
+    """A locked artifact (a wheel, an npm tarball) whose bytes are not the lock's: the message names it."""
+
+    cause = "artifact_mismatch"
+
 
 def lock_text() -> str:
     return LOCK.read_text()
 
 
-def wheelhouse(lock: str | None = None) -> Path:
-    """The folder holding exactly the lock's wheels (downloaded once per lock, hash-checked by pip)."""
+def cache_root() -> Path:
+    return Path(os.environ.get("TRAJFORGE_CACHE", "~/.cache/trajforge")).expanduser()
+
+
+def wheelhouse_dir(lock: str) -> Path:
+    return cache_root() / "wheels" / hashlib.sha256(lock.encode()).hexdigest()[:16]
+
+
+def wheelhouse(lock: str | None = None, what: str = "the MCP SDK's wheels") -> Path:
+    """The folder holding exactly the lock's wheels (downloaded once per lock, hash-checked by pip: a wheel
+    whose bytes differ is `ArtifactMismatch`, naming it). `what`: the lock, for messages."""
     lock = lock_text() if lock is None else lock
-    digest = hashlib.sha256(lock.encode()).hexdigest()[:16]
-    root = Path(os.environ.get("TRAJFORGE_CACHE", "~/.cache/trajforge")).expanduser() / "wheels" / digest
+    root = wheelhouse_dir(lock)
+    digest = root.name
     if (root / ".complete").exists():
         return root
     part = root.with_name(digest + f".part-{os.getpid()}")
@@ -72,7 +90,14 @@ def wheelhouse(lock: str | None = None) -> Path:
                           *PLATFORM, "-r", str(part / "requirements.txt"), "-d", str(part)],
                          capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
-        raise ToolsLayerError(f"could not download the MCP SDK's wheels ({LOCK.name}): {res.stderr[-1500:]}")
+        subprocess.run(["rm", "-rf", str(part)], check=False)
+        bad = re.findall(r"^\s*(\S+) from (\S+?):?(?: \(from [^\n]*)?\n\s*Expected sha256 (\S+)\s*\n\s*Got\s+(\S+)", res.stderr, re.M)
+        if "DO NOT MATCH THE HASHES" in res.stderr and bad:
+            raise ArtifactMismatch(f"{what}: " + "; ".join(
+                f"artifact {url.rsplit('/', 1)[-1].split('#')[0]} ({req}) from {url.split('#')[0]} has sha256 {got}, "
+                f"the lock has {want}" for req, url, want, got in bad)
+                + ": the index serves other bytes than were locked (a republished version)")
+        raise ToolsLayerError(f"could not download {what}: {res.stderr[-1500:]}")
     (part / ".complete").write_text("")
     try:
         part.rename(root)
@@ -81,11 +106,16 @@ def wheelhouse(lock: str | None = None) -> Path:
     return root
 
 
-def recipe(base_id: str, lock: str) -> str:
+def pip_wheel(lock: str) -> str:
+    """The file name of the pip wheel the tools lock pins (the installer of every layer's wheels)."""
     pip = next((line.split("==")[1].split()[0] for line in lock.splitlines() if line.startswith("pip==")), None)
     if pip is None:
         raise ToolsLayerError(f"{LOCK} pins no pip (the installer)")
-    return RECIPE.format(base=base_id, pip=f"pip-{pip}-py3-none-any.whl/pip", sdk=SDK_DIR)
+    return f"pip-{pip}-py3-none-any.whl"
+
+
+def recipe(base_id: str, lock: str) -> str:
+    return RECIPE.format(base=base_id, pip=f"{pip_wheel(lock)}/pip", sdk=SDK_DIR)
 
 
 def layer_tag(base_id: str, lock: str | None = None) -> str:
@@ -103,10 +133,18 @@ def runtime_of(env) -> str:
 def ensure_tools_layer(client: docker.DockerClient, base_id: str, env=None, network: bool = True) -> str:
     """The id of the tools layer over `base_id` on `client`'s engine (built now if absent); for an
     environment whose brought server runs on Node.js, the Node layer over it (built only where builds may
-    use the network: `network`, i.e. `synthesize.build.network: imports`)."""
+    use the network: `network`, i.e. `synthesize.build.network: imports`); for a server pinned as a package
+    (`.tools/package.lock.json`), the package layer over that (`PACKAGE_RECIPES`: no network)."""
     layer_id = _python_layer(client, base_id)
-    if runtime_of(env) != "node":
-        return layer_id
+    if runtime_of(env) == "node":
+        layer_id = _node_layer(client, layer_id, network)
+    from .package import lock_of
+
+    lock = lock_of(env.files) if env else None
+    return _package_layer(client, layer_id, lock) if lock else layer_id
+
+
+def _node_layer(client: docker.DockerClient, layer_id: str, network: bool) -> str:
     if not network:
         raise ToolsLayerError("a Node.js server's layer installs Debian's nodejs: it needs the build network "
                               "(synthesize.build.network: imports)")
@@ -153,3 +191,58 @@ def _python_layer(client: docker.DockerClient, base_id: str) -> str:
         files = [(f"wheels/{f.name}", f) for f in sorted(house.iterdir())
                  if f.suffix == ".whl" or f.name == "requirements.txt"]
         return _build(client, tag, recipe(base_id, lock), files)
+
+
+# a brought server pinned as a package (tasks/envs/tools/package.py): its locked artifacts, from the host cache,
+# installed with no network into PKG_DIR (pip: wheels only, hash-checked, no dependency resolution; npm: tarballs
+# unpacked to the lock's paths, no install script run; the bins in PKG_DIR/bin)
+PACKAGE_RECIPES = {"pip": """FROM {base}
+COPY pkg/ /tmp/trajforge-pkg/
+RUN python3 /tmp/trajforge-pkg/{pip}/pip install --no-index --find-links /tmp/trajforge-pkg --require-hashes \\
+      --no-deps --no-compile --no-cache-dir --disable-pip-version-check --root-user-action=ignore \\
+      --target {pkg}/site -r /tmp/trajforge-pkg/requirements.txt \\
+ && mkdir -p {pkg}/bin && if [ -d {pkg}/site/bin ]; then mv {pkg}/site/bin/* {pkg}/bin/ && rmdir {pkg}/site/bin; fi \\
+ && rm -rf /tmp/trajforge-pkg && chmod -R a+rX,go-w {pkg}
+""", "npm": """FROM {base}
+COPY pkg/ /tmp/trajforge-pkg/
+RUN set -e; mkdir -p {pkg}/bin; \\
+    while read -r file dir; do mkdir -p "{pkg}/$dir" && tar -xzf "/tmp/trajforge-pkg/$file" -C "{pkg}/$dir" \\
+      --strip-components=1 --no-same-owner --no-same-permissions; done < /tmp/trajforge-pkg/unpack.txt; \\
+    while read -r name target; do chmod a+x "{pkg}/$target" && ln -s "{pkg}/$target" "{pkg}/bin/$name"; \\
+      done < /tmp/trajforge-pkg/bins.txt; \\
+    rm -rf /tmp/trajforge-pkg; chmod -R a+rX,go-w {pkg}
+"""}
+
+
+def _package_layer(client: docker.DockerClient, layer_id: str, lock: dict) -> str:
+    """The layer over `layer_id` with the package `lock` pins installed (built once per layer and lock)."""
+    import posixpath
+    import tempfile
+
+    from .package import PKG_DIR, artifacts, requirements
+
+    manager = lock["manager"]
+    tools = lock_text()
+    text = PACKAGE_RECIPES[manager].format(base=layer_id, pip=pip_wheel(tools), pkg=PKG_DIR)
+    tag = f"{REPO}-pkg:" + hashlib.sha256(f"{layer_id}\n{json.dumps(lock, sort_keys=True)}\n{text}".encode()).hexdigest()[:16]
+    with _LOCK:
+        try:
+            return client.images.get(tag).id
+        except docker.errors.ImageNotFound:
+            pass
+        files = [(f"pkg/{name}", path) for name, path in artifacts(lock)]
+        with tempfile.TemporaryDirectory(prefix="trajforge-pkg-") as tmp:
+            lists = {}
+            if manager == "pip":
+                files.append((f"pkg/{pip_wheel(tools)}", wheelhouse() / pip_wheel(tools)))
+                lists["requirements.txt"] = requirements(lock)
+            else:
+                lists["unpack.txt"] = "".join(f"{a['file']} {a['path']}\n" for a in lock["artifacts"])
+                top = next(a for a in lock["artifacts"] if a["path"] == f"node_modules/{lock['name']}")
+                lists["bins.txt"] = "".join(
+                    f"{name} {posixpath.normpath(posixpath.join(top['path'], target))}\n"
+                    for name, target in sorted(top["bin"].items()) if "/" not in name)
+            for name, content in lists.items():
+                (Path(tmp) / name).write_text(content)
+                files.append((f"pkg/{name}", Path(tmp) / name))
+            return _build(client, tag, text, files)

@@ -1,0 +1,346 @@
+"""A brought MCP server pinned as a package (`package:` in an `mcp-server` folder's `mcp-env.yaml`): the lock.
+
+`package: {pip: "NAME==VERSION"}` or `package: {npm: "NAME@VERSION"}`, an exact version (ranges, URLs, paths, git
+refs and tags are refused naming the field). On import, on the host, the pin is resolved ONCE, with its
+dependencies, from the registry the user has configured (pip: `PIP_INDEX_URL` / pip.conf; npm:
+`npm_config_registry` / .npmrc), into a lock: name, version, file and sha256 (npm: also the registry's
+`integrity`) of every artifact. The lock is the environment's `.tools/package.lock.json`, so the env id and the
+image tag follow it: the same pin with the same bytes is the same environment, a republished artifact another.
+
+- pip: `pip download` for the image's Python (CPython 3.11, manylinux x86_64: the tools layer's `PLATFORM`),
+  binary wheels only (an sdist-only pin or dependency is refused, named: building it would run its code). A wheel
+  identical to one of the tools layer's (`mcp` and its closure: same name, version and sha256) is marked
+  `in_tools_layer` and not installed again: the server finds it on the SDK's path.
+- npm: `npm install --package-lock-only --ignore-scripts --omit=dev` resolves the tree (paths below
+  `node_modules/`, bins), `npm pack` fetches each tarball. Install scripts are never run (the lock lists the
+  packages that have some: `install_scripts`); a package that needs them to work fails validation.
+
+The artifacts are cached on the host ($TRAJFORGE_CACHE, `~/.cache/trajforge`: `wheels/<lock hash>` as the tools
+layer's own wheelhouse, `npm/<lock hash>`); the image build (`tasks/envs/tools/layer.py`, the package layer)
+takes them from there, downloading them again from the registry if absent, and refuses any whose bytes differ
+from the lock (`ArtifactMismatch`, naming the artifact). Inside the image they are installed with no network:
+pip `--no-index --require-hashes --no-deps` into `PKG_DIR/site` (console scripts in `PKG_DIR/bin`), npm
+tarballs unpacked to their paths below `PKG_DIR/node_modules` (the pinned package's bins linked in `PKG_DIR/bin`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .layer import PLATFORM, ArtifactMismatch, ToolsLayerError, cache_root, lock_text, wheelhouse, wheelhouse_dir
+
+LOCK_FILE = "package.lock.json"  # in .tools/
+PKG_DIR = "/opt/trajforge/pkg"  # the pinned package, installed at image build (root-owned, read-only to the agent)
+MANAGERS = {"pip": "python", "npm": "node"}
+PIP_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+NPM_NAME = re.compile(r"^(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*$")
+VERSION = re.compile(r"^[0-9][A-Za-z0-9.+_-]*$")
+TIMEOUT_S = 600
+
+
+class PackageError(ValueError):
+    """A pin that cannot be locked (malformed, not in the registry, registry unreachable, sdist only): the
+    message names the package, the version and the registry."""
+
+
+def parse_pin(value) -> tuple[str, str, str]:
+    """(manager, name, version) of a `package:` field; PackageError (naming the field) unless it pins exactly."""
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in MANAGERS:
+        raise PackageError("field `package` must be {pip: \"NAME==VERSION\"} or {npm: \"NAME@VERSION\"}")
+    manager, spec = next(iter(value.items()))
+    if not isinstance(spec, str):
+        raise PackageError(f"field `package.{manager}` must be a string, got {spec!r}")
+    spec = spec.strip()
+    if manager == "pip":
+        name, sep, version = spec.partition("==")
+        ok = sep and PIP_NAME.match(name.strip()) and VERSION.match(version.strip()) and "=" not in version
+        example = "NAME==VERSION, e.g. counters-mcp==1.0.0"
+    else:
+        name, sep, version = spec.rpartition("@")
+        ok = sep and NPM_NAME.match(name) and VERSION.match(version) and re.match(r"^\d+\.\d+\.\d+", version)
+        example = "NAME@VERSION, e.g. counters-mcp@1.0.0"
+    if not ok:
+        raise PackageError(f"field `package.{manager}` must pin one exact version ({example}): {spec!r} is a range, "
+                           "a URL, a path, a tag or a git reference")
+    return manager, name.strip(), version.strip()
+
+
+def lock_of(files) -> dict | None:
+    """The package lock an environment's files carry (`.tools/package.lock.json`), None for a server folder."""
+    text = next((f.content for f in files if f.path.strip("/") == f".tools/{LOCK_FILE}"), None) if files else None
+    return json.loads(text) if text else None
+
+
+def resolve(manager: str, name: str, version: str) -> tuple[dict, str]:
+    """(lock, registry URL): the pin and its dependencies, downloaded into the host cache. PackageError naming
+    the package, the version and the registry when it cannot be."""
+    try:
+        return (_resolve_pip if manager == "pip" else _resolve_npm)(name, version)
+    except subprocess.TimeoutExpired as err:
+        raise PackageError(f"{manager} package {name}{'==' if manager == 'pip' else '@'}{version}: resolving it "
+                           f"took over {err.timeout:g}s (`{' '.join(err.cmd[:3])} ...`): is the registry slow or "
+                           "unreachable?") from None
+
+
+# --------------------------------------------------------------------------------------------------------- pip
+def requirements(lock: dict) -> str:
+    """The lock's wheels to install (those not in the tools layer), as a `--require-hashes` requirements file."""
+    return "".join(f"{a['name']}=={a['version']} --hash=sha256:{a['sha256']}\n"
+                   for a in lock["artifacts"] if not a.get("in_tools_layer"))
+
+
+def _tools_wheels() -> set[tuple[str, str, str]]:
+    out = set()
+    for line in lock_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9._-]+)==(\S+)\s+--hash=sha256:([0-9a-f]{64})", line)
+        if m:
+            out.add((_norm(m.group(1)), m.group(2), m.group(3)))
+    return out
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _resolve_pip(name: str, version: str) -> tuple[dict, str]:
+    with tempfile.TemporaryDirectory(prefix="trajforge-pip-") as tmp:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--retries", "1",
+                              "--timeout", "30", *PLATFORM, f"{name}=={version}", "-d", tmp],
+                             capture_output=True, text=True, timeout=TIMEOUT_S)
+        indexes = _indexes(res.stdout)
+        if res.returncode != 0:
+            raise PackageError(_pip_failure(name, version, indexes, res.stdout + res.stderr))
+        layer = _tools_wheels()
+        artifacts = []
+        for p in sorted(Path(tmp).iterdir()):
+            if not p.name.endswith(".whl"):
+                raise PackageError(f"pip package {name}=={version} from {', '.join(indexes)}: {p.name} is not a "
+                                   "wheel (pinned pip packages install wheels only)")
+            dist, ver = p.name.split("-")[:2]
+            sha = hashlib.sha256(p.read_bytes()).hexdigest()
+            artifacts.append({"name": _norm(dist), "version": ver, "file": p.name, "sha256": sha,
+                              "in_tools_layer": (_norm(dist), ver, sha) in layer})
+        lock = {"manager": "pip", "name": _norm(name), "version": version, "artifacts": artifacts}
+        req = requirements(lock)
+        if req:
+            _seed(wheelhouse_dir(req), {a["file"]: Path(tmp) / a["file"] for a in artifacts
+                                        if not a["in_tools_layer"]}, {"requirements.txt": req})
+    return lock, indexes[0]
+
+
+def _indexes(stdout: str) -> list[str]:
+    m = re.search(r"^Looking in indexes: (.+)$", stdout, re.M)
+    return [u.strip() for u in m.group(1).split(",")] if m else ["https://pypi.org/simple"]
+
+
+def _pip_failure(name: str, version: str, indexes: list[str], log: str) -> str:
+    """Why `pip download NAME==VERSION` failed, said of the requirement pip names (the pin or a dependency),
+    from what the index pages hold (pip itself says `from versions: none` for all of: an unreachable index, an
+    unknown package, a package of sdists only)."""
+    m = re.search(r"No matching distribution found for ([A-Za-z0-9._-]+)(?:\s*(?:==|===)\s*([^\s;,]+))?", log)
+    if not m:
+        return f"pip package {name}=={version}: pip download from {', '.join(indexes)} failed: {log.strip()[-800:]}"
+    req, want = m.group(1), m.group(2)
+    what = (f"pip package {name}=={version}" if _norm(req) == _norm(name)
+            else f"pip package {name}=={version}: its dependency {req}{'==' + want if want else ''}")
+    files, unreachable = [], []
+    for index in indexes:
+        if not index.startswith(("http://", "https://")):
+            continue
+        url = index.rstrip("/") + f"/{_norm(req)}/"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                files += [f for f in re.findall(r"<a[^>]*>([^<]+)</a>", r.read().decode(errors="replace"))]
+        except urllib.error.HTTPError as err:
+            if err.code != 404:
+                unreachable.append(f"{index} ({err.code} {err.reason})")
+        except (urllib.error.URLError, OSError) as err:
+            unreachable.append(f"{index} ({getattr(err, 'reason', err)})")
+    where = ", ".join(indexes)
+    if not files and unreachable:
+        return f"{what}: the index is unreachable: {'; '.join(unreachable)}"
+    if not files:
+        return f"{what}: not found in the index {where} (no project {_norm(req)!r} there)"
+    versions = sorted({pair[1] for f in files if (pair := _pair(f))})
+    mine = [f for f in files if (pair := _pair(f)) and pair[0] == _norm(req) and (want is None or pair[1] == want)]
+    if want and not mine:
+        return f"{what}: version {want} not found in the index {where} (versions there: {', '.join(versions)})"
+    if mine and not any(f.endswith(".whl") for f in mine):
+        return (f"{what}: only a source distribution ({', '.join(mine)}) in {where}; pinned pip packages install "
+                "wheels only (building an sdist runs its code)")
+    return (f"{what}: no wheel for the image's Python (CPython 3.11, manylinux x86_64) in {where} "
+            f"(files: {', '.join(mine or files)[:400]})")
+
+
+def _pair(filename: str) -> tuple[str, str] | None:
+    """(normalized project, version) of a wheel's or an sdist's file name."""
+    m = re.match(r"^(.+?)-([0-9][A-Za-z0-9.+_!]*?)(?:-[^-]+-[^-]+-[^-]+\.whl|\.tar\.gz|\.zip)$", filename)
+    return (_norm(m.group(1)), m.group(2)) if m else None
+
+
+# --------------------------------------------------------------------------------------------------------- npm
+def _npm(args: list[str], cwd: Path) -> dict | list:
+    res = subprocess.run(["npm", *args, "--json", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=cwd,
+                         capture_output=True, text=True, timeout=TIMEOUT_S,
+                         env={**os.environ, "npm_config_update_notifier": "false"})  # no check of npm's own version
+    try:
+        out = json.loads(res.stdout) if res.stdout.strip() else {}
+    except ValueError:
+        out = {}
+    if res.returncode != 0:
+        err = out.get("error", {}) if isinstance(out, dict) else {}
+        raise _NpmFailed(err.get("code", f"exit {res.returncode}"), err.get("summary") or res.stderr.strip()[-600:])
+    return out
+
+
+class _NpmFailed(RuntimeError):
+    def __init__(self, code: str, summary: str):
+        super().__init__(f"{code}: {summary}")
+        self.code, self.summary = code, summary
+
+
+def npm_registry() -> str:
+    try:
+        res = subprocess.run(["npm", "config", "get", "registry"], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "npm_config_update_notifier": "false"})
+        return res.stdout.strip() or "https://registry.npmjs.org/"
+    except (OSError, subprocess.TimeoutExpired):
+        return "https://registry.npmjs.org/"
+
+
+def _resolve_npm(name: str, version: str) -> tuple[dict, str]:
+    if shutil.which("npm") is None:
+        raise PackageError(f"npm package {name}@{version}: `npm` is not installed on this host (it resolves the pin)")
+    registry = npm_registry()
+    with tempfile.TemporaryDirectory(prefix="trajforge-npm-") as tmp:
+        work = Path(tmp)
+        (work / "package.json").write_text(json.dumps({"name": "trajforge-lock", "private": True,
+                                                       "dependencies": {name: version}}))
+        try:
+            _npm(["install", "--package-lock-only", "--omit=dev"], work)
+        except _NpmFailed as err:
+            raise PackageError(_npm_failure(name, version, registry, err)) from None
+        tree = json.loads((work / "package-lock.json").read_text())["packages"]
+        entries = [(path, e) for path, e in sorted(tree.items()) if path and not e.get("dev") and not e.get("link")]
+        specs = [f"{e.get('name') or path.rsplit('node_modules/', 1)[-1]}@{e['version']}" for path, e in entries]
+        (work / "out").mkdir()
+        try:
+            packed = _npm(["pack", "--pack-destination", str(work / "out"), *specs], work)
+        except _NpmFailed as err:
+            raise PackageError(_npm_failure(name, version, registry, err)) from None
+        artifacts = []
+        for (path, e), spec, p in zip(entries, specs, packed):
+            data = (work / "out" / p["filename"]).read_bytes()
+            integrity = p.get("integrity") or e.get("integrity")
+            if e.get("integrity") and e["integrity"] != integrity:
+                raise PackageError(f"npm package {name}@{version}: {spec} from {registry}: its tarball's integrity "
+                                   f"{integrity} is not the registry's {e['integrity']}")
+            artifacts.append({"name": spec.rsplit("@", 1)[0], "version": e["version"], "file": p["filename"],
+                              "sha256": hashlib.sha256(data).hexdigest(), "integrity": integrity, "path": path,
+                              "bin": e.get("bin") or {}, "install_script": bool(e.get("hasInstallScript"))})
+        lock = {"manager": "npm", "name": name, "version": version, "artifacts": artifacts,
+                "install_scripts": sorted(a["name"] for a in artifacts if a["install_script"])}
+        _seed(npm_house_dir(lock), {a["file"]: work / "out" / a["file"] for a in artifacts}, {})
+    return lock, registry
+
+
+def _npm_failure(name: str, version: str, registry: str, err: _NpmFailed) -> str:
+    what = f"npm package {name}@{version}"
+    if err.code == "E404":
+        return f"{what}: not found in the registry {registry} ({err.summary})"
+    if err.code == "ETARGET":
+        return f"{what}: version not found in the registry {registry} ({err.summary})"
+    if err.code in ("ECONNREFUSED", "ENOTFOUND", "ETIMEDOUT", "EAI_AGAIN", "ECONNRESET") or "FetchError" in err.summary:
+        return f"{what}: the registry {registry} is unreachable ({err.code}: {err.summary})"
+    return f"{what}: npm could not resolve it from {registry} ({err.code}: {err.summary})"
+
+
+# ------------------------------------------------------------------------------------------------- host cache
+def npm_house_dir(lock: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(lock["artifacts"], sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "npm" / digest
+
+
+def _seed(root: Path, files: dict[str, Path], texts: dict[str, str]) -> None:
+    """Fill the cache folder `root` (written under a temporary name, then renamed; kept if present)."""
+    if (root / ".complete").exists():
+        return
+    part = root.with_name(root.name + f".part-{os.getpid()}")
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    for name, src in files.items():
+        shutil.copyfile(src, part / name)
+    for name, text in texts.items():
+        (part / name).write_text(text)
+    (part / ".complete").write_text("")
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        part.rename(root)
+    except OSError:
+        shutil.rmtree(part, ignore_errors=True)
+
+
+def artifacts(lock: dict) -> list[tuple[str, Path]]:
+    """[(file name, host path)] of the lock's artifacts to install, from the host cache (downloaded again from
+    the registry if absent), every one checked against the lock's sha256: ArtifactMismatch naming the artifact
+    otherwise, ToolsLayerError if it cannot be fetched."""
+    what = f"pinned {lock['manager']} package {lock['name']}{'==' if lock['manager'] == 'pip' else '@'}{lock['version']}"
+    if lock["manager"] == "pip":
+        req = requirements(lock)
+        if not req:
+            return []
+        house = wheelhouse(req, what)  # pip checks every hash against the lock (--require-hashes)
+        wanted = [a for a in lock["artifacts"] if not a.get("in_tools_layer")]
+    else:
+        house = npm_house_dir(lock)
+        wanted = lock["artifacts"]
+        if not (house / ".complete").exists():
+            _fetch_npm(lock, house, what)
+    out = []
+    for a in wanted:
+        path = house / a["file"]
+        if not path.is_file():
+            raise ToolsLayerError(f"{what}: {a['file']} is missing from the host cache {house} (delete the folder to "
+                                  "download the lock again)")
+        got = hashlib.sha256(path.read_bytes()).hexdigest()
+        if got != a["sha256"]:
+            raise ArtifactMismatch(f"{what}: artifact {a['file']} ({a['name']} {a['version']}) has sha256 {got}, the "
+                                   f"lock has {a['sha256']}: the registry serves other bytes than were locked (a "
+                                   "republished version); import the folder again to lock the new bytes")
+        out.append((a["file"], path))
+    return out
+
+
+def _fetch_npm(lock: dict, house: Path, what: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="trajforge-npm-") as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        try:
+            packed = _npm(["pack", "--pack-destination", str(out),
+                           *[f"{a['name']}@{a['version']}" for a in lock["artifacts"]]], Path(tmp))
+        except _NpmFailed as err:
+            if err.code == "EINTEGRITY":
+                raise ArtifactMismatch(f"{what}: the registry's tarball does not match its integrity ({err.summary})") from None
+            raise ToolsLayerError(f"{what}: could not download the locked tarballs from {npm_registry()}: {err}") from None
+        for a, p in zip(lock["artifacts"], packed):
+            data = (out / p["filename"]).read_bytes()
+            got = hashlib.sha256(data).hexdigest()
+            if got != a["sha256"]:
+                raise ArtifactMismatch(f"{what}: artifact {a['file']} ({a['name']} {a['version']}) downloaded from "
+                                       f"{npm_registry()} has sha256 {got}, the lock has {a['sha256']}: the registry "
+                                       "serves other bytes than were locked (a republished version); import the "
+                                       "folder again to lock the new bytes")
+            if p["filename"] != a["file"]:
+                (out / p["filename"]).rename(out / a["file"])
+        _seed(house, {a["file"]: out / a["file"] for a in lock["artifacts"]}, {})
+

@@ -1,0 +1,1 @@
+"""A counter board as an MCP server (the `counters-mcp` package)."""

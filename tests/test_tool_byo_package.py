@@ -1,0 +1,276 @@
+"""Bring your own MCP server pinned as a package (`package:` in mcp-env.yaml, tasks/envs/tools/package.py): the
+example packages in tests/mcp_packages/ (a wheel built from counters-mcp-python, an `npm pack` of
+counters-mcp-node) are served from a loopback registry (tests/mcp_registry.py: a PEP 503 index and a minimal
+npm registry on 127.0.0.1), locked on import, installed into the image with no network and validated like
+server folders; a loose pin, a missing version and a republished artifact are refused, named."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+from mcp_registry import Registry, build_wheel, npm_pack, sdist
+
+from trajforge.schemas.config import SandboxConfig, teacher_config
+from trajforge.schemas.environment import EnvSpec
+from trajforge.tasks.envs.formats import TaskFormatError, detect, import_task
+
+HERE = Path(__file__).parent / "mcp_packages"
+PY_PROJECT, NODE_PROJECT = HERE / "counters-mcp-python", HERE / "counters-mcp-node"
+PINNED = {"pip": HERE / "pinned-pip", "npm": HERE / "pinned-npm"}
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    """The loopback registry with both example packages published, configured as the user's pip index and npm
+    registry; the host cache ($TRAJFORGE_CACHE) is the test's own, except the tools layer's wheelhouse (pip, the
+    installer), linked in from the usual cache so nothing is downloaded from elsewhere."""
+    from trajforge.tasks.envs.tools.layer import lock_text, wheelhouse_dir
+
+    tools = wheelhouse_dir(lock_text())
+    monkeypatch.setenv("TRAJFORGE_CACHE", str(tmp_path / "cache"))
+    if tools.exists():
+        wheelhouse_dir(lock_text()).parent.mkdir(parents=True)
+        wheelhouse_dir(lock_text()).symlink_to(tools)
+    reg = Registry()
+    reg.add(build_wheel(PY_PROJECT, tmp_path / "dist"))
+    reg.add(npm_pack(NODE_PROJECT, tmp_path / "dist"))
+    for var in ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no configured extra index or find-links: loopback only
+    monkeypatch.setenv("PIP_INDEX_URL", reg.index_url)
+    monkeypatch.setenv("npm_config_registry", reg.url + "/")
+    monkeypatch.setenv("npm_config_cache", str(tmp_path / "npm-cache"))
+    monkeypatch.setenv("npm_config_userconfig", str(tmp_path / "npmrc"))
+    yield reg
+    reg.close()
+
+
+def pinned(tmp_path: Path, manager: str, spec: str) -> Path:
+    folder = tmp_path / f"pinned-{manager}-{uuid.uuid4().hex[:6]}"
+    shutil.copytree(PINNED[manager], folder)
+    meta = folder / "mcp-env.yaml"
+    old = "counters-mcp==1.0.0" if manager == "pip" else "counters-mcp@1.0.0"
+    meta.write_text(meta.read_text().replace(old, spec))
+    return folder
+
+
+def stamped(manager: str, tmp_path: Path, stamp: str) -> Path:
+    """The example package of `manager` built again with `stamp` in it: the same name and version, other bytes."""
+    project = tmp_path / f"project-{stamp}"
+    shutil.copytree(PY_PROJECT if manager == "pip" else NODE_PROJECT, project)
+    if manager == "pip":
+        (project / "counters_mcp" / "stamp.py").write_text(f"STAMP = {stamp!r}\n")
+        return build_wheel(project, tmp_path / f"dist-{stamp}")
+    meta = json.loads((project / "package.json").read_text())
+    (project / "package.json").write_text(json.dumps({**meta, "description": f"stamp {stamp}"}))
+    return npm_pack(project, tmp_path / f"dist-{stamp}")
+
+
+def test_a_pinned_package_locks_its_artifacts_into_the_environment(registry):
+    env = import_task(PINNED["pip"])
+    assert detect(PINNED["pip"]).name == "mcp-server" and env.kind == "tools" and env.source == "mcp-server"
+    files = {f.path: f.content for f in env.files}
+    assert not any(p.startswith(".tools/server/") for p in files)
+    assert json.loads(files[".tools/server.json"]) == {"runtime": "python", "command": ["counters-mcp"],
+                                                       "package": "pip:counters-mcp==1.0.0"}
+    lock = json.loads(files[".tools/package.lock.json"])
+    wheel = registry.files["counters_mcp-1.0.0-py3-none-any.whl"]
+    import hashlib
+
+    assert lock["artifacts"] == [{"name": "counters-mcp", "version": "1.0.0", "file": "counters_mcp-1.0.0-py3-none-any.whl",
+                                  "sha256": hashlib.sha256(wheel).hexdigest(), "in_tools_layer": False}]
+    assert json.loads(env.knobs_json)["package"] == "pip:counters-mcp==1.0.0"
+    assert import_task(PINNED["pip"]).env_id == env.env_id  # same pin, same bytes: same environment
+
+    npm = import_task(PINNED["npm"])
+    [art] = json.loads(next(f.content for f in npm.files if f.path == ".tools/package.lock.json"))["artifacts"]
+    assert (art["name"], art["version"], art["path"], art["bin"]) == ("counters-mcp", "1.0.0",
+                                                                      "node_modules/counters-mcp",
+                                                                      {"counters-mcp": "server.js"})
+    assert art["integrity"].startswith("sha512-") and len(art["sha256"]) == 64
+
+
+def test_a_dependency_the_tools_layer_holds_is_not_installed_again(registry, tmp_path):
+    """A wheel identical to one of the tools layer's (here annotated-types, of the MCP SDK's closure) is locked
+    and marked `in_tools_layer`: the image takes it from the layer, the package's own wheel is installed."""
+    from trajforge.tasks.envs.tools.layer import lock_text, wheelhouse
+    from trajforge.tasks.envs.tools.package import lock_of, requirements
+
+    pin = next(line.split()[0] for line in lock_text().splitlines() if line.startswith("annotated-types=="))
+    registry.add(next(wheelhouse().glob("annotated_types-*.whl")))
+    project = tmp_path / "project"
+    shutil.copytree(PY_PROJECT, project)
+    meta = project / "pyproject.toml"
+    meta.write_text(meta.read_text().replace('requires-python = ">=3.10"', f'dependencies = ["{pin}"]'))
+    registry.replace((wheel := build_wheel(project, tmp_path / "dist2")).name, wheel.read_bytes())
+    lock = lock_of(import_task(PINNED["pip"]).files)
+    assert [(a["name"], a["in_tools_layer"]) for a in lock["artifacts"]] == [("annotated-types", True),
+                                                                              ("counters-mcp", False)]
+    assert requirements(lock).startswith("counters-mcp==1.0.0 --hash=sha256:") and "annotated" not in requirements(lock)
+
+
+def with_a_dependency(registry, tmp_path: Path) -> None:
+    """counters-mcp@1.0.0 republished requiring counters-util (which has a postinstall script that fails)."""
+    util = tmp_path / "util"
+    util.mkdir()
+    (util / "package.json").write_text(json.dumps({"name": "counters-util", "version": "2.1.0", "license": "MIT",
+                                                   "main": "index.js", "scripts": {"postinstall": "exit 1"}}))
+    (util / "index.js").write_text("module.exports = { ready: true };\n")
+    registry.add(npm_pack(util, tmp_path / "dist-util"))
+    project = tmp_path / "project"
+    shutil.copytree(NODE_PROJECT, project)
+    meta = json.loads((project / "package.json").read_text())
+    (project / "package.json").write_text(json.dumps({**meta, "dependencies": {"counters-util": "^2.0.0"}}))
+    server = project / "server.js"  # the server does not start unless node finds its dependency
+    server.write_text(server.read_text().replace('"use strict";', '"use strict";\nif (!require("counters-util").ready) '
+                                                                    "process.exit(9);", 1))
+    registry.replace((tarball := npm_pack(project, tmp_path / "dist2")).name, tarball.read_bytes())
+    registry.npm["counters-mcp"]["1.0.0"] = json.loads((project / "package.json").read_text())
+
+
+def test_an_npm_packages_dependencies_are_locked_with_their_paths(registry, tmp_path):
+    """The npm tree as `npm install --package-lock-only` lays it out: every tarball with its path below
+    node_modules/ (where the image build unpacks it), integrity and sha256; install scripts listed, not run."""
+    with_a_dependency(registry, tmp_path)
+    env = import_task(PINNED["npm"])
+    lock = json.loads(next(f.content for f in env.files if f.path == ".tools/package.lock.json"))
+    assert [(a["name"], a["version"], a["path"]) for a in lock["artifacts"]] == [
+        ("counters-mcp", "1.0.0", "node_modules/counters-mcp"), ("counters-util", "2.1.0", "node_modules/counters-util")]
+    assert lock["install_scripts"] == ["counters-util"]
+    assert json.loads(env.knobs_json)["install_scripts_not_run"] == ["counters-util"]
+
+
+@pytest.mark.docker
+def test_an_npm_dependency_is_unpacked_where_the_server_finds_it(docker_client, registry, tmp_path):
+    with_a_dependency(registry, tmp_path)
+    v = validate(docker_client, env := import_task(PINNED["npm"]))
+    assert v.ok, v.reject  # the failing postinstall never ran; require("counters-util") resolved
+    assert json.loads(env.tool_server)["package"] == {"manager": "npm", "name": "counters-mcp", "version": "1.0.0"}
+
+
+def test_a_republished_artifact_is_another_environment(registry, tmp_path):
+    first = import_task(PINNED["pip"]).env_id
+    again = stamped("pip", tmp_path, "again")
+    registry.replace(again.name, again.read_bytes())
+    assert import_task(PINNED["pip"]).env_id != first
+
+
+@pytest.mark.parametrize("manager, spec, says", [
+    ("pip", "counters-mcp>=1.0", "field `package.pip` must pin one exact version"),
+    ("pip", "counters-mcp", "field `package.pip` must pin one exact version"),
+    ("pip", "counters-mcp @ https://example.org/c.whl", "field `package.pip` must pin one exact version"),
+    ("npm", "counters-mcp@^1.0.0", "field `package.npm` must pin one exact version"),
+    ("npm", "counters-mcp@latest", "field `package.npm` must pin one exact version"),
+    ("npm", "github:someone/counters-mcp", "field `package.npm` must pin one exact version"),
+])
+def test_a_loose_pin_is_refused_naming_the_field(tmp_path, manager, spec, says):
+    with pytest.raises(TaskFormatError, match=says):
+        import_task(pinned(tmp_path, manager, spec))
+
+
+def test_a_missing_version_or_package_is_refused_naming_it_and_the_registry(registry, tmp_path):
+    registry.add(sdist("counters-sdist", "2.0.0", tmp_path / "sdist"))
+    project = tmp_path / "needs-sdist"  # a wheel whose dependency has only an sdist
+    shutil.copytree(PY_PROJECT, project)
+    meta = project / "pyproject.toml"
+    meta.write_text(meta.read_text().replace('name = "counters-mcp"', 'name = "counters-needs-sdist"').replace(
+        'requires-python = ">=3.10"', 'dependencies = ["counters-sdist>=1"]'))
+    registry.add(build_wheel(project, tmp_path / "dist-needs"))
+    cases = [("pip", "counters-mcp==9.9.9", ["counters-mcp==9.9.9", "version 9.9.9 not found", registry.index_url,
+                                               "versions there: 1.0.0"]),
+             ("pip", "no-such-mcp==1.0.0", ["no-such-mcp==1.0.0", "not found in the index", registry.index_url]),
+             ("pip", "counters-sdist==2.0.0", ["counters-sdist==2.0.0", "only a source distribution",
+                                                "counters_sdist-2.0.0.tar.gz", "wheels only"]),
+             ("pip", "counters-needs-sdist==1.0.0", ["counters-needs-sdist==1.0.0", "its dependency counters-sdist",
+                                                      "only a source distribution", "counters_sdist-2.0.0.tar.gz"]),
+             ("npm", "counters-mcp@9.9.9", ["counters-mcp@9.9.9", "version not found", registry.url]),
+             ("npm", "no-such-mcp@1.0.0", ["no-such-mcp@1.0.0", "not found in the registry", registry.url])]
+    for manager, spec, says in cases:
+        with pytest.raises(TaskFormatError) as err:
+            import_task(pinned(tmp_path, manager, spec))
+        assert "field `package`" in str(err.value) and all(s in str(err.value) for s in says), str(err.value)
+
+
+def test_an_unreachable_registry_is_named(tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{port}/simple")
+    monkeypatch.setenv("npm_config_registry", f"http://127.0.0.1:{port}/")
+    monkeypatch.setenv("npm_config_cache", str(tmp_path / "npm-cache"))
+    monkeypatch.setenv("npm_config_fetch_retries", "0")
+    for manager, spec in (("pip", "counters-mcp==1.0.0"), ("npm", "counters-mcp@1.0.0")):
+        with pytest.raises(TaskFormatError, match=rf"unreachable.*127\.0\.0\.1:{port}"):
+            import_task(pinned(tmp_path, manager, spec))
+
+
+# ---------------------------------------------------------------------------------------------- real Docker
+def validate(docker_client, env):
+    from trajforge.tasks.envs.images import BuildOptions
+    from trajforge.tasks.envs.validator import validate_env
+
+    return validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", {}, 20, 30,
+                        build=BuildOptions(network="imports"))
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("manager", ["pip", "npm"])
+def test_envs_import_takes_a_pinned_package_and_records_its_tools_and_version(docker_client, registry, tmp_path,
+                                                                              manager):
+    from typer.testing import CliRunner
+
+    from trajforge.flows.cli import app
+
+    out = tmp_path / "kept.jsonl"
+    result = CliRunner().invoke(app, ["envs", "import", str(PINNED[manager]), "--out", str(out), "--state",
+                                      str(tmp_path / "journal.jsonl"), "--log-dir", str(tmp_path / "logs")])
+    assert result.exit_code == 0, result.output
+    [line] = out.read_text().splitlines()
+    env = EnvSpec.model_validate_json(line)
+    server = json.loads(env.tool_server)
+    assert (server["name"], server["version"]) == ("counters-mcp", "1.0.0")
+    assert server["package"] == {"manager": manager, "name": "counters-mcp", "version": "1.0.0"}
+    assert [t["name"] for t in server["tools"]] == ["list_counters", "set_counter"]
+    assert server["tools"][1]["inputSchema"]["properties"]["value"]["type"] == "integer"
+    assert not [r for r in registry.requests if not r.startswith(("/simple/", "/files/", "/counters-mcp"))]
+
+    if manager == "pip":  # one oracle episode through the installed server, as for server folders
+        from test_tool_harness import episode, passed
+
+        from trajforge.tasks.teachers import ReplayTeacher
+
+        r = episode(docker_client, env, ReplayTeacher(teacher_config({})).session(env, 0))
+        assert r.status == "ok" and passed(r) and [s.exit_code for s in r.steps] == [0]
+        assert r.protected_changed == [] and r.leftover_processes == 0
+        assert [t["function"]["name"] for t in json.loads(r.tools_json)] == ["list_counters", "set_counter", "submit"]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("manager", ["pip", "npm"])
+def test_a_republished_artifact_is_refused_at_build_naming_it(docker_client, registry, tmp_path, manager):
+    """Locked on import, then the registry serves other bytes under the same version: the build (which finds
+    no cached copy and downloads again) refuses the artifact by name before any image is built."""
+    from trajforge.tasks.envs.tools.layer import wheelhouse_dir
+    from trajforge.tasks.envs.tools.package import lock_of, npm_house_dir, requirements
+
+    stamp = uuid.uuid4().hex[:8]  # bytes no earlier run locked (a package layer of its lock would be reused)
+    artifact = stamped(manager, tmp_path, stamp)
+    registry.replace(artifact.name, artifact.read_bytes())  # the same name and version, this run's bytes
+    env = import_task(PINNED[manager])
+    lock = lock_of(env.files)
+    house = wheelhouse_dir(requirements(lock)) if manager == "pip" else npm_house_dir(lock)
+    assert house.exists()
+    shutil.rmtree(house)  # another host, or a cleaned cache: the build must download again
+    registry.replace(artifact.name, stamped(manager, tmp_path, stamp + "-republished").read_bytes())
+    v = validate(docker_client, env)
+    assert v.reject is not None and v.build_cause == "artifact_mismatch", v.reject
+    assert artifact.name in v.reject.detail and "lock" in v.reject.detail, v.reject.detail
