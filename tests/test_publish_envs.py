@@ -285,7 +285,7 @@ def test_a_folder_named_like_an_environment_never_stands_in_for_it(tmp_path):
     other, plain = get_family("file_search").generate(1, 0), get_family("csv_convert").generate(1, 0)
     shutil.copytree(export_harbor(other, tmp_path / "x"), tree / env.env_id)  # another task, named like env
     shutil.copytree(export_harbor(plain, tmp_path / "y"), tree / "my-task")
-    harbor_id = "harbor-count-errors-6f365d57"  # an imported environment's id, not among these paths
+    harbor_id = "harbor-count-errors-6f365d57a0c1e2b4"  # an imported environment's id, not among these paths
     shutil.copytree(tree / "my-task", tree / harbor_id)
     shutil.copytree(tree / "my-task", tree / "log_report-l1-s0")
     envs, rejects = load_paths([str(tree)])

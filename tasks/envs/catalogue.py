@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..engine.contract import Manifest, StageContext
 
 PROCEDURAL_ID = re.compile(r"^(?P<family>[a-z_]+)-l(?P<level>\d+)-s(?P<seed>\d+)(?:-(?P<hash>[0-9a-f]{8}))?$")
-ID_SHAPED = re.compile(r"-[0-9a-f]{8}$")  # how every env id ends (a content hash prefix)
+ID_SHAPED = re.compile(r"-[0-9a-f]{8}(?:[0-9a-f]{8})?$")  # how every env id ends (a content hash prefix)
 
 
 class EnvNotFound(ValueError):

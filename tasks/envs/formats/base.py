@@ -114,7 +114,9 @@ def workdir_of(dockerfile: str, explicit: str | None, where: Path) -> str:
 
 
 def folder_env_id(kind: str, folder: Path, spec_parts: list[str]) -> str:
-    digest = hashlib.sha256("\n".join(spec_parts).encode()).hexdigest()[:8]
+    """`<kind>-<folder name>-<64 bits of the content hash>`: anyone can name a folder, so the hash must be
+    too long to search for a collision with another folder's id (32 bits took minutes)."""
+    digest = hashlib.sha256("\n".join(spec_parts).encode()).hexdigest()[:16]
     return f"{kind}-{safe_name(folder.name)}-{digest}"
 
 
