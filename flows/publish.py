@@ -47,6 +47,7 @@ import os
 import posixpath
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..tasks.dataset.card import CardError, hub_usage, validate_card
@@ -190,15 +191,9 @@ def _content_id(f: Any) -> str:
 
 
 def _localize(store: RunStore, files: dict[str, str], tree: EnvTree, tmp: str) -> dict[str, _Local]:
-    """repo path -> the build's data file (or environment tree file) on local disk, hashed (an object
-    store's files and the tree's are written to `tmp`)."""
-    out = {}
-    for rel, data in sorted(tree.files.items()):
-        local = os.path.join(tmp, rel)
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        with open(local, "wb") as f:
-            f.write(data)
-        out[rel] = _Local(local, *_hashes(local))
+    """repo path -> the build's data file (or environment tree file, already on disk) on local disk, hashed
+    (an object store's files are copied to `tmp`)."""
+    out = {rel: _Local(str(path), *_hashes(str(path))) for rel, path in sorted(tree.files.items())}
     for rel, src in sorted(files.items()):
         local = src if store.local else os.path.join(tmp, rel)
         if not store.local:
@@ -355,6 +350,16 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
     `environments` (`none`, `rl`, `kept`) adds the build's environments as a Harbor task tree under
     `tasks/` in the same commit, declared in the card (tasks/dataset/env_tree.py); a tree of an earlier
     build is deleted in that commit. Not with `append` (the tree's manifest describes one build)."""
+    with tempfile.TemporaryDirectory(prefix="trajforge-publish-") as tmp:  # the tree and copied shards
+        return _publish(store, build_id, repo_id, tmp, private=private, token=token, tag=tag, api=api,
+                        endpoint=endpoint, batch_files=batch_files, say=say, append=append, attempts=attempts,
+                        environments=environments)
+
+
+def _publish(store: RunStore, build_id: str, repo_id: str, tmp: str, *, private: bool, token: str | None,
+             tag: bool, api: Any, endpoint: str | None, batch_files: int, say: Any, append: bool, attempts: int,
+             environments: str | None) -> dict[str, Any]:
+    """`publish`, with `tmp` a scratch folder it may fill."""
     from huggingface_hub.errors import HfHubHTTPError
 
     say = say or (lambda _msg: None)
@@ -372,7 +377,7 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
                            f"{environments}): the tree's manifest describes one build; append without it, or "
                            "publish the build in full with its environments")
     try:  # before anything is sent: an environment that cannot be exported publishes nothing
-        tree = environment_tree(store, build_id, environments)
+        tree = environment_tree(store, build_id, environments, Path(tmp) / "tree")
     except EnvTreeError as err:
         raise PublishError(f"build {build_id}: {err}") from None
     card = tree.declare(card, repo_id)
@@ -387,45 +392,44 @@ def publish(store: RunStore, build_id: str, repo_id: str, *, private: bool = Fal
                                   [c["config_name"] for c in header["configs"]], private, say)
     parent_build, parent, base = _append_base(api, repo_id, tags, head, say) if append else (None, head, None)
     files = _data_files(store, folder, header)
-    with tempfile.TemporaryDirectory(prefix="trajforge-publish-") as tmp:
-        local = _localize(store, files, tree, tmp)
-        if base is not None:
-            from .publish_append import check_schemas
+    local = _localize(store, files, tree, tmp)
+    if base is not None:
+        from .publish_append import check_schemas
 
-            check_schemas(api, repo_id, parent, base, sorted(_tree(api, repo_id, parent)), header,
-                          {rel: f.path for rel, f in local.items()})
-            say(f"appending to build {parent_build} ({parent[:12]}): every config keeps its published schema")
-            from .publish_append import append_note
+        check_schemas(api, repo_id, parent, base, sorted(_tree(api, repo_id, parent)), header,
+                      {rel: f.path for rel, f in local.items()})
+        say(f"appending to build {parent_build} ({parent[:12]}): every config keeps its published schema")
+        from .publish_append import append_note
 
-            card = append_note(card, build_id, parent_build)
-        ops: dict[str, Any] = {}
-        card_bytes, configs = _card(api, repo_id, card, header, tags, build_id, tag, base)
-        plan = _plan(api, repo_id, parent, local, card_bytes, append, ops, tree)
-        for attempt in range(1, attempts + 1):
-            if not (plan.adds or plan.deletes or plan.card_changed):
-                revision, url, status = parent, None, "tagged" if tag else "unchanged"
-                say(f"main already holds build {build_id} ({(parent or '?')[:12]})"
-                    + (": tagging only" if tag else ": nothing to do"))
-                break
-            _upload(api, repo_id, plan.adds, batch_files, say)
-            try:
-                commit = _commit(api, repo_id, build_id, plan, card_bytes, configs)
-            except HfHubHTTPError as err:
-                if not _is_moved(err):
-                    raise
-                tags, moved_to = _refs(api, repo_id)
-                if tag and build_id in tags:  # another run published this very build meanwhile
-                    return _already_published(api, store, build_id, repo_id, tags, moved_to, configs, private, say)
-                card_bytes, configs = _card(api, repo_id, card, header, tags, build_id, tag, base)
-                replan = _plan(api, repo_id, moved_to, local, card_bytes, append, ops, tree)
-                _check_retry(repo_id, build_id, parent, moved_to, _conflicts(api, repo_id, parent, moved_to, replan),
-                             attempt, attempts, say)
-                parent, plan = moved_to, replan  # the next attempt commits the plan made on the new head
-                continue
-            revision, url, status = commit.oid, getattr(commit, "commit_url", None), "published"
-            say(f"committed {len(plan.adds)} files (+ card), deleted {len(plan.deletes)} on main: {revision[:12]}")
+        card = append_note(card, build_id, parent_build)
+    ops: dict[str, Any] = {}
+    card_bytes, configs = _card(api, repo_id, card, header, tags, build_id, tag, base)
+    plan = _plan(api, repo_id, parent, local, card_bytes, append, ops, tree)
+    for attempt in range(1, attempts + 1):
+        if not (plan.adds or plan.deletes or plan.card_changed):
+            revision, url, status = parent, None, "tagged" if tag else "unchanged"
+            say(f"main already holds build {build_id} ({(parent or '?')[:12]})"
+                + (": tagging only" if tag else ": nothing to do"))
             break
-        sizes = {rel: f.size for rel, f in local.items()} | {"README.md": len(card_bytes)}
+        _upload(api, repo_id, plan.adds, batch_files, say)
+        try:
+            commit = _commit(api, repo_id, build_id, plan, card_bytes, configs)
+        except HfHubHTTPError as err:
+            if not _is_moved(err):
+                raise
+            tags, moved_to = _refs(api, repo_id)
+            if tag and build_id in tags:  # another run published this very build meanwhile
+                return _already_published(api, store, build_id, repo_id, tags, moved_to, configs, private, say)
+            card_bytes, configs = _card(api, repo_id, card, header, tags, build_id, tag, base)
+            replan = _plan(api, repo_id, moved_to, local, card_bytes, append, ops, tree)
+            _check_retry(repo_id, build_id, parent, moved_to, _conflicts(api, repo_id, parent, moved_to, replan),
+                         attempt, attempts, say)
+            parent, plan = moved_to, replan  # the next attempt commits the plan made on the new head
+            continue
+        revision, url, status = commit.oid, getattr(commit, "commit_url", None), "published"
+        say(f"committed {len(plan.adds)} files (+ card), deleted {len(plan.deletes)} on main: {revision[:12]}")
+        break
+    sizes = {rel: f.size for rel, f in local.items()} | {"README.md": len(card_bytes)}
     if tag:
         api.create_tag(repo_id, tag=build_id, repo_type="dataset", revision=revision, exist_ok=True)
     record_path, history = _history(store, build_id)

@@ -139,7 +139,7 @@ def test_publish_environments_as_a_harbor_tree_and_a_snapshot_imports_back_to_th
     store, b1 = build
     repo, ids = "org/with-envs", _env_ids(store, b1)
     assert len(ids) == 2
-    assert environment_tree(store, b1, "rl").files == {}, "no rl rows: no rl environments"
+    assert environment_tree(store, b1, "rl", tmp_path / "t0").files == {}, "no rl rows: no rl environments"
     api = HfApi(endpoint=hub_server.endpoint, token="hf_test")
     rec = publish(store, b1, repo, api=api, environments="kept")
     files = hub_server.files(repo)
@@ -181,7 +181,7 @@ def test_publish_environments_as_a_harbor_tree_and_a_snapshot_imports_back_to_th
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_the_rl_selection_takes_the_rl_configs_environments_and_solutions_follow_its_rule(build):
+def test_the_rl_selection_takes_the_rl_configs_environments_and_solutions_follow_its_rule(build, tmp_path):
     """`rl` = the env ids of the export's `rl/*.parquet` (this replay build has none: one is planted and removed);
     solutions only with `export.rl.include_solutions` (planted in build.json and restored)."""
     import pyarrow as pa
@@ -195,20 +195,21 @@ def test_the_rl_selection_takes_the_rl_configs_environments_and_solutions_follow
     try:
         os.makedirs(rl_dir)
         pq.write_table(pa.table({"env_id": [ids[1], ids[1]]}), posixpath.join(rl_dir, "train-x-00000.parquet"))
-        tree = environment_tree(store, b1, "rl")
+        tree = environment_tree(store, b1, "rl", tmp_path / "t1")
         assert [t["env_id"] for t in tree.manifest["tasks"]] == [ids[1]] and tree.manifest["solutions"] is False
         assert not [p for p in tree.files if "/solution/" in p]
+        assert all(f.is_file() and (tmp_path / "t1") in f.parents for f in tree.files.values())  # on disk, not held
         store.write_json(record, {**saved, "config": {**saved["config"], "export": {
             **saved["config"]["export"], "rl": {"include_solutions": True}}}})
-        tree = environment_tree(store, b1, "rl")
+        tree = environment_tree(store, b1, "rl", tmp_path / "t2")
         assert tree.manifest["solutions"] is True and f"tasks/{ids[1]}/solution/solve.sh" in tree.files
         pq.write_table(pa.table({"env_id": ["nope-l1-s0"]}), posixpath.join(rl_dir, "train-x-00001.parquet"))
         with pytest.raises(EnvTreeError, match="the rl config names environments synthesize did not keep: nope-l1-s0"):
-            environment_tree(store, b1, "rl")
+            environment_tree(store, b1, "rl", tmp_path / "t3")
     finally:
         shutil.rmtree(rl_dir, ignore_errors=True)
         store.write_json(record, saved)
-    assert environment_tree(store, b1, "rl").files == {}
+    assert environment_tree(store, b1, "rl", tmp_path / "t4").files == {}
 
 
 @pytest.mark.docker

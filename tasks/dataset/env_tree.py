@@ -50,10 +50,12 @@ class EnvTreeError(ValueError):
 
 @dataclass
 class EnvTree:
-    """The tree to publish: `files` (repo path -> bytes, the manifest included), empty for `none`."""
+    """The tree to publish, on disk: `files` (repo path -> the file under the folder it was written to,
+    the manifest included), empty for `none`. Files are written once and read one at a time (scan,
+    hash, upload), never held in memory together."""
 
     selection: str
-    files: dict[str, bytes] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
 
     def stale(self, path: str, remote: Any) -> bool:
@@ -149,8 +151,9 @@ def write_tree(envs: list[EnvSpec], dest: Path, *, build_id: str, selection: str
     return manifest
 
 
-def environment_tree(store: RunStore, build_id: str, selection: str | None) -> EnvTree:
-    """The tree `selection` (`none`, `rl`, `kept`; None = `none`) makes of a committed build, in memory."""
+def environment_tree(store: RunStore, build_id: str, selection: str | None, dest: Path) -> EnvTree:
+    """The tree `selection` (`none`, `rl`, `kept`; None = `none`) makes of a committed build, written under
+    `dest` (which the caller removes) and secret-scanned file by file."""
     selection = selection or "none"
     envs = select(store, build_id, selection)
     if not envs:
@@ -158,10 +161,9 @@ def environment_tree(store: RunStore, build_id: str, selection: str | None) -> E
     config = store.read_build(build_id).config or {}
     solutions = bool((((config.get("export") or {}).get("rl") or {}).get("include_solutions", False)))
     base_image = (config.get("sandbox") or {}).get("base_image") or "trajforge/base:latest"
-    with tempfile.TemporaryDirectory(prefix="trajforge-tasks-") as tmp:
-        manifest = write_tree(envs, Path(tmp), build_id=build_id, selection=selection, solutions=solutions,
-                              base_image=base_image)
-        files = {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
+    manifest = write_tree(envs, Path(dest), build_id=build_id, selection=selection, solutions=solutions,
+                          base_image=base_image)
+    files = {p.relative_to(dest).as_posix(): p for p in sorted(Path(dest).rglob("*")) if p.is_file()}
     detectors = (((config.get("export") or {}).get("secrets") or {}).get("detectors"))
     refuse_secrets(files, Scanner(detectors))
     return EnvTree(selection, files, manifest)
@@ -197,12 +199,14 @@ def _texts(data: bytes, depth: int = 0) -> Iterator[str]:
         return  # a damaged archive: its bytes were scanned as text above
 
 
-def refuse_secrets(files: dict[str, bytes], scanner: Scanner) -> None:
-    """EnvTreeError naming each file of the tree where the export's secret scan finds a secret (its
-    detector, never the value): the data is scanned by the export, the tree is scanned here, and a tree
-    with a secret is not published (nothing is redacted in a task's files: it would change what runs)."""
+def refuse_secrets(files: dict[str, bytes | Path], scanner: Scanner) -> None:
+    """EnvTreeError naming each file of the tree (its bytes, or the file holding them: read one at a time)
+    where the export's secret scan finds a secret (its detector, never the value): the data is scanned by
+    the export, the tree is scanned here, and a tree with a secret is not published (nothing is redacted
+    in a task's files: it would change what runs)."""
     found = []
     for path, data in sorted(files.items()):
+        data = data.read_bytes() if isinstance(data, Path) else data
         detectors = sorted({d for text in _texts(data) for d, _ in scanner.find(text)})
         if detectors:
             found.append(f"{path} ({', '.join(detectors)})")
