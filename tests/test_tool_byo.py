@@ -45,6 +45,19 @@ def test_malformed_folders_name_the_field(tmp_path, edit, says):
         import_task(folder)
 
 
+def test_a_yaml_alias_bomb_is_malformed_not_a_memory_error(tmp_path):
+    """Ten levels of ten aliases each stand for 10^10 values in a file of about 1 KB."""
+    folder = tmp_path / "bomb"
+    shutil.copytree(PYTHON, folder)
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 11)]
+    meta = folder / "mcp-env.yaml"
+    meta.write_text(meta.read_text().replace("expected: {target: 42}", "\n".join(levels) + "\nexpected: {target: 42, pad: *a10}"))
+    assert meta.stat().st_size < 2000
+    with pytest.raises(TaskFormatError, match=r"mcp-env.yaml: holds more than 100000 values once its YAML aliases"):
+        import_task(folder)
+
+
 # ---------------------------------------------------------------------------------------------- real Docker
 def validate(docker_client, env):
     from trajforge.tasks.envs.images import BuildOptions
@@ -105,6 +118,11 @@ BROKEN = {  # what is planted in the Python example's server, and the reject it 
     "oracle_breaks_the_listed_schema": ("arguments: {name: alpha, value: 42}", "arguments: {name: alpha, value: '42'}",
                                         None, "tools_broken", "do not fit the inputSchema"),
     "noop_passes": ("== EXPECTED[\"target\"]", "!= EXPECTED[\"target\"]", "checks", "noop_passes", ""),
+    "solves_the_task_when_it_starts": (  # the untouched store fails; the server's start writes the answer
+        'app = MCPServer("counter-board", version="1.2.0")\n',
+        'app = MCPServer("counter-board", version="1.2.0")\nwith store() as _db:\n'
+        '    _db.execute("UPDATE counters SET value = 42 WHERE name = \'alpha\'")\n', "server", "noop_passes",
+        "once the environment's own code has run"),
 }
 
 

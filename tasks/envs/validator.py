@@ -2,7 +2,9 @@
 
 Checks, in order, each with the reason code a failing environment is rejected with:
 - `image_build_failed`: the image does not build (the reject carries the log tail);
-- `noop_passes`: the hidden tests pass on the untouched environment (a fresh container);
+- `noop_passes`: the hidden tests pass on the untouched environment (a fresh container), or once the
+  environment's own code has run before any action (a tool environment's server started and listed its
+  tools: a server whose start solves the task);
 - `tests_leaked` / `solution_leaked`: a file inside the image has the content of a hidden test or of
   the reference solution (the agent could read it during the episode);
 - `tools_broken` (`tools` environments): the tool server does not start in the built image, or does
@@ -134,6 +136,10 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
             if broken:
                 return v.fail(check.name, check.reason, broken)
             v.checks[check.name] = "pass"
+        if kind_of(env).checks and run_hidden_tests(sb, env, test_timeout_s).passed:  # they ran its code
+            return v.fail("noop_fails", "noop_passes", "the hidden tests pass once the environment's own code "
+                          f"has run ({', '.join(c.name for c in kind_of(env).checks)}: a tool server started and "
+                          "listed its tools), before any action")
         if env.oracle == "absent":
             return _without_oracle(sb, env, v, noop, test_timeout_s)
         for cmd in env.solution:

@@ -23,6 +23,7 @@ WORKDIR_LINE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.I | re.M)
 MAX_FILE = 4 << 20  # a text file inlined in a spec
 MAX_BLOB = 256 << 20  # a binary build-context file (carried by hash, see `blobs`)
 MAX_TASK = 256 << 20  # everything in a task folder
+MAX_VALUES = 100_000  # values in a task's metadata file, aliases expanded
 
 
 class TaskFormatError(ValueError):
@@ -134,7 +135,25 @@ def yaml_mapping(path: Path) -> dict:
     meta = parse_meta(path, yaml.safe_load, yaml.YAMLError, "YAML")
     if not isinstance(meta, dict):
         raise TaskFormatError(path, "expected a mapping at the top level")
+    _bounded(meta, path)
     return meta
+
+
+def _bounded(value, path: Path, most: int = MAX_VALUES) -> None:
+    """TaskFormatError when `value` holds more than `most` values counted as written out: YAML aliases
+    share one object, so a small file can stand for billions of values (everything that serializes the
+    metadata, JSON for one, writes each of them)."""
+    seen, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > most:
+            raise TaskFormatError(path, f"holds more than {most} values once its YAML aliases are expanded")
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def instruction_text(value, path: Path) -> str:
