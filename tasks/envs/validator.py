@@ -117,6 +117,12 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
         if env.oracle == "absent" and (noop.error or not noop.results):  # nothing else shows the tests work
             return v.fail("noop_fails", "verifier_error",
                           f"the tests give no result on the untouched environment: {noop.error}\n{noop.output[-600:]}")
+        checks = kind_of(env).checks  # they run the environment's own code (tools: its server starts, lists)
+        if checks and not any(c.run(sb, env, command_timeout_s) for c in checks) \
+                and run_hidden_tests(sb, env, test_timeout_s).passed:  # broken ones are named below, in a clean box
+            return v.fail("noop_fails", "noop_passes", "the hidden tests pass once the environment's own code "
+                          f"has run ({', '.join(c.name for c in checks)}: a tool server started and listed its "
+                          "tools), before any action")
         v.checks["noop_fails"] = "pass"
     with box() as sb:
         secrets = {_sha(t.content): f"test file {t.path}" for t in env.tests if len(t.content) > 40}
@@ -136,10 +142,6 @@ def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling,
             if broken:
                 return v.fail(check.name, check.reason, broken)
             v.checks[check.name] = "pass"
-        if kind_of(env).checks and run_hidden_tests(sb, env, test_timeout_s).passed:  # they ran its code
-            return v.fail("noop_fails", "noop_passes", "the hidden tests pass once the environment's own code "
-                          f"has run ({', '.join(c.name for c in kind_of(env).checks)}: a tool server started and "
-                          "listed its tools), before any action")
         if env.oracle == "absent":
             return _without_oracle(sb, env, v, noop, test_timeout_s)
         for cmd in env.solution:
