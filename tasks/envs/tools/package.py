@@ -26,18 +26,30 @@ tarballs unpacked to their paths below `PKG_DIR/node_modules` (the pinned packag
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .layer import PLATFORM, ArtifactMismatch, ToolsLayerError, cache_root, lock_text, wheelhouse, wheelhouse_dir
+from .layer import (
+    PLATFORM,
+    ArtifactMismatch,
+    ToolsLayerError,
+    UnsafeArtifact,
+    cache_root,
+    lock_text,
+    wheelhouse,
+    wheelhouse_dir,
+)
 
 LOCK_FILE = "package.lock.json"  # in .tools/
 PKG_DIR = "/opt/trajforge/pkg"  # the pinned package, installed at image build (root-owned, read-only to the agent)
@@ -245,11 +257,21 @@ def _resolve_npm(name: str, version: str) -> tuple[dict, str]:
             if e.get("integrity") and e["integrity"] != integrity:
                 raise PackageError(f"npm package {name}@{version}: {spec} from {registry}: its tarball's integrity "
                                    f"{integrity} is not the registry's {e['integrity']}")
+            try:
+                npm_members(data)
+            except UnsafeArchive as err:
+                raise PackageError(f"npm package {name}@{version}: " + ("its tarball" if spec == f"{name}@{version}"
+                                   else f"its dependency {spec}'s tarball") + f" {p['filename']} from {registry}: "
+                                   f"{err}; pinned npm packages unpack regular files and directories only") from None
             artifacts.append({"name": spec.rsplit("@", 1)[0], "version": e["version"], "file": p["filename"],
                               "sha256": hashlib.sha256(data).hexdigest(), "integrity": integrity, "path": path,
                               "bin": e.get("bin") or {}, "install_script": bool(e.get("hasInstallScript"))})
         lock = {"manager": "npm", "name": name, "version": version, "artifacts": artifacts,
                 "install_scripts": sorted(a["name"] for a in artifacts if a["install_script"])}
+        try:
+            check_npm_lock(lock)
+        except UnsafeArchive as err:
+            raise PackageError(f"npm package {name}@{version} from {registry}: {err}") from None
         _seed(npm_house_dir(lock), {a["file"]: work / "out" / a["file"] for a in artifacts}, {})
     return lock, registry
 
@@ -263,6 +285,92 @@ def _npm_failure(name: str, version: str, registry: str, err: _NpmFailed) -> str
     if err.code in ("ECONNREFUSED", "ENOTFOUND", "ETIMEDOUT", "EAI_AGAIN", "ECONNRESET") or "FetchError" in err.summary:
         return f"{what}: the registry {registry} is unreachable ({err.code}: {err.summary})"
     return f"{what}: npm could not resolve it from {registry} ({err.code}: {err.summary})"
+
+
+# ------------------------------------------------------------------------------------------ npm tarball safety
+# An npm tarball is unpacked by path into PKG_DIR/node_modules: a symlink in it (`package/node_modules/x -> /usr/bin`)
+# would let a nested package's files land anywhere in the image at build (as root). Only regular files and
+# directories, below the tarball's top folder, with no absolute path and no `..`, are taken; anything else refuses
+# the artifact, at import (PackageError) and again at build (UnsafeArtifact), from the hash-checked bytes.
+NPM_PATH = re.compile(r"^node_modules/(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*"
+                      r"(/node_modules/(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*)*$")
+ARTIFACT_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]*\.(whl|tgz)$")
+
+
+class UnsafeArchive(ValueError):
+    """An npm tarball with a member that is not a regular file or a directory, or whose path escapes."""
+
+
+def _kind(m: tarfile.TarInfo) -> str:
+    if m.issym():
+        return f"a symlink to {m.linkname}"
+    if m.islnk():
+        return f"a hard link to {m.linkname}"
+    if m.ischr() or m.isblk():
+        return "a device"
+    if m.isfifo():
+        return "a fifo"
+    return f"a member of tar type {m.type!r}"
+
+
+def npm_members(data: bytes) -> list[tuple[str, tarfile.TarInfo, bytes | None]]:
+    """[(path below the tarball's top folder, member, bytes or None for a folder)]: what unpacking the tarball
+    (`--strip-components=1`) makes. UnsafeArchive naming the member for anything but regular files and
+    directories (symlinks, hard links, devices, fifos), an absolute path or a `..` component."""
+    out = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+            for m in tar:
+                parts = m.name.replace("\\", "/").split("/")
+                if m.name.startswith("/") or "\\" in m.name:
+                    raise UnsafeArchive(f"member {m.name!r} has an absolute or backslashed path")
+                if ".." in parts:
+                    raise UnsafeArchive(f"member {m.name!r} has a `..` component")
+                if not (m.isreg() or m.isdir()):
+                    raise UnsafeArchive(f"member {m.name!r} is {_kind(m)} (only regular files and directories)")
+                rel = "/".join(p for p in parts[1:] if p not in ("", "."))
+                if rel:
+                    out.append((rel, m, tar.extractfile(m).read() if m.isreg() else None))
+    except (tarfile.TarError, OSError, EOFError) as err:
+        raise UnsafeArchive(f"not a readable tarball ({err})") from None
+    seen: dict[str, bool] = {}
+    for rel, _, body in out:  # a path that is a file in one member and a folder (or a file's parent) in another
+        for i, part in enumerate(rel.split("/")):
+            prefix = "/".join(rel.split("/")[:i + 1])
+            is_dir = body is None or i < rel.count("/")
+            if seen.setdefault(prefix, is_dir) != is_dir:
+                raise UnsafeArchive(f"member {prefix!r} is both a file and a folder")
+    return out
+
+
+def unpack_npm(data: bytes, dest: Path) -> None:
+    """Unpack an npm tarball into `dest` (a fresh folder) as a plain tree: regular files (0644, 0755 if
+    executable) and folders only, nothing followed or linked (`npm_members` refuses anything else)."""
+    for rel, m, body in npm_members(data):
+        target = dest / rel
+        if body is None:
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.chmod(target, 0o755 if m.mode & 0o111 else 0o644)
+
+
+def check_npm_lock(lock: dict) -> None:
+    """UnsafeArchive unless every artifact's `path` is below node_modules/ (package names only: no `..`, not
+    absolute), its `file` a plain file name, and the pinned package's bins point inside it."""
+    for a in lock["artifacts"]:
+        if not isinstance(a.get("path"), str) or not NPM_PATH.match(a["path"]):
+            raise UnsafeArchive(f"{a.get('name')}@{a.get('version')}: lock path {a.get('path')!r} is not "
+                                "node_modules/<name>[/node_modules/<name>...]")
+        if not isinstance(a.get("file"), str) or not ARTIFACT_FILE.match(a["file"]):
+            raise UnsafeArchive(f"{a.get('name')}@{a.get('version')}: file {a.get('file')!r} is not a plain file name")
+        for name, target in (a.get("bin") or {}).items():
+            norm = posixpath.normpath(posixpath.join(a["path"], str(target)))
+            if not norm.startswith(a["path"] + "/") or not re.match(r"^[A-Za-z0-9@._+-]+$", str(name)):
+                raise UnsafeArchive(f"{a['name']}@{a['version']}: bin {name!r} -> {target!r} is outside the package")
 
 
 # ------------------------------------------------------------------------------------------------- host cache
@@ -295,6 +403,15 @@ def artifacts(lock: dict) -> list[tuple[str, Path]]:
     the registry if absent), every one checked against the lock's sha256: ArtifactMismatch naming the artifact
     otherwise, ToolsLayerError if it cannot be fetched."""
     what = f"pinned {lock['manager']} package {lock['name']}{'==' if lock['manager'] == 'pip' else '@'}{lock['version']}"
+    try:
+        if lock["manager"] == "npm":
+            check_npm_lock(lock)
+        for a in lock["artifacts"]:
+            if not isinstance(a.get("file"), str) or not ARTIFACT_FILE.match(a["file"]):
+                raise UnsafeArchive(f"{a.get('name')}=={a.get('version')}: file {a.get('file')!r} is not a plain "
+                                    "file name")
+    except UnsafeArchive as err:
+        raise UnsafeArtifact(f"{what}: its lock is unsafe: {err}") from None
     if lock["manager"] == "pip":
         req = requirements(lock)
         if not req:
