@@ -402,3 +402,81 @@ def test_the_build_refuses_a_lock_path_outside_node_modules(registry, tmp_path, 
     lock = forged_npm_lock(tmp_path, [(good, "node_modules/evilpkg"), (good, path)])
     with pytest.raises(UnsafeArtifact, match=rf"lock path {re.escape(repr(path))} is not node_modules/"):
         _package_layer(_NoImages(), "sha256:layer", lock)
+
+
+# ------------------------------------------------------------ dependencies from elsewhere than the index (red team)
+@pytest.fixture
+def elsewhere(tmp_path):
+    """A second loopback server, neither the index nor the registry: a pinned package's tree must not reach it."""
+    other = Registry()
+    yield other
+    other.close()
+
+
+def wheel_requiring(tmp_path: Path, name: str, deps: list[str]) -> Path:
+    project = tmp_path / f"project-{name}"
+    shutil.copytree(PY_PROJECT, project)
+    meta = project / "pyproject.toml"
+    meta.write_text(meta.read_text().replace('name = "counters-mcp"', f'name = "{name}"').replace(
+        'requires-python = ">=3.10"', f"dependencies = {json.dumps(deps)}"))
+    return build_wheel(project, tmp_path / f"dist-{name}")
+
+
+@pytest.mark.parametrize("direct", ["second @ {other}/files/second-1.0.0-py3-none-any.whl",
+                                    "second @ file:///etc/hostname", "second[x] @ git+{other}/second.git ; python_version >= '3'"])
+def test_a_pip_dependency_by_direct_url_is_refused_before_it_is_fetched(registry, elsewhere, tmp_path, direct):
+    """The red team's urldep: a wheel in the index requiring `second @ http://...` (PEP 508 direct URL) made the
+    host fetch from another server. The pin's tree is walked through the index's wheels' METADATA first: the
+    requirement is refused, naming the wheel and the spec, and the other server sees no request."""
+    elsewhere.add(wheel_requiring(tmp_path, "second", []))
+    spec = direct.format(other=elsewhere.url)
+    registry.add(wheel_requiring(tmp_path, "urldep", [spec]))
+    registry.add(wheel_requiring(tmp_path, "counters-app", ["urldep>=1"]))  # the URL one level down
+    for pin, who in (("urldep==1.0.0", "it requires"), ("counters-app==1.0.0", "its dependency urldep==1.0.0 requires")):
+        with pytest.raises(TaskFormatError) as err:
+            import_task(pinned(tmp_path, "pip", pin))
+        says = str(err.value)
+        assert all(s in says for s in (f"pip package {pin}", f"{who} {spec!r}", "a direct URL", registry.index_url)), says
+    assert elsewhere.requests == []
+
+
+def npm_requiring(registry, tmp_path: Path, name: str, deps: dict) -> None:
+    server = (NODE_PROJECT / "server.js").read_text()
+    registry.add(tarball(tmp_path / f"npm-{name}", {"name": name, "version": "1.0.3", "bin": {name: "server.js"},
+                                                    "dependencies": deps}, [{"name": "package/server.js", "data": server}]))
+
+
+@pytest.mark.parametrize("spec", ["{other}/files/second-1.0.0.tgz", "file:{secret}", "file:../second",
+                                  "link:/etc", "git+{other}/second.git", "github:someone/second", "someone/second",
+                                  "npm:second@{other}/files/second-1.0.0.tgz"])
+def test_an_npm_dependency_not_from_the_registry_is_refused_before_it_is_fetched(registry, elsewhere, tmp_path, spec):
+    """The red team's evilpkg@1.0.3: dependencies `http://...` and `file:/host/path` made npm fetch from another
+    server and read a host file while locking. Every manifest in the tree is read from the registry first: a
+    spec that is not a registry version or range is refused naming the package and the spec, before npm runs."""
+    secret = tmp_path / "hostsecret.tgz"
+    secret.write_bytes(b"not for the package")
+    elsewhere.add(tarball(tmp_path / "other", {"name": "second", "version": "1.0.0"}, []))
+    spec = spec.format(other=elsewhere.url, secret=secret)
+    npm_requiring(registry, tmp_path, "evilpkg", {"second": spec})
+    npm_requiring(registry, tmp_path, "evilapp", {"evilpkg": "^1.0.0"})  # the spec one level down
+    for pin, who in (("evilpkg@1.0.3", "it depends on"), ("evilapp@1.0.3", "its dependency evilpkg@1.0.3 depends on")):
+        with pytest.raises(TaskFormatError) as err:
+            import_task(pinned(tmp_path, "npm", pin))
+        says = str(err.value)
+        assert all(s in says for s in (f"npm package {pin}", f"{who} second: {spec!r}", "not a version or range",
+                                       registry.url)), says
+    assert elsewhere.requests == []
+
+
+def test_an_npm_tarball_served_from_elsewhere_is_refused_naming_it(registry, elsewhere, tmp_path):
+    """A registry manifest whose `dist.tarball` is on another server: the lock npm writes is checked, every
+    `resolved` must be a tarball of the registry, before any tarball is downloaded (`npm pack`)."""
+    with_a_dependency(registry, tmp_path)
+    elsewhere.add(packed := next((tmp_path / "dist-util").glob("*.tgz")))
+    registry.tarball_urls[("counters-util", "2.1.0")] = f"{elsewhere.url}/files/{packed.name}"
+    with pytest.raises(TaskFormatError) as err:
+        import_task(PINNED["npm"])
+    says = str(err.value)
+    assert all(s in says for s in ("npm package counters-mcp@1.0.0", "counters-util@2.1.0",
+                                   f"{elsewhere.url}/files/{packed.name}", "not a tarball of the registry")), says
+    assert not [r for r in elsewhere.requests if r.startswith("/files/")]

@@ -38,6 +38,8 @@ import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+import zipfile
+from email.parser import HeaderParser
 from pathlib import Path
 
 from .layer import (
@@ -124,11 +126,60 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _pip_download(args: list[str], dest: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--retries", "1",
+                           "--timeout", "30", *PLATFORM, *args, "-d", dest],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def requires_dist(wheel: Path) -> list[str]:
+    """The wheel's `Requires-Dist` lines (its METADATA)."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = [n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        text = z.read(meta[0]).decode(errors="replace") if meta else ""
+    return [str(r) for r in HeaderParser().parsestr(text).get_all("Requires-Dist") or []]
+
+
+def _no_direct_url(name: str, version: str, wheel: Path, indexes: list[str]) -> list[str]:
+    """The wheel's requirements; PackageError naming the wheel and the requirement if one is a direct URL (PEP 508
+    `NAME @ URL`, any scheme: http, file, git+...): pinned packages take every dependency from the index."""
+    dist, ver = wheel.name.split("-")[:2]
+    reqs = requires_dist(wheel)
+    for req in reqs:
+        if "@" in req.split(";")[0]:
+            raise PackageError(f"pip package {name}=={version}: " + ("it" if _norm(dist) == _norm(name) else
+                               f"its dependency {_norm(dist)}=={ver}") + f" requires {req.strip()!r}, a direct URL: "
+                               f"pinned pip packages take every dependency from the index ({', '.join(indexes)}) only")
+    return reqs
+
+
+def _walk_pip(name: str, version: str, tmp: str) -> None:
+    """Before pip resolves the pin with its dependencies, walk the tree level by level with `--no-deps` (each
+    requirement's best wheel from the index, as the resolver tries first) reading each wheel's METADATA, so a
+    direct-URL requirement is refused before pip fetches it (a server other than the index is never contacted
+    on that path). What a backtracking resolution picks instead is checked after it (`_resolve_pip`)."""
+    seen, level, depth = {_norm(name)}, [f"{name}=={version}"], 0
+    while level:
+        dest = str(Path(tmp) / f"level-{depth}")
+        res = _pip_download(["--no-deps", *level], dest)
+        indexes = _indexes(res.stdout)
+        if res.returncode != 0:
+            raise PackageError(_pip_failure(name, version, indexes, res.stdout + res.stderr))
+        level, depth = [], depth + 1
+        for wheel in sorted(Path(dest).glob("*.whl")):
+            for req in _no_direct_url(name, version, wheel, indexes):
+                head, _, marker = req.partition(";")
+                m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", head)
+                if m and "extra" not in marker and _norm(m.group(1)) not in seen:
+                    seen.add(_norm(m.group(1)))
+                    level.append(req.strip())
+
+
 def _resolve_pip(name: str, version: str) -> tuple[dict, str]:
     with tempfile.TemporaryDirectory(prefix="trajforge-pip-") as tmp:
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--retries", "1",
-                              "--timeout", "30", *PLATFORM, f"{name}=={version}", "-d", tmp],
-                             capture_output=True, text=True, timeout=TIMEOUT_S)
+        _walk_pip(name, version, tmp)
+        tmp = str(Path(tmp) / "resolved")
+        res = _pip_download([f"{name}=={version}"], tmp)
         indexes = _indexes(res.stdout)
         if res.returncode != 0:
             raise PackageError(_pip_failure(name, version, indexes, res.stdout + res.stderr))
@@ -138,6 +189,7 @@ def _resolve_pip(name: str, version: str) -> tuple[dict, str]:
             if not p.name.endswith(".whl"):
                 raise PackageError(f"pip package {name}=={version} from {', '.join(indexes)}: {p.name} is not a "
                                    "wheel (pinned pip packages install wheels only)")
+            _no_direct_url(name, version, p, indexes)  # a backtracking resolution the walk did not foresee
             dist, ver = p.name.split("-")[:2]
             sha = hashlib.sha256(p.read_bytes()).hexdigest()
             artifacts.append({"name": _norm(dist), "version": ver, "file": p.name, "sha256": sha,
@@ -239,10 +291,12 @@ def _resolve_npm(name: str, version: str) -> tuple[dict, str]:
         (work / "package.json").write_text(json.dumps({"name": "trajforge-lock", "private": True,
                                                        "dependencies": {name: version}}))
         try:
+            _walk_npm(name, version, registry, work)
             _npm(["install", "--package-lock-only", "--omit=dev"], work)
         except _NpmFailed as err:
             raise PackageError(_npm_failure(name, version, registry, err)) from None
         tree = json.loads((work / "package-lock.json").read_text())["packages"]
+        _check_npm_tree(name, version, registry, tree)
         entries = [(path, e) for path, e in sorted(tree.items()) if path and not e.get("dev") and not e.get("link")]
         specs = [f"{e.get('name') or path.rsplit('node_modules/', 1)[-1]}@{e['version']}" for path, e in entries]
         (work / "out").mkdir()
@@ -274,6 +328,105 @@ def _resolve_npm(name: str, version: str) -> tuple[dict, str]:
             raise PackageError(f"npm package {name}@{version} from {registry}: {err}") from None
         _seed(npm_house_dir(lock), {a["file"]: work / "out" / a["file"] for a in artifacts}, {})
     return lock, registry
+
+
+DEP_FIELDS = ("dependencies", "optionalDependencies", "peerDependencies")
+REGISTRY_RANGE = re.compile(r"^[A-Za-z0-9 .*^~<>=|+_-]*$")  # versions, ranges, dist-tags: no `:`, `/`, `#`, `@`
+
+
+def registry_spec(spec) -> tuple[str, str] | None:
+    """(package, range) an npm dependency spec asks the registry for: a version, a range or a dist-tag, or an
+    alias `npm:NAME@RANGE` of one (package NAME). None for anything else: a URL, `file:`, `link:`, `git`,
+    `github:`, `user/repo`, `workspace:`, or an alias of one of those (npm would fetch or read it elsewhere)."""
+    if not isinstance(spec, str):
+        return None
+    if spec.startswith("npm:"):
+        target = spec[4:]
+        at = target.find("@", 1)
+        name, rng = (target, "*") if at < 0 else (target[:at], target[at + 1:])
+        return (name, rng) if NPM_NAME.match(name) and REGISTRY_RANGE.match(rng) else None
+    return ("", spec) if REGISTRY_RANGE.match(spec) else None
+
+
+def _refuse_spec(name: str, version: str, registry: str, who: str, dep: str, spec) -> PackageError:
+    return PackageError(f"npm package {name}@{version}: " + ("it" if who == f"{name}@{version}" else
+                        f"its dependency {who}") + f" depends on {dep}: {spec!r}, not a version or range of the "
+                        f"registry {registry}: pinned npm packages take every dependency from the registry only "
+                        "(no URL, file:, link:, git or github: specs)")
+
+
+def _semver_key(v: str) -> tuple:
+    m = re.match(r"^(\d+)\.(\d+)\.(\d+)(?:-([^+]*))?", v or "")
+    if not m:
+        return (-1,)
+    pre = m.group(4)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3)), pre is None,
+            tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in (pre or "").split(".")))
+
+
+def _walk_npm(name: str, version: str, registry: str, work: Path) -> None:
+    """Before npm resolves the pin, walk its tree through the registry's manifests (`npm view NAME@RANGE`):
+    every version a dependency's range admits must itself ask only for registry versions or ranges
+    (`registry_spec`), or the pin is refused naming the package and the spec, before npm would fetch a URL or
+    read a host path. The walk follows the version npm picks (the `latest` tag if in range, else the highest);
+    the lock npm then writes is checked again (`_check_npm_tree`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seen, level = set(), [(name, version)]
+    with ThreadPoolExecutor(4) as pool:
+        while level:
+            level = [k for k in dict.fromkeys(level) if k not in seen]
+            seen.update(level)
+            found = list(pool.map(lambda k: _npm_view(f"{k[0]}@{k[1]}", work), level))
+            nxt = []
+            for (pkg, rng), out in zip(level, found):
+                manifests = [m for m in (out if isinstance(out, list) else [out]) if isinstance(m, dict) and m]
+                for m in manifests:
+                    for field in DEP_FIELDS:
+                        for dep, spec in (m.get(field) or {}).items():
+                            if registry_spec(spec) is None:
+                                raise _refuse_spec(name, version, registry, f"{pkg}@{m.get('version')}", dep, spec)
+                if not manifests:
+                    continue  # nothing in range: npm install says so, named
+                latest = (manifests[0].get("dist-tags") or {}).get("latest")
+                chosen = next((m for m in manifests if m.get("version") == latest), None) or max(
+                    manifests, key=lambda m: _semver_key(m.get("version")))
+                optional_peers = {k for k, v in (chosen.get("peerDependenciesMeta") or {}).items()
+                                  if isinstance(v, dict) and v.get("optional")}
+                for field in DEP_FIELDS:
+                    for dep, spec in (chosen.get(field) or {}).items():
+                        if field == "peerDependencies" and dep in optional_peers:
+                            continue
+                        real, want = registry_spec(spec)
+                        nxt.append((real or dep, want or "*"))
+            level = nxt
+
+
+def _npm_view(spec: str, work: Path) -> dict | list:
+    try:
+        return _npm(["view", spec], work)
+    except _NpmFailed as err:
+        if err.code == "E404":  # no such package or version: `npm install` says which, named
+            return {}
+        raise
+
+
+def _check_npm_tree(name: str, version: str, registry: str, tree: dict) -> None:
+    """The lock npm wrote: every package resolved from a tarball under the registry, none a link to a folder,
+    every dependency spec a registry one (what the walk could not foresee is refused here, named)."""
+    base = registry.rstrip("/") + "/"
+    for path, e in sorted(tree.items()):
+        if not path:
+            continue
+        who = f"{e.get('name') or path.rsplit('node_modules/', 1)[-1]}@{e.get('version')}"
+        if e.get("link") or not str(e.get("resolved", "")).startswith(base):
+            raise PackageError(f"npm package {name}@{version}: {who} at {path} resolves to "
+                               f"{e.get('resolved')!r}, not a tarball of the registry {registry}: pinned npm "
+                               "packages take every dependency from the registry only")
+        for field in DEP_FIELDS:
+            for dep, spec in (e.get(field) or {}).items():
+                if registry_spec(spec) is None:
+                    raise _refuse_spec(name, version, registry, who, dep, spec)
 
 
 def _npm_failure(name: str, version: str, registry: str, err: _NpmFailed) -> str:
