@@ -13,14 +13,21 @@ image tag follow it: the same pin with the same bytes is the same environment, a
   `in_tools_layer` and not installed again: the server finds it on the SDK's path.
 - npm: `npm install --package-lock-only --ignore-scripts --omit=dev` resolves the tree (paths below
   `node_modules/`, bins), `npm pack` fetches each tarball. Install scripts are never run (the lock lists the
-  packages that have some: `install_scripts`); a package that needs them to work fails validation.
+  packages that have some: `install_scripts`); a package that needs them to work fails validation. A tarball
+  holding anything but regular files and directories, an absolute or `..` member is refused (`npm_members`).
+- Only registry dependencies: before pip / npm resolve, the tree is walked through the index's metadata (pip:
+  `--no-deps` downloads, each wheel's METADATA; npm: `npm view` of each manifest), refusing a pip direct-URL
+  requirement (`NAME @ URL`) and an npm spec that is not a registry version or range (`registry_spec`), named,
+  before anything is fetched from elsewhere; the resolved set is checked again (a backtracking pip resolution,
+  npm's lock: `resolved` under the registry).
 
 The artifacts are cached on the host ($TRAJFORGE_CACHE, `~/.cache/trajforge`: `wheels/<lock hash>` as the tools
 layer's own wheelhouse, `npm/<lock hash>`); the image build (`tasks/envs/tools/layer.py`, the package layer)
 takes them from there, downloading them again from the registry if absent, and refuses any whose bytes differ
 from the lock (`ArtifactMismatch`, naming the artifact). Inside the image they are installed with no network:
 pip `--no-index --require-hashes --no-deps` into `PKG_DIR/site` (console scripts in `PKG_DIR/bin`), npm
-tarballs unpacked to their paths below `PKG_DIR/node_modules` (the pinned package's bins linked in `PKG_DIR/bin`).
+tarballs unpacked on the host (regular files and folders only, again) and copied to their paths below
+`PKG_DIR/node_modules` (the pinned package's bins linked in `PKG_DIR/bin`).
 """
 
 from __future__ import annotations
