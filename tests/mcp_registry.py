@@ -3,7 +3,8 @@ simple index for pip and a minimal npm registry, both over http on 127.0.0.1, se
 from tests/mcp_packages/ (a wheel built with the standard library, an `npm pack` tarball). Nothing leaves the host.
 
 `Registry.add(path)` publishes an artifact (a wheel under its project, an npm tarball under its package.json
-name); `Registry.replace(name, data)` serves other bytes under the same file name (a republished artifact).
+name); `Registry.replace(name, data)` serves other bytes under the same file name (a republished artifact);
+`Registry.tarball_urls[(name, version)]` points an npm version's `dist.tarball` elsewhere.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class Registry:
         self.npm: dict[str, dict[str, dict]] = {}  # package -> version -> its package.json
         self.npm_files: dict[tuple[str, str], str] = {}
         self.requests: list[str] = []
+        self.tarball_urls: dict[tuple[str, str], str] = {}  # (npm name, version) -> a dist.tarball elsewhere
         registry = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -147,7 +149,7 @@ class Registry:
             for version, manifest in self.npm[name].items():
                 data = self.files[self.npm_files[(name, version)]]
                 versions[version] = {**manifest, "dist": {
-                    "tarball": f"{self.url}/files/{self.npm_files[(name, version)]}",
+                    "tarball": self.tarball_urls.get((name, version), f"{self.url}/files/{self.npm_files[(name, version)]}"),
                     "shasum": hashlib.sha1(data).hexdigest(),
                     "integrity": "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()}}
             latest = sorted(versions)[-1]

@@ -211,3 +211,47 @@ def test_a_build_mixes_the_brought_servers_with_terminal_environments(tmp_path):
             assert [json.loads(a) for a in answer] == [{"alpha": 42}], answer
     assert all(r["kind"] == "terminal" and [t["function"]["name"] for t in r["tools"]] == ["bash", "submit"]
                for r in rows[terminal])
+
+
+# a server (no SDK: JSON-RPC by hand) that writes `noise` characters to stderr before answering the tool call
+NOISY = r'''
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("method") == "initialize":
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {"protocolVersion": "2025-06-18",
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "noisy", "version": "1"}}}), flush=True)
+    elif msg.get("method") == "tools/call":
+        for i in range(NOISE // 1000):
+            sys.stderr.write(f"log line {i:06d} " + "x" * 984 + "\n")
+        sys.stderr.write("the end of the log\n")
+        sys.stderr.flush()
+        if ANSWER:
+            print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {"content": [
+                  {"type": "text", "text": "answered"}]}}), flush=True)
+        sys.exit(0)
+'''
+
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_call_py_drains_the_servers_stderr_while_it_waits(tmp_path, answer):
+    """`.tools/call.py` (the solution's one-shot client) reads the server's stderr while it waits for the answer:
+    a server that writes 1 MB of logs (over a pipe's 64 KB) during a call is answered, not deadlocked into a
+    timeout; one that ends without an answer is reported with the tail of its stderr (bounded)."""
+    import subprocess
+    import sys
+
+    from trajforge.tasks.envs.tools import call
+
+    tools = tmp_path / ".tools"
+    (tools / "server").mkdir(parents=True)
+    shutil.copyfile(call.__file__, tools / "call.py")
+    (tools / "server" / "server.py").write_text(f"NOISE = {1_000_000}\nANSWER = {answer}\n" + NOISY)
+    (tools / "server.json").write_text(json.dumps({"runtime": "python", "command": [sys.executable, "server.py"]}))
+    res = subprocess.run([sys.executable, "-I", str(tools / "call.py"), "set_counter", "{}"], capture_output=True,
+                         text=True, timeout=60)
+    if answer:
+        assert (res.returncode, res.stdout) == (0, "answered\n"), res
+    else:
+        assert res.returncode == 3 and "ended without an answer" in res.stdout and "the end of the log" in res.stdout
+        assert len(res.stdout) < 1000, len(res.stdout)

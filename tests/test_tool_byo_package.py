@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -274,3 +275,208 @@ def test_a_republished_artifact_is_refused_at_build_naming_it(docker_client, reg
     v = validate(docker_client, env)
     assert v.reject is not None and v.build_cause == "artifact_mismatch", v.reject
     assert artifact.name in v.reject.detail and "lock" in v.reject.detail, v.reject.detail
+
+
+# ------------------------------------------------------------------------------ a hostile npm tarball (red team)
+def tarball(dest: Path, manifest: dict, members: list[dict]) -> Path:
+    """An npm tarball written by hand: `package/package.json` from `manifest`, then `members` ({name, data} a
+    file, {name, dir: True} a folder, {name, link} a symlink, {name, hardlink} a hard link)."""
+    import io
+    import tarfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / f"{manifest['name']}-{manifest['version']}.tgz"
+    with tarfile.open(out, "w:gz") as tar:
+        for m in [{"name": "package/package.json", "data": json.dumps(manifest)}, *members]:
+            info = tarfile.TarInfo(m["name"])
+            if "link" in m or "hardlink" in m:
+                info.type, info.linkname = (tarfile.SYMTYPE, m["link"]) if "link" in m else (tarfile.LNKTYPE, m["hardlink"])
+                tar.addfile(info)
+            elif m.get("dir"):
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                data = m["data"].encode()
+                info.size, info.mode = len(data), 0o755
+                tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+def symlink_escape(registry, tmp_path: Path) -> None:
+    """The red team's evilpkg: 1.0.1 depends on 2.0.1 (npm nests it at node_modules/evilpkg/node_modules/evilpkg)
+    and its tarball holds `package/node_modules/evilpkg -> /usr/bin`, so unpacking 2.0.1 there wrote /usr/bin/rm."""
+    server = (NODE_PROJECT / "server.js").read_text()
+    registry.add(tarball(tmp_path / "evil", {"name": "evilpkg", "version": "1.0.1", "bin": {"evilpkg": "server.js"},
+                                             "dependencies": {"evilpkg": "2.0.1"}},
+                         [{"name": "package/server.js", "data": server}, {"name": "package/node_modules", "dir": True},
+                          {"name": "package/node_modules/evilpkg", "link": "/usr/bin"}]))
+    registry.add(tarball(tmp_path / "evil", {"name": "evilpkg", "version": "2.0.1"},
+                         [{"name": "package/rm", "data": "#!/bin/sh\necho planted\n"}]))
+
+
+def test_an_npm_tarball_with_a_symlink_is_refused_at_import_naming_it(registry, tmp_path):
+    symlink_escape(registry, tmp_path)
+    with pytest.raises(TaskFormatError) as err:
+        import_task(pinned(tmp_path, "npm", "evilpkg@1.0.1"))
+    says = str(err.value)
+    assert all(s in says for s in ("npm package evilpkg@1.0.1", "evilpkg-1.0.1.tgz", "package/node_modules/evilpkg",
+                                   "a symlink to /usr/bin", "regular files and directories only")), says
+
+
+@pytest.mark.parametrize("member, says", [
+    ({"name": "package/lib", "hardlink": "/etc/shadow"}, "'package/lib' is a hard link to /etc/shadow"),
+    ({"name": "package/../../../usr/bin/rm", "data": "x"}, "has a `..` component"),
+    ({"name": "/usr/bin/rm", "data": "x"}, "absolute"),
+])
+def test_an_npm_tarball_with_a_link_or_an_escaping_path_is_refused_at_import(registry, tmp_path, member, says):
+    """A dependency's tarball: the message names the dependency, its version and the member."""
+    registry.add(tarball(tmp_path / "bad", {"name": "counters-util", "version": "2.1.0"}, [member]))
+    project = tmp_path / "project"
+    shutil.copytree(NODE_PROJECT, project)
+    meta = json.loads((project / "package.json").read_text())
+    (project / "package.json").write_text(json.dumps({**meta, "dependencies": {"counters-util": "2.1.0"}}))
+    registry.replace((packed := npm_pack(project, tmp_path / "dist2")).name, packed.read_bytes())
+    registry.npm["counters-mcp"]["1.0.0"] = json.loads((project / "package.json").read_text())
+    with pytest.raises(TaskFormatError) as err:
+        import_task(PINNED["npm"])
+    assert "its dependency counters-util@2.1.0's tarball counters-util-2.1.0.tgz" in str(err.value), str(err.value)
+    assert says in str(err.value), str(err.value)
+
+
+class _NoImages:
+    """A Docker client with no images, whose builds fail the test: the package layer must refuse before one."""
+
+    class images:
+        @staticmethod
+        def get(tag):
+            import docker
+
+            raise docker.errors.ImageNotFound(tag)
+
+        @staticmethod
+        def build(**kwargs):
+            raise AssertionError("an unsafe artifact reached the image build")
+
+
+def forged_npm_lock(tmp_path: Path, artifacts: list[tuple[Path, str]]) -> dict:
+    """A lock of the given (tarball, path) pairs, its tarballs seeded in the host cache as if locked on import:
+    what an environment carrying a forged `.tools/package.lock.json` would give the build."""
+    import hashlib
+
+    from trajforge.tasks.envs.tools.package import npm_house_dir
+
+    arts = [{"name": t.name.rsplit("-", 1)[0], "version": t.name.rsplit("-", 1)[1][:-4], "file": t.name,
+             "sha256": hashlib.sha256(t.read_bytes()).hexdigest(), "integrity": "", "path": path,
+             "bin": {"evilpkg": "server.js"} if path == "node_modules/evilpkg" else {}, "install_script": False}
+            for t, path in artifacts]
+    lock = {"manager": "npm", "name": "evilpkg", "version": "1.0.1", "artifacts": arts, "install_scripts": []}
+    house = npm_house_dir(lock)
+    house.mkdir(parents=True)
+    for t, _ in artifacts:
+        shutil.copyfile(t, house / t.name)
+    (house / ".complete").write_text("")
+    return lock
+
+
+def test_the_build_refuses_an_npm_tarball_with_a_symlink_from_a_forged_lock(registry, tmp_path):
+    """Defence in depth: a lock that never went through import (forged) still cannot plant files outside
+    node_modules: the build unpacks on the host, from the hash-checked bytes, regular files and folders only."""
+    from trajforge.tasks.envs.tools.layer import UnsafeArtifact, _package_layer
+
+    symlink_escape(registry, tmp_path)
+    lock = forged_npm_lock(tmp_path, [(tmp_path / "evil" / "evilpkg-1.0.1.tgz", "node_modules/evilpkg"),
+                                      (tmp_path / "evil" / "evilpkg-2.0.1.tgz",
+                                       "node_modules/evilpkg/node_modules/evilpkg")])
+    with pytest.raises(UnsafeArtifact) as err:
+        _package_layer(_NoImages(), "sha256:layer", lock)
+    assert err.value.cause == "artifact_unsafe"
+    assert all(s in str(err.value) for s in ("evilpkg-1.0.1.tgz", "evilpkg@1.0.1", "package/node_modules/evilpkg",
+                                             "a symlink to /usr/bin")), str(err.value)
+
+
+@pytest.mark.parametrize("path", ["node_modules/../../usr/bin", "/usr/bin", "usr/bin", "node_modules/x/../../etc"])
+def test_the_build_refuses_a_lock_path_outside_node_modules(registry, tmp_path, path):
+    from trajforge.tasks.envs.tools.layer import UnsafeArtifact, _package_layer
+
+    good = tarball(tmp_path / "good", {"name": "evilpkg", "version": "1.0.1"}, [{"name": "package/rm", "data": "x"}])
+    lock = forged_npm_lock(tmp_path, [(good, "node_modules/evilpkg"), (good, path)])
+    with pytest.raises(UnsafeArtifact, match=rf"lock path {re.escape(repr(path))} is not node_modules/"):
+        _package_layer(_NoImages(), "sha256:layer", lock)
+
+
+# ------------------------------------------------------------ dependencies from elsewhere than the index (red team)
+@pytest.fixture
+def elsewhere(tmp_path):
+    """A second loopback server, neither the index nor the registry: a pinned package's tree must not reach it."""
+    other = Registry()
+    yield other
+    other.close()
+
+
+def wheel_requiring(tmp_path: Path, name: str, deps: list[str]) -> Path:
+    project = tmp_path / f"project-{name}"
+    shutil.copytree(PY_PROJECT, project)
+    meta = project / "pyproject.toml"
+    meta.write_text(meta.read_text().replace('name = "counters-mcp"', f'name = "{name}"').replace(
+        'requires-python = ">=3.10"', f"dependencies = {json.dumps(deps)}"))
+    return build_wheel(project, tmp_path / f"dist-{name}")
+
+
+@pytest.mark.parametrize("direct", ["second @ {other}/files/second-1.0.0-py3-none-any.whl",
+                                    "second @ file:///etc/hostname", "second[x] @ git+{other}/second.git ; python_version >= '3'"])
+def test_a_pip_dependency_by_direct_url_is_refused_before_it_is_fetched(registry, elsewhere, tmp_path, direct):
+    """The red team's urldep: a wheel in the index requiring `second @ http://...` (PEP 508 direct URL) made the
+    host fetch from another server. The pin's tree is walked through the index's wheels' METADATA first: the
+    requirement is refused, naming the wheel and the spec, and the other server sees no request."""
+    elsewhere.add(wheel_requiring(tmp_path, "second", []))
+    spec = direct.format(other=elsewhere.url)
+    registry.add(wheel_requiring(tmp_path, "urldep", [spec]))
+    registry.add(wheel_requiring(tmp_path, "counters-app", ["urldep>=1"]))  # the URL one level down
+    for pin, who in (("urldep==1.0.0", "it requires"), ("counters-app==1.0.0", "its dependency urldep==1.0.0 requires")):
+        with pytest.raises(TaskFormatError) as err:
+            import_task(pinned(tmp_path, "pip", pin))
+        says = str(err.value)
+        assert all(s in says for s in (f"pip package {pin}", f"{who} {spec!r}", "a direct URL", registry.index_url)), says
+    assert elsewhere.requests == []
+
+
+def npm_requiring(registry, tmp_path: Path, name: str, deps: dict) -> None:
+    server = (NODE_PROJECT / "server.js").read_text()
+    registry.add(tarball(tmp_path / f"npm-{name}", {"name": name, "version": "1.0.3", "bin": {name: "server.js"},
+                                                    "dependencies": deps}, [{"name": "package/server.js", "data": server}]))
+
+
+@pytest.mark.parametrize("spec", ["{other}/files/second-1.0.0.tgz", "file:{secret}", "file:../second",
+                                  "link:/etc", "git+{other}/second.git", "github:someone/second", "someone/second",
+                                  "npm:second@{other}/files/second-1.0.0.tgz"])
+def test_an_npm_dependency_not_from_the_registry_is_refused_before_it_is_fetched(registry, elsewhere, tmp_path, spec):
+    """The red team's evilpkg@1.0.3: dependencies `http://...` and `file:/host/path` made npm fetch from another
+    server and read a host file while locking. Every manifest in the tree is read from the registry first: a
+    spec that is not a registry version or range is refused naming the package and the spec, before npm runs."""
+    secret = tmp_path / "hostsecret.tgz"
+    secret.write_bytes(b"not for the package")
+    elsewhere.add(tarball(tmp_path / "other", {"name": "second", "version": "1.0.0"}, []))
+    spec = spec.format(other=elsewhere.url, secret=secret)
+    npm_requiring(registry, tmp_path, "evilpkg", {"second": spec})
+    npm_requiring(registry, tmp_path, "evilapp", {"evilpkg": "^1.0.0"})  # the spec one level down
+    for pin, who in (("evilpkg@1.0.3", "it depends on"), ("evilapp@1.0.3", "its dependency evilpkg@1.0.3 depends on")):
+        with pytest.raises(TaskFormatError) as err:
+            import_task(pinned(tmp_path, "npm", pin))
+        says = str(err.value)
+        assert all(s in says for s in (f"npm package {pin}", f"{who} second: {spec!r}", "not a version or range",
+                                       registry.url)), says
+    assert elsewhere.requests == []
+
+
+def test_an_npm_tarball_served_from_elsewhere_is_refused_naming_it(registry, elsewhere, tmp_path):
+    """A registry manifest whose `dist.tarball` is on another server: the lock npm writes is checked, every
+    `resolved` must be a tarball of the registry, before any tarball is downloaded (`npm pack`)."""
+    with_a_dependency(registry, tmp_path)
+    elsewhere.add(packed := next((tmp_path / "dist-util").glob("*.tgz")))
+    registry.tarball_urls[("counters-util", "2.1.0")] = f"{elsewhere.url}/files/{packed.name}"
+    with pytest.raises(TaskFormatError) as err:
+        import_task(PINNED["npm"])
+    says = str(err.value)
+    assert all(s in says for s in ("npm package counters-mcp@1.0.0", "counters-util@2.1.0",
+                                   f"{elsewhere.url}/files/{packed.name}", "not a tarball of the registry")), says
+    assert not [r for r in elsewhere.requests if r.startswith("/files/")]

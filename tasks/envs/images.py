@@ -92,7 +92,8 @@ CAUSES = (
 class ImageBuildError(RuntimeError):
     """A Dockerfile that failed to build; `log_tail` holds the last lines of the build log, `cause` a code:
     base_image_missing | build_fetch_failed | package_not_found | build_timeout | blob_missing |
-    reserved_name | artifact_mismatch (a pinned MCP server's locked artifact has other bytes) | build_step_failed;
+    reserved_name | artifact_mismatch (a pinned MCP server's locked artifact has other bytes) | artifact_unsafe
+    (its npm tarball holds a link or an escaping path, or its lock a path outside node_modules/) | build_step_failed;
     `hint` the fix when the log shows one (a certificate check: `CA_HINT`), also
     leading the message's first line."""
 

@@ -33,7 +33,9 @@ command: [counters-mcp]                 # run in .tools/, the package's executab
 Importing resolves the pin and its dependencies once, from the configured index / registry, into
 `.tools/package.lock.json` (every artifact's file, version and sha256; the env id follows it) and caches the
 artifacts under $TRAJFORGE_CACHE; the image build installs them with no network (pip: wheels only; npm:
-install scripts never run) and refuses an artifact whose bytes differ from the lock (`artifact_mismatch`).
+install scripts never run, tarballs of regular files and folders only) and refuses an artifact whose bytes
+differ from the lock (`artifact_mismatch`). Every dependency comes from the index / registry (a direct URL,
+`file:` or git spec is refused, named, before it is fetched).
 `.tools/server.json` then names the `package`; the validation is the same.
 """
 

@@ -14,6 +14,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,6 +23,27 @@ STORE = os.path.join(WORK, "store.db")
 SDK_DIR = "/opt/trajforge/mcp"  # the tools layer's SDK, for Python servers (tasks/envs/tools/layer.py)
 PKG_DIR = "/opt/trajforge/pkg"  # a server pinned as a package (tasks/envs/tools/package.py)
 PROTOCOL = "2025-06-18"
+STDERR_TAIL = 8192  # characters of the server's stderr kept for a failure's message
+
+
+class Drain(threading.Thread):
+    """Reads a stream to its end while the call runs (a server that writes more than a pipe holds to stderr must
+    not block), keeping only its last STDERR_TAIL characters."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True)
+        self.stream, self.kept = stream, ""
+
+    def run(self):
+        try:
+            for chunk in iter(lambda: self.stream.read(4096), ""):
+                self.kept = (self.kept + chunk)[-STDERR_TAIL:]
+        except (OSError, ValueError):
+            pass
+
+    def tail(self, n=800):
+        self.join(5)
+        return self.kept[-n:]
 
 
 def launch():
@@ -40,7 +62,9 @@ def call(name, arguments):
     """(exit code, text) of one call."""
     argv, cwd, env = launch()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, errors="replace")
+    drain = Drain(proc.stderr)
+    drain.start()
     try:
         for msg in [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                         "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "trajforge", "version": "1"}}},
@@ -61,7 +85,7 @@ def call(name, arguments):
             result = reply.get("result") or {}
             text = "\n".join(str(c.get("text", "")) for c in result.get("content") or [] if isinstance(c, dict))
             return (1 if result.get("isError") else 0), text
-        return 3, "the tool server ended without an answer: " + proc.stderr.read()[-800:]
+        return 3, "the tool server ended without an answer: " + drain.tail()
     finally:
         try:
             proc.stdin.close()
@@ -71,6 +95,8 @@ def call(name, arguments):
             proc.wait(5)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        drain.join(5)
 
 
 def init_store():

@@ -63,6 +63,13 @@ class ArtifactMismatch(ToolsLayerError):
     cause = "artifact_mismatch"
 
 
+class UnsafeArtifact(ToolsLayerError):
+    """A locked npm tarball holding anything but regular files and folders (a symlink, a hard link, a device),
+    an absolute or `..` path, or a lock whose paths leave node_modules/: the message names it."""
+
+    cause = "artifact_unsafe"
+
+
 def lock_text() -> str:
     return LOCK.read_text()
 
@@ -195,7 +202,9 @@ def _python_layer(client: docker.DockerClient, base_id: str) -> str:
 
 # a brought server pinned as a package (tasks/envs/tools/package.py): its locked artifacts, from the host cache,
 # installed with no network into PKG_DIR (pip: wheels only, hash-checked, no dependency resolution; npm: tarballs
-# unpacked to the lock's paths, no install script run; the bins in PKG_DIR/bin)
+# unpacked ON THE HOST from their hash-checked bytes, each into a fresh folder, regular files and folders only (a
+# symlink, hard link, device, absolute or `..` member refuses the artifact: `UnsafeArtifact`), and the plain tree
+# copied to the lock's paths; no install script run; the bins in PKG_DIR/bin)
 PACKAGE_RECIPES = {"pip": """FROM {base}
 COPY pkg/ /tmp/trajforge-pkg/
 RUN python3 /tmp/trajforge-pkg/{pip}/pip install --no-index --find-links /tmp/trajforge-pkg --require-hashes \\
@@ -204,10 +213,9 @@ RUN python3 /tmp/trajforge-pkg/{pip}/pip install --no-index --find-links /tmp/tr
  && mkdir -p {pkg}/bin && if [ -d {pkg}/site/bin ]; then mv {pkg}/site/bin/* {pkg}/bin/ && rmdir {pkg}/site/bin; fi \\
  && rm -rf /tmp/trajforge-pkg && chmod -R a+rX,go-w {pkg}
 """, "npm": """FROM {base}
-COPY pkg/ /tmp/trajforge-pkg/
+COPY pkg/node_modules/ {pkg}/node_modules/
+COPY pkg/bins.txt /tmp/trajforge-pkg/bins.txt
 RUN set -e; mkdir -p {pkg}/bin; \\
-    while read -r file dir; do mkdir -p "{pkg}/$dir" && tar -xzf "/tmp/trajforge-pkg/$file" -C "{pkg}/$dir" \\
-      --strip-components=1 --no-same-owner --no-same-permissions; done < /tmp/trajforge-pkg/unpack.txt; \\
     while read -r name target; do chmod a+x "{pkg}/$target" && ln -s "{pkg}/$target" "{pkg}/bin/$name"; \\
       done < /tmp/trajforge-pkg/bins.txt; \\
     rm -rf /tmp/trajforge-pkg; chmod -R a+rX,go-w {pkg}
@@ -219,7 +227,7 @@ def _package_layer(client: docker.DockerClient, layer_id: str, lock: dict) -> st
     import posixpath
     import tempfile
 
-    from .package import PKG_DIR, artifacts, requirements
+    from .package import PKG_DIR, UnsafeArchive, artifacts, requirements, unpack_npm
 
     manager = lock["manager"]
     tools = lock_text()
@@ -237,7 +245,17 @@ def _package_layer(client: docker.DockerClient, layer_id: str, lock: dict) -> st
                 files.append((f"pkg/{pip_wheel(tools)}", wheelhouse() / pip_wheel(tools)))
                 lists["requirements.txt"] = requirements(lock)
             else:
-                lists["unpack.txt"] = "".join(f"{a['file']} {a['path']}\n" for a in lock["artifacts"])
+                tree = Path(tmp) / "tree"
+                for (name, path), a in zip(files, lock["artifacts"]):
+                    fresh = Path(tmp) / "unpack" / name  # one fresh folder per artifact, then merged as plain files
+                    try:
+                        unpack_npm(path.read_bytes(), fresh)
+                    except UnsafeArchive as err:
+                        raise UnsafeArtifact(f"pinned npm package {lock['name']}@{lock['version']}: artifact "
+                                             f"{a['file']} ({a['name']}@{a['version']}): {err}; pinned npm packages "
+                                             "unpack regular files and directories only") from None
+                    _merge(fresh, tree / a["path"])
+                files = [("pkg/node_modules", tree / "node_modules")]
                 top = next(a for a in lock["artifacts"] if a["path"] == f"node_modules/{lock['name']}")
                 lists["bins.txt"] = "".join(
                     f"{name} {posixpath.normpath(posixpath.join(top['path'], target))}\n"
@@ -246,3 +264,20 @@ def _package_layer(client: docker.DockerClient, layer_id: str, lock: dict) -> st
                 (Path(tmp) / name).write_text(content)
                 files.append((f"pkg/{name}", Path(tmp) / name))
             return _build(client, tag, text, files)
+
+
+def _merge(src: Path, dest: Path) -> None:
+    """Copy the plain tree `src` (regular files and folders, made by `unpack_npm`) into `dest`, following nothing."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in sorted(src.iterdir()):
+        if p.is_symlink() or not (p.is_dir() or p.is_file()):
+            raise UnsafeArtifact(f"{p} is not a plain file or folder")
+        if p.is_dir():
+            if (dest / p.name).is_symlink() or (dest / p.name).is_file():
+                raise UnsafeArtifact(f"{dest / p.name} is both a file and a folder")
+            _merge(p, dest / p.name)
+        else:
+            if (dest / p.name).is_symlink() or (dest / p.name).is_dir():
+                raise UnsafeArtifact(f"{dest / p.name} is both a file and a folder")
+            (dest / p.name).write_bytes(p.read_bytes())
+            (dest / p.name).chmod(p.stat().st_mode & 0o755)

@@ -13,31 +13,52 @@ image tag follow it: the same pin with the same bytes is the same environment, a
   `in_tools_layer` and not installed again: the server finds it on the SDK's path.
 - npm: `npm install --package-lock-only --ignore-scripts --omit=dev` resolves the tree (paths below
   `node_modules/`, bins), `npm pack` fetches each tarball. Install scripts are never run (the lock lists the
-  packages that have some: `install_scripts`); a package that needs them to work fails validation.
+  packages that have some: `install_scripts`); a package that needs them to work fails validation. A tarball
+  holding anything but regular files and directories, an absolute or `..` member is refused (`npm_members`).
+- Only registry dependencies: before pip / npm resolve, the tree is walked through the index's metadata (pip:
+  `--no-deps` downloads, each wheel's METADATA; npm: `npm view` of each manifest), refusing a pip direct-URL
+  requirement (`NAME @ URL`) and an npm spec that is not a registry version or range (`registry_spec`), named,
+  before anything is fetched from elsewhere; the resolved set is checked again (a backtracking pip resolution,
+  npm's lock: `resolved` under the registry).
 
 The artifacts are cached on the host ($TRAJFORGE_CACHE, `~/.cache/trajforge`: `wheels/<lock hash>` as the tools
 layer's own wheelhouse, `npm/<lock hash>`); the image build (`tasks/envs/tools/layer.py`, the package layer)
 takes them from there, downloading them again from the registry if absent, and refuses any whose bytes differ
 from the lock (`ArtifactMismatch`, naming the artifact). Inside the image they are installed with no network:
 pip `--no-index --require-hashes --no-deps` into `PKG_DIR/site` (console scripts in `PKG_DIR/bin`), npm
-tarballs unpacked to their paths below `PKG_DIR/node_modules` (the pinned package's bins linked in `PKG_DIR/bin`).
+tarballs unpacked on the host (regular files and folders only, again) and copied to their paths below
+`PKG_DIR/node_modules` (the pinned package's bins linked in `PKG_DIR/bin`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+import zipfile
+from email.parser import HeaderParser
 from pathlib import Path
 
-from .layer import PLATFORM, ArtifactMismatch, ToolsLayerError, cache_root, lock_text, wheelhouse, wheelhouse_dir
+from .layer import (
+    PLATFORM,
+    ArtifactMismatch,
+    ToolsLayerError,
+    UnsafeArtifact,
+    cache_root,
+    lock_text,
+    wheelhouse,
+    wheelhouse_dir,
+)
 
 LOCK_FILE = "package.lock.json"  # in .tools/
 PKG_DIR = "/opt/trajforge/pkg"  # the pinned package, installed at image build (root-owned, read-only to the agent)
@@ -112,11 +133,60 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _pip_download(args: list[str], dest: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--retries", "1",
+                           "--timeout", "30", *PLATFORM, *args, "-d", dest],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def requires_dist(wheel: Path) -> list[str]:
+    """The wheel's `Requires-Dist` lines (its METADATA)."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = [n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        text = z.read(meta[0]).decode(errors="replace") if meta else ""
+    return [str(r) for r in HeaderParser().parsestr(text).get_all("Requires-Dist") or []]
+
+
+def _no_direct_url(name: str, version: str, wheel: Path, indexes: list[str]) -> list[str]:
+    """The wheel's requirements; PackageError naming the wheel and the requirement if one is a direct URL (PEP 508
+    `NAME @ URL`, any scheme: http, file, git+...): pinned packages take every dependency from the index."""
+    dist, ver = wheel.name.split("-")[:2]
+    reqs = requires_dist(wheel)
+    for req in reqs:
+        if "@" in req.split(";")[0]:
+            raise PackageError(f"pip package {name}=={version}: " + ("it" if _norm(dist) == _norm(name) else
+                               f"its dependency {_norm(dist)}=={ver}") + f" requires {req.strip()!r}, a direct URL: "
+                               f"pinned pip packages take every dependency from the index ({', '.join(indexes)}) only")
+    return reqs
+
+
+def _walk_pip(name: str, version: str, tmp: str) -> None:
+    """Before pip resolves the pin with its dependencies, walk the tree level by level with `--no-deps` (each
+    requirement's best wheel from the index, as the resolver tries first) reading each wheel's METADATA, so a
+    direct-URL requirement is refused before pip fetches it (a server other than the index is never contacted
+    on that path). What a backtracking resolution picks instead is checked after it (`_resolve_pip`)."""
+    seen, level, depth = {_norm(name)}, [f"{name}=={version}"], 0
+    while level:
+        dest = str(Path(tmp) / f"level-{depth}")
+        res = _pip_download(["--no-deps", *level], dest)
+        indexes = _indexes(res.stdout)
+        if res.returncode != 0:
+            raise PackageError(_pip_failure(name, version, indexes, res.stdout + res.stderr))
+        level, depth = [], depth + 1
+        for wheel in sorted(Path(dest).glob("*.whl")):
+            for req in _no_direct_url(name, version, wheel, indexes):
+                head, _, marker = req.partition(";")
+                m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", head)
+                if m and "extra" not in marker and _norm(m.group(1)) not in seen:
+                    seen.add(_norm(m.group(1)))
+                    level.append(req.strip())
+
+
 def _resolve_pip(name: str, version: str) -> tuple[dict, str]:
     with tempfile.TemporaryDirectory(prefix="trajforge-pip-") as tmp:
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--retries", "1",
-                              "--timeout", "30", *PLATFORM, f"{name}=={version}", "-d", tmp],
-                             capture_output=True, text=True, timeout=TIMEOUT_S)
+        _walk_pip(name, version, tmp)
+        tmp = str(Path(tmp) / "resolved")
+        res = _pip_download([f"{name}=={version}"], tmp)
         indexes = _indexes(res.stdout)
         if res.returncode != 0:
             raise PackageError(_pip_failure(name, version, indexes, res.stdout + res.stderr))
@@ -126,6 +196,7 @@ def _resolve_pip(name: str, version: str) -> tuple[dict, str]:
             if not p.name.endswith(".whl"):
                 raise PackageError(f"pip package {name}=={version} from {', '.join(indexes)}: {p.name} is not a "
                                    "wheel (pinned pip packages install wheels only)")
+            _no_direct_url(name, version, p, indexes)  # a backtracking resolution the walk did not foresee
             dist, ver = p.name.split("-")[:2]
             sha = hashlib.sha256(p.read_bytes()).hexdigest()
             artifacts.append({"name": _norm(dist), "version": ver, "file": p.name, "sha256": sha,
@@ -227,10 +298,12 @@ def _resolve_npm(name: str, version: str) -> tuple[dict, str]:
         (work / "package.json").write_text(json.dumps({"name": "trajforge-lock", "private": True,
                                                        "dependencies": {name: version}}))
         try:
+            _walk_npm(name, version, registry, work)
             _npm(["install", "--package-lock-only", "--omit=dev"], work)
         except _NpmFailed as err:
             raise PackageError(_npm_failure(name, version, registry, err)) from None
         tree = json.loads((work / "package-lock.json").read_text())["packages"]
+        _check_npm_tree(name, version, registry, tree)
         entries = [(path, e) for path, e in sorted(tree.items()) if path and not e.get("dev") and not e.get("link")]
         specs = [f"{e.get('name') or path.rsplit('node_modules/', 1)[-1]}@{e['version']}" for path, e in entries]
         (work / "out").mkdir()
@@ -245,13 +318,122 @@ def _resolve_npm(name: str, version: str) -> tuple[dict, str]:
             if e.get("integrity") and e["integrity"] != integrity:
                 raise PackageError(f"npm package {name}@{version}: {spec} from {registry}: its tarball's integrity "
                                    f"{integrity} is not the registry's {e['integrity']}")
+            try:
+                npm_members(data)
+            except UnsafeArchive as err:
+                raise PackageError(f"npm package {name}@{version}: " + ("its tarball" if spec == f"{name}@{version}"
+                                   else f"its dependency {spec}'s tarball") + f" {p['filename']} from {registry}: "
+                                   f"{err}; pinned npm packages unpack regular files and directories only") from None
             artifacts.append({"name": spec.rsplit("@", 1)[0], "version": e["version"], "file": p["filename"],
                               "sha256": hashlib.sha256(data).hexdigest(), "integrity": integrity, "path": path,
                               "bin": e.get("bin") or {}, "install_script": bool(e.get("hasInstallScript"))})
         lock = {"manager": "npm", "name": name, "version": version, "artifacts": artifacts,
                 "install_scripts": sorted(a["name"] for a in artifacts if a["install_script"])}
+        try:
+            check_npm_lock(lock)
+        except UnsafeArchive as err:
+            raise PackageError(f"npm package {name}@{version} from {registry}: {err}") from None
         _seed(npm_house_dir(lock), {a["file"]: work / "out" / a["file"] for a in artifacts}, {})
     return lock, registry
+
+
+DEP_FIELDS = ("dependencies", "optionalDependencies", "peerDependencies")
+REGISTRY_RANGE = re.compile(r"^[A-Za-z0-9 .*^~<>=|+_-]*$")  # versions, ranges, dist-tags: no `:`, `/`, `#`, `@`
+
+
+def registry_spec(spec) -> tuple[str, str] | None:
+    """(package, range) an npm dependency spec asks the registry for: a version, a range or a dist-tag, or an
+    alias `npm:NAME@RANGE` of one (package NAME). None for anything else: a URL, `file:`, `link:`, `git`,
+    `github:`, `user/repo`, `workspace:`, or an alias of one of those (npm would fetch or read it elsewhere)."""
+    if not isinstance(spec, str):
+        return None
+    if spec.startswith("npm:"):
+        target = spec[4:]
+        at = target.find("@", 1)
+        name, rng = (target, "*") if at < 0 else (target[:at], target[at + 1:])
+        return (name, rng) if NPM_NAME.match(name) and REGISTRY_RANGE.match(rng) else None
+    return ("", spec) if REGISTRY_RANGE.match(spec) else None
+
+
+def _refuse_spec(name: str, version: str, registry: str, who: str, dep: str, spec) -> PackageError:
+    return PackageError(f"npm package {name}@{version}: " + ("it" if who == f"{name}@{version}" else
+                        f"its dependency {who}") + f" depends on {dep}: {spec!r}, not a version or range of the "
+                        f"registry {registry}: pinned npm packages take every dependency from the registry only "
+                        "(no URL, file:, link:, git or github: specs)")
+
+
+def _semver_key(v: str) -> tuple:
+    m = re.match(r"^(\d+)\.(\d+)\.(\d+)(?:-([^+]*))?", v or "")
+    if not m:
+        return (-1,)
+    pre = m.group(4)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3)), pre is None,
+            tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in (pre or "").split(".")))
+
+
+def _walk_npm(name: str, version: str, registry: str, work: Path) -> None:
+    """Before npm resolves the pin, walk its tree through the registry's manifests (`npm view NAME@RANGE`):
+    every version a dependency's range admits must itself ask only for registry versions or ranges
+    (`registry_spec`), or the pin is refused naming the package and the spec, before npm would fetch a URL or
+    read a host path. The walk follows the version npm picks (the `latest` tag if in range, else the highest);
+    the lock npm then writes is checked again (`_check_npm_tree`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seen, level = set(), [(name, version)]
+    with ThreadPoolExecutor(4) as pool:
+        while level:
+            level = [k for k in dict.fromkeys(level) if k not in seen]
+            seen.update(level)
+            found = list(pool.map(lambda k: _npm_view(f"{k[0]}@{k[1]}", work), level))
+            nxt = []
+            for (pkg, rng), out in zip(level, found):
+                manifests = [m for m in (out if isinstance(out, list) else [out]) if isinstance(m, dict) and m]
+                for m in manifests:
+                    for field in DEP_FIELDS:
+                        for dep, spec in (m.get(field) or {}).items():
+                            if registry_spec(spec) is None:
+                                raise _refuse_spec(name, version, registry, f"{pkg}@{m.get('version')}", dep, spec)
+                if not manifests:
+                    continue  # nothing in range: npm install says so, named
+                latest = (manifests[0].get("dist-tags") or {}).get("latest")
+                chosen = next((m for m in manifests if m.get("version") == latest), None) or max(
+                    manifests, key=lambda m: _semver_key(m.get("version")))
+                optional_peers = {k for k, v in (chosen.get("peerDependenciesMeta") or {}).items()
+                                  if isinstance(v, dict) and v.get("optional")}
+                for field in DEP_FIELDS:
+                    for dep, spec in (chosen.get(field) or {}).items():
+                        if field == "peerDependencies" and dep in optional_peers:
+                            continue
+                        real, want = registry_spec(spec)
+                        nxt.append((real or dep, want or "*"))
+            level = nxt
+
+
+def _npm_view(spec: str, work: Path) -> dict | list:
+    try:
+        return _npm(["view", spec], work)
+    except _NpmFailed as err:
+        if err.code == "E404":  # no such package or version: `npm install` says which, named
+            return {}
+        raise
+
+
+def _check_npm_tree(name: str, version: str, registry: str, tree: dict) -> None:
+    """The lock npm wrote: every package resolved from a tarball under the registry, none a link to a folder,
+    every dependency spec a registry one (what the walk could not foresee is refused here, named)."""
+    base = registry.rstrip("/") + "/"
+    for path, e in sorted(tree.items()):
+        if not path:
+            continue
+        who = f"{e.get('name') or path.rsplit('node_modules/', 1)[-1]}@{e.get('version')}"
+        if e.get("link") or not str(e.get("resolved", "")).startswith(base):
+            raise PackageError(f"npm package {name}@{version}: {who} at {path} resolves to "
+                               f"{e.get('resolved')!r}, not a tarball of the registry {registry}: pinned npm "
+                               "packages take every dependency from the registry only")
+        for field in DEP_FIELDS:
+            for dep, spec in (e.get(field) or {}).items():
+                if registry_spec(spec) is None:
+                    raise _refuse_spec(name, version, registry, who, dep, spec)
 
 
 def _npm_failure(name: str, version: str, registry: str, err: _NpmFailed) -> str:
@@ -263,6 +445,92 @@ def _npm_failure(name: str, version: str, registry: str, err: _NpmFailed) -> str
     if err.code in ("ECONNREFUSED", "ENOTFOUND", "ETIMEDOUT", "EAI_AGAIN", "ECONNRESET") or "FetchError" in err.summary:
         return f"{what}: the registry {registry} is unreachable ({err.code}: {err.summary})"
     return f"{what}: npm could not resolve it from {registry} ({err.code}: {err.summary})"
+
+
+# ------------------------------------------------------------------------------------------ npm tarball safety
+# An npm tarball is unpacked by path into PKG_DIR/node_modules: a symlink in it (`package/node_modules/x -> /usr/bin`)
+# would let a nested package's files land anywhere in the image at build (as root). Only regular files and
+# directories, below the tarball's top folder, with no absolute path and no `..`, are taken; anything else refuses
+# the artifact, at import (PackageError) and again at build (UnsafeArtifact), from the hash-checked bytes.
+NPM_PATH = re.compile(r"^node_modules/(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*"
+                      r"(/node_modules/(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*)*$")
+ARTIFACT_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]*\.(whl|tgz)$")
+
+
+class UnsafeArchive(ValueError):
+    """An npm tarball with a member that is not a regular file or a directory, or whose path escapes."""
+
+
+def _kind(m: tarfile.TarInfo) -> str:
+    if m.issym():
+        return f"a symlink to {m.linkname}"
+    if m.islnk():
+        return f"a hard link to {m.linkname}"
+    if m.ischr() or m.isblk():
+        return "a device"
+    if m.isfifo():
+        return "a fifo"
+    return f"a member of tar type {m.type!r}"
+
+
+def npm_members(data: bytes) -> list[tuple[str, tarfile.TarInfo, bytes | None]]:
+    """[(path below the tarball's top folder, member, bytes or None for a folder)]: what unpacking the tarball
+    (`--strip-components=1`) makes. UnsafeArchive naming the member for anything but regular files and
+    directories (symlinks, hard links, devices, fifos), an absolute path or a `..` component."""
+    out = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+            for m in tar:
+                parts = m.name.replace("\\", "/").split("/")
+                if m.name.startswith("/") or "\\" in m.name:
+                    raise UnsafeArchive(f"member {m.name!r} has an absolute or backslashed path")
+                if ".." in parts:
+                    raise UnsafeArchive(f"member {m.name!r} has a `..` component")
+                if not (m.isreg() or m.isdir()):
+                    raise UnsafeArchive(f"member {m.name!r} is {_kind(m)} (only regular files and directories)")
+                rel = "/".join(p for p in parts[1:] if p not in ("", "."))
+                if rel:
+                    out.append((rel, m, tar.extractfile(m).read() if m.isreg() else None))
+    except (tarfile.TarError, OSError, EOFError) as err:
+        raise UnsafeArchive(f"not a readable tarball ({err})") from None
+    seen: dict[str, bool] = {}
+    for rel, _, body in out:  # a path that is a file in one member and a folder (or a file's parent) in another
+        for i, part in enumerate(rel.split("/")):
+            prefix = "/".join(rel.split("/")[:i + 1])
+            is_dir = body is None or i < rel.count("/")
+            if seen.setdefault(prefix, is_dir) != is_dir:
+                raise UnsafeArchive(f"member {prefix!r} is both a file and a folder")
+    return out
+
+
+def unpack_npm(data: bytes, dest: Path) -> None:
+    """Unpack an npm tarball into `dest` (a fresh folder) as a plain tree: regular files (0644, 0755 if
+    executable) and folders only, nothing followed or linked (`npm_members` refuses anything else)."""
+    for rel, m, body in npm_members(data):
+        target = dest / rel
+        if body is None:
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.chmod(target, 0o755 if m.mode & 0o111 else 0o644)
+
+
+def check_npm_lock(lock: dict) -> None:
+    """UnsafeArchive unless every artifact's `path` is below node_modules/ (package names only: no `..`, not
+    absolute), its `file` a plain file name, and the pinned package's bins point inside it."""
+    for a in lock["artifacts"]:
+        if not isinstance(a.get("path"), str) or not NPM_PATH.match(a["path"]):
+            raise UnsafeArchive(f"{a.get('name')}@{a.get('version')}: lock path {a.get('path')!r} is not "
+                                "node_modules/<name>[/node_modules/<name>...]")
+        if not isinstance(a.get("file"), str) or not ARTIFACT_FILE.match(a["file"]):
+            raise UnsafeArchive(f"{a.get('name')}@{a.get('version')}: file {a.get('file')!r} is not a plain file name")
+        for name, target in (a.get("bin") or {}).items():
+            norm = posixpath.normpath(posixpath.join(a["path"], str(target)))
+            if not norm.startswith(a["path"] + "/") or not re.match(r"^[A-Za-z0-9@._+-]+$", str(name)):
+                raise UnsafeArchive(f"{a['name']}@{a['version']}: bin {name!r} -> {target!r} is outside the package")
 
 
 # ------------------------------------------------------------------------------------------------- host cache
@@ -295,6 +563,15 @@ def artifacts(lock: dict) -> list[tuple[str, Path]]:
     the registry if absent), every one checked against the lock's sha256: ArtifactMismatch naming the artifact
     otherwise, ToolsLayerError if it cannot be fetched."""
     what = f"pinned {lock['manager']} package {lock['name']}{'==' if lock['manager'] == 'pip' else '@'}{lock['version']}"
+    try:
+        if lock["manager"] == "npm":
+            check_npm_lock(lock)
+        for a in lock["artifacts"]:
+            if not isinstance(a.get("file"), str) or not ARTIFACT_FILE.match(a["file"]):
+                raise UnsafeArchive(f"{a.get('name')}=={a.get('version')}: file {a.get('file')!r} is not a plain "
+                                    "file name")
+    except UnsafeArchive as err:
+        raise UnsafeArtifact(f"{what}: its lock is unsafe: {err}") from None
     if lock["manager"] == "pip":
         req = requirements(lock)
         if not req:
