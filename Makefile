@@ -42,8 +42,11 @@ demo-tools: setup
 demo-tools-model: setup teacher
 	$(VENV)/bin/trajforge build configs/tools-smollm2.yaml
 
+# The whole suite, as two pytest runs with one exit code and one summary (tests/_suite.py): the fast tier below
+# on FAST_WORKERS workers (~1 min instead of ~3 serially), then every docker / slow / vllm / teacher test
+# serially, as before. `-m`, `-n`, `--dist` or `--junitxml` in PYTEST_ARGS: one plain serial run instead.
 test: setup teacher
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) tests/_suite.py --workers $(FAST_WORKERS) $(PYTEST_ARGS)
 
 # The fast tier: no Docker engine, no Prefect server, no teacher (< 1 minute). A third of its time is spent
 # waiting on real timeouts (the teacher-fault tests), so it runs one worker more than there are cores, and

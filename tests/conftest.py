@@ -54,6 +54,14 @@ def _prefect_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def prefect_api_url(_prefect_server):
+    """The session's Prefect API server, for `trajforge build` subprocesses (`run_cli(..., prefect_api=...)`)
+    whose test is not about the driver's own server: each would start one (10-30 s on 2 cores). The chaos,
+    kill -9 and two-host tests keep their drivers' own servers (they kill them)."""
+    return _prefect_server
+
+
 @pytest.fixture(scope="module")
 def prefect_api(_prefect_server):
     """The session's Prefect API server for a test module's in-process builds (as the CLI starts one per

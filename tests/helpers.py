@@ -32,8 +32,14 @@ def venv_bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600,
+            prefect_api: str | None = None) -> subprocess.CompletedProcess:
+    """`trajforge ARGS` in a subprocess. A build starts its own Prefect API server (10-30 s on 2 cores) unless
+    `prefect_api` names one (conftest's `prefect_api_url`: the session's): then it attaches to that one, as a
+    build given PREFECT_API_URL does."""
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
     full_env.pop("PREFECT_API_URL", None)
+    if prefect_api:
+        full_env["PREFECT_API_URL"] = prefect_api
     return subprocess.run([venv_bin("trajforge"), *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=timeout)

@@ -117,7 +117,7 @@ def test_a_fleet_setting_is_checked_and_never_fingerprinted(tmp_path):
 
 
 @pytest.mark.docker
-def test_a_build_keeps_its_sandboxes_within_the_fleet_cap_on_the_engine(tmp_path):
+def test_a_build_keeps_its_sandboxes_within_the_fleet_cap_on_the_engine(tmp_path, prefect_api_url):
     """A real build on a LocalCluster of two workers: the containers of its rollout, counted on the
     Docker engine while it runs, never exceed `max_in_flight`; `trajforge status` shows the limits
     and what they cost."""
@@ -140,7 +140,7 @@ def test_a_build_keeps_its_sandboxes_within_the_fleet_cap_on_the_engine(tmp_path
     watcher = threading.Thread(target=count, daemon=True)
     watcher.start()
     try:
-        build = run_cli("build", str(tmp_path / "build.yaml"), cwd=tmp_path)
+        build = run_cli("build", str(tmp_path / "build.yaml"), cwd=tmp_path, prefect_api=prefect_api_url)
     finally:
         done.set()
         watcher.join()

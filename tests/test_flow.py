@@ -187,7 +187,7 @@ def test_build_on_a_separately_started_dask_scheduler(tmp_path, docker_client, s
             p.wait(timeout=30)
 
 
-def test_kill_9_during_rollout_then_resume_gives_every_rollout_once(tmp_path, docker_client):
+def test_kill_9_during_rollout_then_resume_gives_every_rollout_once(tmp_path, docker_client, prefect_api_url):
     import yaml
 
     cfg = small_config(tmp_path / "runs", dataset="crash", **{"rollout.episodes_per_shard": 1,
@@ -213,7 +213,7 @@ def test_kill_9_during_rollout_then_resume_gives_every_rollout_once(tmp_path, do
     build_id = store.builds()[-1]
     assert store.read_json(posixpath.join(store.build_dir(build_id), "build.json"))["status"] == "running"
 
-    out = run_cli("build", str(path), cwd=tmp_path)
+    out = run_cli("build", str(path), cwd=tmp_path, prefect_api=prefect_api_url)  # (the killed one had its own)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resuming unfinished build {build_id}" in out.stderr
     rec = store.read_json(posixpath.join(store.build_dir(build_id), "build.json"))

@@ -315,7 +315,7 @@ def test_a_tightened_threshold_reruns_only_the_gate_and_accept_commits_it_on_pur
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_cli_names_the_failed_expectation_and_accept_gate_commits_it_recorded(tmp_path):
+def test_cli_names_the_failed_expectation_and_accept_gate_commits_it_recorded(tmp_path, prefect_api_url):
     from fake_openai import FakeOpenAI
 
     with FakeOpenAI("ok", lambda req, n: {"role": "assistant", "content": ""}) as srv:
@@ -325,7 +325,7 @@ def test_cli_names_the_failed_expectation_and_accept_gate_commits_it_recorded(tm
             "rollout.max_turns": 3, "rollout.episodes_per_shard": 4})
         path = tmp_path / "empty.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        out = run_cli("build", str(path), cwd=tmp_path)
+        out = run_cli("build", str(path), cwd=tmp_path, prefect_api=prefect_api_url)
         assert out.returncode == 1, out.stdout + out.stderr
         err = " ".join(out.stderr.split())
         assert "gate of stage 'rollout' failed" in err
@@ -344,7 +344,8 @@ def test_cli_names_the_failed_expectation_and_accept_gate_commits_it_recorded(tm
         assert "gate FAILED: rollout.format_error_share" in explained.stdout, explained.stdout + explained.stderr
 
         requests = srv.requests
-        out = run_cli("build", str(path), "--accept-gate", "rollout.format_error_share", cwd=tmp_path)
+        out = run_cli("build", str(path), "--accept-gate", "rollout.format_error_share", cwd=tmp_path,
+                      prefect_api=prefect_api_url)
         assert out.returncode == 0, out.stdout + out.stderr
         assert srv.requests == requests, "the rollouts were kept: only the gate ran again"
     rec = json.loads((build_dir / "build.json").read_text())

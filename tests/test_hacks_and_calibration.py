@@ -44,12 +44,29 @@ def verdicts(store: RunStore, rec: dict) -> list[Verdict]:
     return store.read_records(parts, Verdict)
 
 
+HACK_FAMILIES = [("log_report", 1), ("file_search", 1), ("config_repair", 1), ("python_bugfix", 1), ("csv_convert", 1),
+                 ("git_recover", 2), ("sql_query", 2), ("shell_script", 2)]
+HACK_SYNTHESIZE = {"families": [{"name": n, "levels": [lvl], "seeds": [0]} for n, lvl in HACK_FAMILIES],
+                   "imports": [str(FIXTURES / "harbor"), str(FIXTURES / "tbench")]}
+
+
+@pytest.fixture(scope="module")
+def hacks_runs(tmp_path_factory, prefect_api):
+    """A runs folder whose `hacks` dataset has the planted-hacks test's 10 environments proposed, built and
+    validated once (a build of propose + synthesize only). Each mode's build below has the same synthesize
+    section, so it reuses those committed stages (same fingerprints, as any build of the dataset would) and
+    runs its own rollout, verify, calibrate and export; run alone, a mode pays the validation here instead."""
+    runs = tmp_path_factory.mktemp("hacks") / "runs"
+    cfg = small_config(runs, dataset="hacks", synthesize=HACK_SYNTHESIZE)
+    rec = run_build(parse_config(cfg), only=["propose", "synthesize"])
+    assert rec["stages"]["synthesize"]["status"] == "committed", rec.get("error")
+    return runs
+
+
 @pytest.mark.parametrize("mode", ["in_place", "isolated"])
-def test_planted_hacks_are_flagged_with_evidence_and_references_never_are(tmp_path, mode):
+def test_planted_hacks_are_flagged_with_evidence_and_references_never_are(tmp_path, mode, hacks_runs):
     """Both places the hidden tests can run: the episode's own container (default) and a fresh one."""
-    fams = {name: get_family(name).generate(lvl, 0) for name, lvl in
-            [("log_report", 1), ("file_search", 1), ("config_repair", 1), ("python_bugfix", 1), ("csv_convert", 1),
-             ("git_recover", 2), ("sql_query", 2), ("shell_script", 2)]}
+    fams = {name: get_family(name).generate(lvl, 0) for name, lvl in HACK_FAMILIES}
     harbor = import_task(FIXTURES / "harbor" / "count-words")
     tbench = import_task(FIXTURES / "tbench" / "sort-names")
     ref = {e.env_id: e.solution for e in [*fams.values(), harbor, tbench]}
@@ -69,9 +86,8 @@ def test_planted_hacks_are_flagged_with_evidence_and_references_never_are(tmp_pa
     for env_id, commands in ref.items():
         first = planted[env_id][1] if env_id in planted else commands
         rows += [{"env_id": env_id, "commands": first}] + [{"env_id": env_id, "commands": commands}] * 3
-    cfg = small_config(tmp_path / "runs", dataset="hacks", **{
-        "synthesize": {"families": [{"name": n, "levels": [e.level], "seeds": [0]} for n, e in fams.items()],
-                       "imports": [str(FIXTURES / "harbor"), str(FIXTURES / "tbench")]},
+    cfg = small_config(hacks_runs, dataset="hacks", **{
+        "synthesize": HACK_SYNTHESIZE,
         "teacher": {"backend": "replay", "replay": {"source": write_jsonl(tmp_path / "planted.jsonl", rows)}},
         "rollout.samples_per_env": 4, "rollout.episodes_per_shard": 20, "rollout.concurrency": 6,
         "rollout.max_turns": 8, "dask.n_workers": 1, "dask.threads_per_worker": 2,

@@ -155,15 +155,18 @@ def _config(tmp_path: Path, dataset: str) -> tuple[Path, dict]:
     return path, cfg
 
 
-def _env() -> dict:
+def _env(prefect_api: str | None = None) -> dict:
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("PREFECT_API_URL", None)
+    if prefect_api:  # the session's server (conftest `prefect_api_url`): the build starts none of its own
+        env["PREFECT_API_URL"] = prefect_api
     return env
 
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_second_build_of_a_live_build_starts_nothing_and_reaps_none_of_its_sandboxes(tmp_path, docker_client):
+def test_a_second_build_of_a_live_build_starts_nothing_and_reaps_none_of_its_sandboxes(tmp_path, docker_client,
+                                                                                        prefect_api_url):
     """The holder's sandbox survives a refused second build; once the holder is SIGKILLed, the next
     build takes the lease over, reaps the dead holder's sandbox and commits."""
     from trajforge.flows.build import config_hash
@@ -182,7 +185,7 @@ def test_a_second_build_of_a_live_build_starts_nothing_and_reaps_none_of_its_san
         assert docker_client.containers.list(all=True, filters={"name": sandbox}), "the live holder's sandbox was reaped"
     finally:
         _kill(proc)
-    out = run_cli("build", str(path), "--build", build_id, cwd=tmp_path)
+    out = run_cli("build", str(path), "--build", build_id, cwd=tmp_path, prefect_api=prefect_api_url)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"taking over build {build_id} from process {proc.pid}" in out.stderr and "its process is gone" in out.stderr
     assert not docker_client.containers.list(all=True, filters={"name": sandbox}), "the dead holder's sandbox stays"
@@ -191,10 +194,10 @@ def test_a_second_build_of_a_live_build_starts_nothing_and_reaps_none_of_its_san
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_two_concurrent_builds_of_one_config_run_exactly_one(tmp_path, docker_client):
+def test_two_concurrent_builds_of_one_config_run_exactly_one(tmp_path, docker_client, prefect_api_url):
     path, cfg = _config(tmp_path, "twice")
     store = RunStore(cfg["runs"], "twice")
-    procs = [subprocess.Popen([venv_bin("trajforge"), "build", str(path)], cwd=tmp_path, env=_env(),
+    procs = [subprocess.Popen([venv_bin("trajforge"), "build", str(path)], cwd=tmp_path, env=_env(prefect_api_url),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     errs = [p.communicate(timeout=900)[1] for p in procs]
     codes = [p.returncode for p in procs]
@@ -267,13 +270,13 @@ def small_disk(tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_full_disk_is_one_clear_line_then_the_build_resumes(tmp_path, small_disk, docker_client):
+def test_a_full_disk_is_one_clear_line_then_the_build_resumes(tmp_path, small_disk, docker_client, prefect_api_url):
     cfg = small_config(small_disk / "runs", dataset="full")
     path = tmp_path / "full.yaml"
     path.write_text(yaml.safe_dump(cfg))
     filler = small_disk / "filler"
     filler.write_bytes(b"\0" * (2048 - 200) * 1024)  # 200 KiB left: the build stops mid-way
-    out = run_cli("build", str(path), cwd=tmp_path)
+    out = run_cli("build", str(path), cwd=tmp_path, prefect_api=prefect_api_url)
     assert out.returncode == 1, out.stderr[-3000:]
     errors = [x for x in out.stderr.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
@@ -289,7 +292,7 @@ def test_a_full_disk_is_one_clear_line_then_the_build_resumes(tmp_path, small_di
     stale = Path(store.build_dir(build_id)) / "build.json.tmp-deadbeef"  # as a killed writer leaves it
     stale.write_text("{")
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
-    out = run_cli("build", str(path), cwd=tmp_path)
+    out = run_cli("build", str(path), cwd=tmp_path, prefect_api=prefect_api_url)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resuming unfinished build {build_id}" in out.stderr and "removed 1 temporary file(s)" in out.stderr
     rec = store.read_build(build_id)

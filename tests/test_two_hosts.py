@@ -3,10 +3,11 @@ deploy/README.md "Two hosts on one machine"): network namespaces, each host with
 own Dask worker; a registry, the Dask scheduler, the Prefect server, the driver and its (stand-in) teacher in
 a third namespace, every part reached by the namespaces' addresses (198.51.100.0/24), none over loopback.
 
-A build of 12 environments x 4 rollouts spreads its sandboxes over both engines, pulls images by digest on
+A build of 6 environments x 4 rollouts (6 rollout shards for 2 workers of 2 threads; the 6 images are built
+in one synthesize shard, so on one engine) spreads its sandboxes over both engines, pulls images by digest on
 the engine that did not build them, commits the verdict counts of the same config on one host, and leaves
-no sandbox behind. Then a host dies mid-rollout (its worker, its engine and its sandboxes' processes
-killed): the build finishes on the other host with every row once, and the dead host's sandboxes are
+no sandbox behind. Then a host dies mid-rollout of a build of 12 environments x 4 (its worker, its engine and
+its sandboxes' processes killed): the build finishes on the other host with every row once, and the dead host's sandboxes are
 reaped when it comes back."""
 
 from __future__ import annotations
@@ -17,11 +18,17 @@ import time
 
 import docker
 import pytest
-from hosts_kit import HUB, Hosts, Sandboxes, config, logs, netns_unavailable, rollout_ids, stats
+from hosts_kit import HUB, SEEDS, Hosts, Sandboxes, logs, netns_unavailable, rollout_ids, stats
+from hosts_kit import config as hosts_config
 
 from trajforge.tasks.sandbox import LABEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+ENVS, ROLLOUTS = 6, 24  # the spread test: 3 families x 2 seeds x 4 samples, half hosts_kit's default; same checks
+
+
+def config(tmp, dataset, **over):
+    return hosts_config(tmp, dataset, seeds=SEEDS[:2], **over)
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +56,13 @@ def test_a_build_spreads_over_two_engines_pulls_by_digest_and_matches_one_host(h
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:] + logs(hosts.state)
     per_engine = boxes.counts()
     print(f"rollout sandboxes per engine: {per_engine}")
-    assert per_engine["a"] > 0 and per_engine["b"] > 0 and sum(per_engine.values()) >= 48, per_engine
+    assert per_engine["a"] > 0 and per_engine["b"] > 0 and sum(per_engine.values()) >= ROLLOUTS, per_engine
     two = stats(tmp_path / "runs", "two")
-    assert two["synthesize"]["rows_out"] == 12 and two["synthesize"]["images_pushed"] == 12
+    assert two["synthesize"]["rows_out"] == ENVS and two["synthesize"]["images_pushed"] == ENVS
     pulled = two["rollout"]["images_pulled"] + two["verify"]["images_pulled"]
     assert pulled >= 1 and two["rollout"]["images_built_here"] == two["verify"]["images_built_here"] == 0
     records = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "runs" / "two" / "images").glob("*.json")}
-    assert len(records) == 12
+    assert len(records) == ENVS
     seen_pulled = 0
     for client in (a, b):
         for rec in records.values():
@@ -77,12 +84,12 @@ def test_a_build_spreads_over_two_engines_pulls_by_digest_and_matches_one_host(h
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     one = stats(tmp_path / "runs", "one")
     assert _verdicts(two) == _verdicts(one), (_verdicts(two), _verdicts(one))
-    assert two["verify"]["passed"] > 0 and two["rollout"]["episodes"] == 48
+    assert two["verify"]["passed"] > 0 and two["rollout"]["episodes"] == ROLLOUTS
 
 
 def test_a_host_that_dies_mid_rollout_loses_nothing_and_is_reaped_when_back(hosts, tmp_path):
     b = hosts.engine("b")
-    build = hosts.build(config(tmp_path, "killed"), background=True)
+    build = hosts.build(hosts_config(tmp_path, "killed"), background=True)  # 12 x 4, hosts_kit's default
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(build.stdout), daemon=True)
     reader.start()
