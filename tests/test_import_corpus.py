@@ -85,6 +85,40 @@ def test_an_oversized_task_folder_is_refused_before_anything_is_read(tmp_path):
     assert import_task(tmp_path / "gz-sum").env_id == import_task(CORPUS / "gz-sum").env_id
 
 
+def test_links_and_path_bytes_count_toward_the_folder_bound(tmp_path):
+    """A symlink inside the folder is read as a file, so it counts what it points at; names count too."""
+    shutil.copytree(CORPUS / "gz-sum", tmp_path / "gz-sum")
+    env = tmp_path / "gz-sum" / "environment"
+    with open(env / "weights.bin", "wb") as f:  # sparse: 100 MiB by stat, no disk
+        f.truncate(100 << 20)
+    (env / "copy1.bin").symlink_to("weights.bin")
+    assert import_task(tmp_path / "gz-sum")  # 200 MiB with the link: within the bound
+    (env / "copy2.bin").symlink_to("weights.bin")
+    with pytest.raises(TaskFormatError, match=r"holds 300\.\d MiB, over the 256 MiB"):
+        import_task(tmp_path / "gz-sum")
+    for name in ("weights.bin", "copy1.bin", "copy2.bin"):
+        (env / name).unlink()
+    many = env / "many"
+    many.mkdir()
+    for i in range(20_001):  # empty files: no content, only entries
+        (many / f"{i}").touch()
+    with pytest.raises(TaskFormatError, match=r"holds more than 20000 files and folders"):
+        import_task(tmp_path / "gz-sum")
+
+
+def test_moving_a_file_boundary_changes_the_folder_digest(tmp_path):
+    """The digest length-prefixes each path and content: `a`+`b` and `a+<path of b>+b` in one file differ."""
+    from trajforge.tasks.envs.formats import folder_digest
+
+    one, two = tmp_path / "one" / "t", tmp_path / "two" / "t"
+    for d in (one, two):
+        (d / "server").mkdir(parents=True)
+    (one / "server" / "board.py").write_text("X = 1\n")
+    (one / "server" / "server.py").write_text("Y = 2\n")
+    (two / "server" / "board.py").write_text("X = 1\n" + "server/server.py" + "Y = 2\n")
+    assert folder_digest(one) != folder_digest(two)
+
+
 @pytest.mark.parametrize("folder, meta, old, new, says", [
     ("harbor/count-words", "task.toml", "timeout_sec = 60.0", "timeout_sec = 1e9",
      r"\[verifier\].timeout_sec is 1e\+09 s, over the 3600 s a task may set for itself"),

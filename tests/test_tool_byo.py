@@ -58,6 +58,18 @@ def test_a_yaml_alias_bomb_is_malformed_not_a_memory_error(tmp_path):
         import_task(folder)
 
 
+def test_a_yaml_string_bomb_is_malformed(tmp_path):
+    """Few values, much text: one 300 KB string under 20 aliases is 6 MB once written out."""
+    folder = tmp_path / "bomb"
+    shutil.copytree(PYTHON, folder)
+    meta = folder / "mcp-env.yaml"
+    pad = "x" * 300_000
+    meta.write_text(meta.read_text().replace("expected: {target: 42}", f'expected: {{target: 42, pad: &p "{pad}", '
+                                             f'more: [{", ".join(["*p"] * 20)}]}}'))
+    with pytest.raises(TaskFormatError, match=r"holds more than 4194304 characters of text once its YAML aliases"):
+        import_task(folder)
+
+
 # ---------------------------------------------------------------------------------------------- real Docker
 def validate(docker_client, env):
     from trajforge.tasks.envs.images import BuildOptions

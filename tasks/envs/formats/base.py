@@ -24,6 +24,8 @@ MAX_FILE = 4 << 20  # a text file inlined in a spec
 MAX_BLOB = 256 << 20  # a binary build-context file (carried by hash, see `blobs`)
 MAX_TASK = 256 << 20  # everything in a task folder
 MAX_VALUES = 100_000  # values in a task's metadata file, aliases expanded
+MAX_TEXT = 4 << 20  # characters of the strings in a task's metadata file, aliases expanded
+MAX_FILES = 20_000  # files and folders in a task folder
 
 
 class TaskFormatError(ValueError):
@@ -143,12 +145,16 @@ def _bounded(value, path: Path, most: int = MAX_VALUES) -> None:
     """TaskFormatError when `value` holds more than `most` values counted as written out: YAML aliases
     share one object, so a small file can stand for billions of values (everything that serializes the
     metadata, JSON for one, writes each of them)."""
-    seen, stack = 0, [value]
+    seen, text, stack = 0, 0, [value]
     while stack:
         item = stack.pop()
         seen += 1
+        text += len(item) if isinstance(item, str) else 0
         if seen > most:
             raise TaskFormatError(path, f"holds more than {most} values once its YAML aliases are expanded")
+        if text > MAX_TEXT:
+            raise TaskFormatError(path, f"holds more than {MAX_TEXT} characters of text once its YAML aliases are "
+                                        "expanded")
         if isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -175,14 +181,20 @@ def number(value, path: Path, field: str, most: float) -> float | None:
 
 
 def check_size(folder: Path) -> None:
-    """A task folder holds at most MAX_TASK bytes (files counted once, links not followed): a larger one
-    is malformed, naming its largest file, before anything is read."""
-    total, largest = 0, (0, Path(folder))
+    """A task folder holds at most MAX_TASK bytes and MAX_FILES entries, before anything is read: every
+    entry counts its path's bytes, and a symlink the size of what it points at (the import reads a link
+    inside the folder as a file: three links to one file are four files' bytes). A larger one is
+    malformed, naming its largest file."""
+    total, count, largest = 0, 0, (0, Path(folder))
     for p in Path(folder).rglob("*"):
-        if p.is_file() and not p.is_symlink():
-            size = p.stat().st_size
-            total += size
-            largest = max(largest, (size, p))
+        count += 1
+        if count > MAX_FILES:
+            raise TaskFormatError(Path(folder), f"the task folder holds more than {MAX_FILES} files and folders")
+        size = len(p.relative_to(folder).as_posix().encode())
+        if p.is_file():  # follows a link (links leading outside are refused by check_links)
+            size += p.stat().st_size
+        total += size
+        largest = max(largest, (size, p))
     if total > MAX_TASK:
         raise TaskFormatError(Path(folder), f"the task folder holds {total / (1 << 20):.1f} MiB, over the "
                                             f"{MAX_TASK >> 20} MiB a task may hold (largest: "
@@ -193,13 +205,18 @@ def folder_digest(root: Path) -> str:
     """Content hash of everything under `root` (a changed task re-runs what depends on it); a symlink
     counts by its target's name, never by what it points at."""
     h = hashlib.sha256()
+
+    def field(kind: bytes, data: bytes) -> None:  # length-prefixed: no two folders give one byte stream
+        h.update(kind + len(data).to_bytes(8, "big") + data)
+
     for p in sorted(Path(root).rglob("*")):
         if p.is_symlink():
-            h.update(p.relative_to(root).as_posix().encode() + b" -> " + str(p.readlink()).encode())
+            field(b"L", p.relative_to(root).as_posix().encode())
+            field(b"T", str(p.readlink()).encode())
         elif p.is_file():
-            h.update(p.relative_to(root).as_posix().encode())
+            field(b"F", p.relative_to(root).as_posix().encode())
             try:
-                h.update(p.read_bytes())
+                field(b"D", p.read_bytes())
             except OSError as err:  # unreadable: the import rejects the folder; the digest still exists
-                h.update(f"unreadable: {err.__class__.__name__}".encode())
+                field(b"E", err.__class__.__name__.encode())
     return h.hexdigest()[:16]
