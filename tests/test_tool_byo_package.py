@@ -413,13 +413,31 @@ def elsewhere(tmp_path):
     other.close()
 
 
-def wheel_requiring(tmp_path: Path, name: str, deps: list[str]) -> Path:
-    project = tmp_path / f"project-{name}"
+def wheel_requiring(tmp_path: Path, name: str, deps: list[str], version: str = "1.0.0") -> Path:
+    project = tmp_path / f"project-{name}-{version}"
     shutil.copytree(PY_PROJECT, project)
     meta = project / "pyproject.toml"
     meta.write_text(meta.read_text().replace('name = "counters-mcp"', f'name = "{name}"').replace(
-        'requires-python = ">=3.10"', f"dependencies = {json.dumps(deps)}"))
-    return build_wheel(project, tmp_path / f"dist-{name}")
+        'requires-python = ">=3.10"', f"dependencies = {json.dumps(deps)}").replace(
+        'version = "1.0.0"', f'version = "{version}"'))
+    return build_wheel(project, tmp_path / f"dist-{name}-{version}")
+
+
+def test_a_tree_that_needs_backtracking_is_refused_and_nothing_is_fetched_from_elsewhere(registry, elsewhere,
+                                                                                        tmp_path):
+    """Red team round 2: `top` needs `a` and `b==1.0.0`; `b` needs `a<2`; `a 2.0.0` is clean but `a 1.5.0` needs
+    a direct URL. pip's resolver backtracked to `a 1.5.0` and fetched the URL (a git one ran the repository's
+    build backend on the host). The walk is the resolution: its first choices disagree, so it is refused."""
+    elsewhere.add(wheel_requiring(tmp_path, "evil", []))
+    registry.add(wheel_requiring(tmp_path, "a", [], "2.0.0"))
+    registry.add(wheel_requiring(tmp_path, "a", [f"evil @ {elsewhere.url}/files/evil-1.0.0-py3-none-any.whl"], "1.5.0"))
+    registry.add(wheel_requiring(tmp_path, "b", ["a<2"]))
+    registry.add(wheel_requiring(tmp_path, "top", ["a", "b==1.0.0"]))
+    with pytest.raises(TaskFormatError) as err:
+        import_task(pinned(tmp_path, "pip", "top==1.0.0"))
+    says = str(err.value)
+    assert "b==1.0.0 requires 'a<2', but the tree's first choice is a==2.0.0" in says and "backtracking" in says, says
+    assert elsewhere.requests == []
 
 
 @pytest.mark.parametrize("direct", ["second @ {other}/files/second-1.0.0-py3-none-any.whl",

@@ -15,11 +15,13 @@ image tag follow it: the same pin with the same bytes is the same environment, a
   `node_modules/`, bins), `npm pack` fetches each tarball. Install scripts are never run (the lock lists the
   packages that have some: `install_scripts`); a package that needs them to work fails validation. A tarball
   holding anything but regular files and directories, an absolute or `..` member is refused (`npm_members`).
-- Only registry dependencies: before pip / npm resolve, the tree is walked through the index's metadata (pip:
-  `--no-deps` downloads, each wheel's METADATA; npm: `npm view` of each manifest), refusing a pip direct-URL
-  requirement (`NAME @ URL`) and an npm spec that is not a registry version or range (`registry_spec`), named,
-  before anything is fetched from elsewhere; the resolved set is checked again (a backtracking pip resolution,
-  npm's lock: `resolved` under the registry).
+- Only registry dependencies: the tree is walked through the index's metadata (pip: `--no-deps` downloads, each
+  wheel's METADATA; npm: `npm view` of each manifest), refusing a pip direct-URL requirement (`NAME @ URL`) and
+  an npm spec that is not a registry version or range (`registry_spec`), named, before anything is fetched from
+  elsewhere. For pip the walk IS the resolution (pip's resolver never runs: backtracking, it fetched direct URLs
+  and prepared VCS checkouts with their build backends on the host): first choices that do not agree, or a tree
+  of over MAX_WHEELS distributions, are refused by name. npm's lock is checked again (`resolved` under the
+  registry).
 
 The artifacts are cached on the host ($TRAJFORGE_CACHE, `~/.cache/trajforge`: `wheels/<lock hash>` as the tools
 layer's own wheelhouse, `npm/<lock hash>`); the image build (`tasks/envs/tools/layer.py`, the package layer)
@@ -160,43 +162,65 @@ def _no_direct_url(name: str, version: str, wheel: Path, indexes: list[str]) -> 
     return reqs
 
 
-def _walk_pip(name: str, version: str, tmp: str) -> None:
-    """Before pip resolves the pin with its dependencies, walk the tree level by level with `--no-deps` (each
-    requirement's best wheel from the index, as the resolver tries first) reading each wheel's METADATA, so a
-    direct-URL requirement is refused before pip fetches it (a server other than the index is never contacted
-    on that path). What a backtracking resolution picks instead is checked after it (`_resolve_pip`)."""
-    seen, level, depth = {_norm(name)}, [f"{name}=={version}"], 0
+MAX_WHEELS = 200  # distributions in a pinned pip package's tree
+TARGET = {"python_version": "3.11", "python_full_version": "3.11.2", "implementation_name": "cpython",
+          "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
+          "os_name": "posix", "platform_machine": "x86_64", "extra": ""}  # the image's Python, for markers
+
+
+def _walk_pip(name: str, version: str, tmp: str) -> tuple[list[Path], list[str]]:
+    """The pin's tree, resolved here rather than by pip: level by level, each requirement's best wheel from
+    the index with `--no-deps` (what a resolver tries first), each wheel's METADATA read before its own
+    requirements are fetched. pip's own resolution is never run: it follows a direct-URL requirement it
+    meets while backtracking (a VCS one prepared with the repository's build backend, on the host), so a
+    direct URL anywhere is refused before anything is fetched from it, and a tree whose first choices do
+    not agree (a requirement another chosen version does not meet) is refused naming both, as is a tree of
+    more than MAX_WHEELS distributions. Returns (wheels, index URLs)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    chosen: dict[str, tuple[str, Path]] = {}  # normalized name -> (version, wheel)
+    wanted: list[tuple[str, Requirement]] = []  # (who asked, requirement): checked against the chosen versions
+    level, depth, indexes = [f"{name}=={version}"], 0, []
     while level:
         dest = str(Path(tmp) / f"level-{depth}")
         res = _pip_download(["--no-deps", *level], dest)
-        indexes = _indexes(res.stdout)
+        indexes = _indexes(res.stdout) or indexes
         if res.returncode != 0:
             raise PackageError(_pip_failure(name, version, indexes, res.stdout + res.stderr))
-        level, depth = [], depth + 1
+        level, depth, queued = [], depth + 1, set()
         for wheel in sorted(Path(dest).glob("*.whl")):
+            dist, ver = wheel.name.split("-")[:2]
+            chosen.setdefault(_norm(dist), (ver, wheel))
+            if len(chosen) > MAX_WHEELS:
+                raise PackageError(f"pip package {name}=={version}: its tree holds more than {MAX_WHEELS} "
+                                   "distributions")
             for req in _no_direct_url(name, version, wheel, indexes):
-                head, _, marker = req.partition(";")
-                m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", head)
-                if m and "extra" not in marker and _norm(m.group(1)) not in seen:
-                    seen.add(_norm(m.group(1)))
-                    level.append(req.strip())
+                try:
+                    r = Requirement(req)
+                except InvalidRequirement as err:
+                    raise PackageError(f"pip package {name}=={version}: {_norm(dist)}=={ver} requires {req!r}, "
+                                       f"which does not parse: {err}") from None
+                if r.marker is not None and not r.marker.evaluate(TARGET):
+                    continue  # not for the image's Python (or an extra nobody asked for)
+                wanted.append((f"{_norm(dist)}=={ver}", r))
+                if _norm(r.name) not in chosen and _norm(r.name) not in queued:
+                    queued.add(_norm(r.name))
+                    level.append(f"{r.name}{r.specifier}")
+    for who, r in wanted:
+        got = chosen.get(_norm(r.name))
+        if got is None or not r.specifier.contains(got[0], prereleases=True):
+            raise PackageError(f"pip package {name}=={version}: {who} requires {str(r)!r}, but the tree's first "
+                               f"choice is {_norm(r.name)}=={got[0] if got else '?'}: pinned pip packages are "
+                               "resolved without backtracking (pin a release whose dependencies agree)")
+    return [w for _, w in chosen.values()], indexes
 
 
 def _resolve_pip(name: str, version: str) -> tuple[dict, str]:
     with tempfile.TemporaryDirectory(prefix="trajforge-pip-") as tmp:
-        _walk_pip(name, version, tmp)
-        tmp = str(Path(tmp) / "resolved")
-        res = _pip_download([f"{name}=={version}"], tmp)
-        indexes = _indexes(res.stdout)
-        if res.returncode != 0:
-            raise PackageError(_pip_failure(name, version, indexes, res.stdout + res.stderr))
+        wheels, indexes = _walk_pip(name, version, tmp)
         layer = _tools_wheels()
         artifacts = []
-        for p in sorted(Path(tmp).iterdir()):
-            if not p.name.endswith(".whl"):
-                raise PackageError(f"pip package {name}=={version} from {', '.join(indexes)}: {p.name} is not a "
-                                   "wheel (pinned pip packages install wheels only)")
-            _no_direct_url(name, version, p, indexes)  # a backtracking resolution the walk did not foresee
+        for p in sorted(wheels, key=lambda w: w.name):
             dist, ver = p.name.split("-")[:2]
             sha = hashlib.sha256(p.read_bytes()).hexdigest()
             artifacts.append({"name": _norm(dist), "version": ver, "file": p.name, "sha256": sha,
@@ -204,7 +228,7 @@ def _resolve_pip(name: str, version: str) -> tuple[dict, str]:
         lock = {"manager": "pip", "name": _norm(name), "version": version, "artifacts": artifacts}
         req = requirements(lock)
         if req:
-            _seed(wheelhouse_dir(req), {a["file"]: Path(tmp) / a["file"] for a in artifacts
+            _seed(wheelhouse_dir(req), {a["file"]: p for a, p in zip(artifacts, sorted(wheels, key=lambda w: w.name))
                                         if not a["in_tools_layer"]}, {"requirements.txt": req})
     return lock, indexes[0]
 
