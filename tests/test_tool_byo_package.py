@@ -146,6 +146,23 @@ def test_an_npm_packages_dependencies_are_locked_with_their_paths(registry, tmp_
     assert json.loads(env.knobs_json)["install_scripts_not_run"] == ["counters-util"]
 
 
+def test_a_tree_past_its_bound_is_refused_by_name(registry, tmp_path, monkeypatch):
+    """An endless dependency chain walked the index for ever (red team round 2): each walk has a bound. Here the
+    bounds are lowered so a chain of three (pip) and a package with one dependency (npm) pass them."""
+    from trajforge.tasks.envs.tools import package
+
+    registry.add(wheel_requiring(tmp_path, "chain2", []))
+    registry.add(wheel_requiring(tmp_path, "chain1", ["chain2"]))
+    registry.add(wheel_requiring(tmp_path, "chain0", ["chain1"]))
+    monkeypatch.setattr(package, "MAX_WHEELS", 2)
+    with pytest.raises(TaskFormatError, match=r"pip package chain0==1.0.0: its tree holds more than 2 distributions"):
+        import_task(pinned(tmp_path, "pip", "chain0==1.0.0"))
+    with_a_dependency(registry, tmp_path)
+    monkeypatch.setattr(package, "MAX_NPM_SPECS", 1)
+    with pytest.raises(TaskFormatError, match=r"npm package counters-mcp@1.0.0: its tree asks for more than 1 "):
+        import_task(PINNED["npm"])
+
+
 @pytest.mark.docker
 def test_an_npm_dependency_is_unpacked_where_the_server_finds_it(docker_client, registry, tmp_path):
     with_a_dependency(registry, tmp_path)

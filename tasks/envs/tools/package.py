@@ -163,6 +163,7 @@ def _no_direct_url(name: str, version: str, wheel: Path, indexes: list[str]) -> 
 
 
 MAX_WHEELS = 200  # distributions in a pinned pip package's tree
+MAX_NPM_SPECS = 2000  # distinct package ranges a pinned npm package's tree asks for
 TARGET = {"python_version": "3.11", "python_full_version": "3.11.2", "implementation_name": "cpython",
           "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
           "os_name": "posix", "platform_machine": "x86_64", "extra": ""}  # the image's Python, for markers
@@ -408,6 +409,9 @@ def _walk_npm(name: str, version: str, registry: str, work: Path) -> None:
         while level:
             level = [k for k in dict.fromkeys(level) if k not in seen]
             seen.update(level)
+            if len(seen) > MAX_NPM_SPECS:
+                raise PackageError(f"npm package {name}@{version}: its tree asks for more than {MAX_NPM_SPECS} "
+                                   f"package ranges from {registry}")
             found = list(pool.map(lambda k: _npm_view(f"{k[0]}@{k[1]}", work), level))
             nxt = []
             for (pkg, rng), out in zip(level, found):
