@@ -176,16 +176,16 @@ def _walk_pip(name: str, version: str, tmp: str) -> tuple[list[Path], list[str]]
     meets while backtracking (a VCS one prepared with the repository's build backend, on the host), so a
     direct URL anywhere is refused before anything is fetched from it, and a tree whose first choices do
     not agree (a requirement another chosen version does not meet) is refused naming both, as is a tree of
-    more than MAX_WHEELS distributions. Returns (wheels, index URLs)."""
+    more than MAX_WHEELS distributions. Returns (wheels sorted by file name, index URLs)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     chosen: dict[str, tuple[str, Path]] = {}  # normalized name -> (version, wheel)
     wanted: list[tuple[str, Requirement]] = []  # (who asked, requirement): checked against the chosen versions
-    level, depth, indexes = [f"{name}=={version}"], 0, []
+    level, depth = [f"{name}=={version}"], 0
     while level:
         dest = str(Path(tmp) / f"level-{depth}")
         res = _pip_download(["--no-deps", *level], dest)
-        indexes = _indexes(res.stdout) or indexes
+        indexes = _indexes(res.stdout)
         if res.returncode != 0:
             raise PackageError(_pip_failure(name, version, indexes, res.stdout + res.stderr))
         level, depth, queued = [], depth + 1, set()
@@ -213,7 +213,7 @@ def _walk_pip(name: str, version: str, tmp: str) -> tuple[list[Path], list[str]]
             raise PackageError(f"pip package {name}=={version}: {who} requires {str(r)!r}, but the tree's first "
                                f"choice is {_norm(r.name)}=={got[0] if got else '?'}: pinned pip packages are "
                                "resolved without backtracking (pin a release whose dependencies agree)")
-    return [w for _, w in chosen.values()], indexes
+    return sorted((w for _, w in chosen.values()), key=lambda w: w.name), indexes
 
 
 def _resolve_pip(name: str, version: str) -> tuple[dict, str]:
@@ -221,7 +221,7 @@ def _resolve_pip(name: str, version: str) -> tuple[dict, str]:
         wheels, indexes = _walk_pip(name, version, tmp)
         layer = _tools_wheels()
         artifacts = []
-        for p in sorted(wheels, key=lambda w: w.name):
+        for p in wheels:
             dist, ver = p.name.split("-")[:2]
             sha = hashlib.sha256(p.read_bytes()).hexdigest()
             artifacts.append({"name": _norm(dist), "version": ver, "file": p.name, "sha256": sha,
@@ -229,8 +229,8 @@ def _resolve_pip(name: str, version: str) -> tuple[dict, str]:
         lock = {"manager": "pip", "name": _norm(name), "version": version, "artifacts": artifacts}
         req = requirements(lock)
         if req:
-            _seed(wheelhouse_dir(req), {a["file"]: p for a, p in zip(artifacts, sorted(wheels, key=lambda w: w.name))
-                                        if not a["in_tools_layer"]}, {"requirements.txt": req})
+            _seed(wheelhouse_dir(req), {a["file"]: p for a, p in zip(artifacts, wheels) if not a["in_tools_layer"]},
+                  {"requirements.txt": req})
     return lock, indexes[0]
 
 
