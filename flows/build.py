@@ -216,7 +216,9 @@ class _Build:
         run_it = stage.name in self.selected
         plan = prepare(stage, ctx, upstream, force=run_it and stage.name in self.force, plan_shards=run_it,
                        retry=stage.name in self.retry)
-        entry = dict(fingerprint=plan.fingerprint, components=plan.components)
+        entry = dict(fingerprint=plan.fingerprint, components=plan.components, note=plan.note)
+        if plan.note:
+            console.print(f"[yellow]![/] {instance}: {plan.note}", soft_wrap=True)
         if plan.reused is not None:
             self.manifests[instance] = plan.reused
             record.stages[instance] = StageEntry(**entry, status="reused", reused_from=plan.reused.build_id,
@@ -318,6 +320,46 @@ class _Build:
                                f"{errors[0].__class__.__name__}: {errors[0]}") from errors[0]
 
 
+def _mark_stale(b: _Build) -> None:
+    """Entries this run left as an earlier run of the build committed them, that read rows no stage of the
+    build holds any more (a stage before them re-ran alone, `--only`, and wrote other rows), become `stale`:
+    a build's record never shows outputs made from other inputs than its own. In pipeline order, so a
+    stage reading a stale one is stale too. Manifests written before content digests existed are left as
+    they are (nothing to compare)."""
+    store, record = b.ctx.store, b.record
+    held: dict[str, str] = {}  # instance -> content id of what the record holds
+    stale: set[str] = set()
+    order = sorted(record.stages, key=lambda n: (b.pipeline.names.index(n.split(".")[0]), n))
+    for name in order:
+        e = record.stages[name]
+        if name in b.manifests:
+            held[name] = b.manifests[name].content_id
+            continue
+        if e.status not in ("reused", "committed") or not e.manifest:
+            continue
+        path = f"{e.manifest.rstrip('/')}/manifest.json"
+        m = Manifest.model_validate(store.read_json(path)) if store.exists(path) else None
+        if m is None or not m.digest:
+            continue
+        ups = (m.components.get("upstream") or {}).values()
+        known = set(held.values())
+        gone = [u for u in ups if u.startswith("d:") and u not in known]
+        # an upstream instance of this stage's that is stale, or whose content the record no longer holds
+        if gone or any(s.split(".")[0] in _reads(b, name) for s in stale):
+            stale.add(name)
+            what = "a stage it reads now holds other rows" if gone else "a stage it reads is stale"
+            record.stages[name] = e.model_copy(update=dict(
+                status="stale", note=f"{what} (re-run alone in this build); run it again, e.g. --from {name.split('.')[0]}"))
+            continue
+        held[name] = m.content_id
+
+
+def _reads(b: _Build, instance: str) -> set[str]:
+    """The stage names the step of `instance` reads."""
+    step = b.pipeline.step(instance.split(".")[0])
+    return {sel.rstrip("*@").split(".")[0] for sel in (*step.inputs, *(step.round_inputs or ()))}
+
+
 def _gate_entry(gate: dict[str, Any], failed: bool = False) -> dict[str, Any] | None:
     """What build.json keeps of a gate (a manifest's `gate`, or a failed gate's report): only what
     departs from a plain pass, None when nothing does."""
@@ -379,6 +421,7 @@ def _run_build(config: dict, build_id: str, from_stage: str | None, only: list[s
                 console.print(f"[cyan]↻[/] round {rnd}: {loop.describe(plan)}")
                 for body in loop.body:
                     last = b.run_step(body, rnd)
+        _mark_stale(b)
         complete = all(b.record.committed(n) for n in graph.names)
         b.record.status = "committed" if complete else "partial"
         final = graph.names[-1]

@@ -17,7 +17,7 @@ from ..tasks.pipeline import STAGE_NAMES
 from . import runtime  # noqa: F401  (sets Prefect/GX environment defaults before they are imported)
 from .console import console, err_console, fail
 from .envs_cli import envs_app, images_app
-from .launch import rerun_build, run_build
+from .launch import rerun_build, run_build, run_stage
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build verified agent-trajectory datasets.")
 app.add_typer(envs_app, name="envs")
@@ -109,11 +109,12 @@ def stage(name: str = typer.Argument(..., help=f"one of: {', '.join(STAGE_NAMES)
           dataset: Optional[str] = typer.Option(None, help="dataset (default: the only one under runs)"),
           dask_address: Optional[str] = typer.Option(None, "--dask-address"),
           accept_gate: list[str] = ACCEPT_GATE, config: Optional[Path] = REAL_CONFIG):
-    """Re-run one stage of an existing build against its committed upstream outputs."""
+    """Re-run one stage of an existing build against its committed upstream outputs; the stages after it
+    are reused when their inputs hold the same rows as before, and run again otherwise."""
     _check_stage_names([name])
     _check_gate_names(accept_gate)
     cfg = _build_config(runs, dataset, build_id, config)
-    record = _guarded(lambda: run_build(cfg, build_id, None, [name], [name], dask_address, accept=accept_gate or None))
+    record = _guarded(lambda: run_stage(cfg, build_id, name, dask_address, accept=accept_gate or None))
     _print_status(cfg, record["build_id"])
 
 

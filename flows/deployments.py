@@ -163,13 +163,13 @@ def build(config: str, build_id: str | None = None, publish_to: str | None = Non
 @flow(name="trajforge-stage", flow_run_name="{stage} of {dataset} {build_id}")
 def stage(build_id: str, stage: str, dataset: str, runs: str = "./runs", force: bool = True,
           dask_address: str | None = None, config: str | None = None) -> dict[str, Any]:
-    """Re-run one stage of an existing build against its committed upstream outputs (the others are
-    reused); with the build's own stored config, or `config` (a YAML file on the worker: needed when the
+    """Re-run one stage of an existing build against its committed upstream outputs, then the stages after
+    it that read other rows than before (`launch.run_stage`: the same rule as `trajforge stage`); with the build's own stored config, or `config` (a YAML file on the worker: needed when the
     stored one has redacted secrets; its redacted form must equal the stored one)."""
     from ..schemas.config import load_config
     from ..tasks.pipeline import STAGE_NAMES
     from .build import stored_build_config
-    from .launch import run_build
+    from .launch import run_stage
 
     if stage not in STAGE_NAMES:
         raise ValueError(f"stage: unknown stage {stage!r}; valid stages: {', '.join(STAGE_NAMES)}")
@@ -180,7 +180,7 @@ def stage(build_id: str, stage: str, dataset: str, runs: str = "./runs", force: 
     cfg = stored_build_config(rec.config, store.build_record_path(build_id), load_config(config) if config else None,
                               how="the `config` parameter").model_copy(update={"runs": runs})
     address = dask_address or cfg.dask.address or os.environ.get("TRAJFORGE_DASK_ADDRESS") or None
-    return run_build(cfg, build_id, None, [stage], [stage] if force else None, address)
+    return run_stage(cfg, build_id, stage, address, force=force)
 
 
 @flow(name="trajforge-publish", flow_run_name="publish {dataset} {build_id} to {repo_id}")

@@ -64,6 +64,15 @@ def _run_claimed(store: RunStore, cfg: BuildConfig, build_id: str, from_stage: s
         shown_config(cfg.model_dump(mode="json")), build_id, from_stage, only, force, retry=retry, accept=accept)
 
 
+def run_stage(cfg: BuildConfig, build_id: str, stage: str, dask_address: str | None = None, force: bool = True,
+              accept: list[str] | None = None) -> dict:
+    """`trajforge stage NAME --build ID` and the `trajforge-stage` deployment: re-run `stage` of a build (forced
+    unless `force` is False) against its committed upstream outputs, then bring every stage after it up to date
+    by the one reuse rule: a stage whose inputs hold the same rows as before is reused, any other runs again.
+    So the build's record never shows a stage that read other rows than the ones before it now holds."""
+    return run_build(cfg, build_id, stage, None, [stage] if force else None, dask_address, accept=accept)
+
+
 def rerun_build(cfg: BuildConfig, stage: str, dask_address: str | None = None,
                 accept: list[str] | None = None) -> dict:
     """`trajforge rerun`: always into a new build id. Reopening a committed output in the build that

@@ -16,12 +16,17 @@ class StageEntry(BaseModel):
 
     fingerprint: str
     components: dict[str, Any]
-    status: Literal["running", "reused", "committed", "failed"]
+    status: Literal["running", "reused", "committed", "failed", "stale"] = Field(description=(
+        "`stale`: committed by an earlier run of this build, but a stage it reads now holds other rows (that "
+        "stage was re-run alone with --only); it no longer counts as committed until it runs again"))
     manifest: str | None = None
     rows: int | None = None
     rejects: int | None = None
     reused_from: str | None = None
     error: str | None = None
+    note: str | None = Field(None, description=(
+        "why a committed output of the same fingerprint was not reused (its part files changed after its commit), "
+        "or why the entry is `stale`"))
     gate: dict[str, Any] | None = Field(None, description=(
         "the gate's outcome beyond pass: `failures` (a failed gate: name, observed value, threshold, first "
         "offending rows), `accepted` (failures committed on purpose with --accept-gate), `overridden` "

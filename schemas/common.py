@@ -19,6 +19,20 @@ class JsonMark:
     its `Json()` feature (the value comes back decoded: a dict, a list...)."""
 
 
+class Measured:
+    """Marks a field as a measurement of how the work went (a duration, a time, which endpoint answered),
+    not of what it made: it is left out of a stage output's content digest (`tasks/engine/digest.py`), so a
+    re-run that made the same rows in another time still lets what reads them be reused."""
+
+
+class TarMark:
+    """Marks a `bytes` field as a tar archive: its content digest covers each member's name, type, mode,
+    owner, link target and bytes, never its mtime (the same files written at another time are the same)."""
+
+
+Seconds = Annotated[float, Measured]
+
+
 def _json_text(value: str) -> str:
     try:
         json.loads(value)

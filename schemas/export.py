@@ -10,11 +10,12 @@ same environment. Messages are stored exactly as produced, with the tool schemas
 from __future__ import annotations
 
 import datetime as dt
+from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
 from .calibration import Label
-from .common import ChangeSet, JsonText, Record, Status
+from .common import ChangeSet, JsonText, Measured, Record, Seconds, Status
 from .trajectory import FunctionCall, Message, ToolCall, TurnUsage
 
 
@@ -89,14 +90,14 @@ class TrajectoryRow(Record):
     turns: int
     prompt_tokens: int
     completion_tokens: int
-    wall_s: float
+    wall_s: Seconds
     difficulty: Label
     solve_rate: float
     content_hash: str = Field("", description=(
         "64-bit hash (hex) of the messages' roles, contents and tool calls: equal for equal trajectories"))
     model: str = Field("", description="the model id the teacher served (`@<revision>` appended when known)")
     sampling: Sampling | None = Field(None, description="sampling parameters of the teacher (None: not in the config)")
-    created_at: dt.datetime | None = Field(None, description="when the rollout's shard was written (UTC)")
+    created_at: Annotated[dt.datetime | None, Measured] = Field(None, description="when the rollout's shard was written (UTC)")
     source: str = Field("", description="where the environment comes from (procedural:<family>, llm:<theme>, harbor, ...)")
     license: str = Field("", description="the environment's license, when its source declares one")
     verifier_output_tail: str = Field("", description="the last characters of the hidden tests' output")

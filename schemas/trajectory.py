@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from .common import ChangeSet, Record, Status
+from .common import ChangeSet, Measured, Record, Seconds, Status, TarMark
 from .verdict import TestResult
 
 TOOLS_HARNESS = "trajforge-mcp-v1"  # Rollout.harness of `tools` environments: its steps are tool calls, not shell
@@ -45,7 +45,7 @@ class Step(Record):
     turn: int
     command: str
     exit_code: int
-    duration_s: float
+    duration_s: Seconds
     timed_out: bool = False
     killed_by: Literal["timeout", "oom"] | None = None
     output_bytes: int = 0
@@ -59,9 +59,9 @@ class TurnUsage(Record):
     turn: int
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    latency_s: float = 0.0
+    latency_s: Seconds = 0.0
     finish_reason: str | None = None
-    endpoint: str | None = None
+    endpoint: Annotated[str | None, Measured] = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     # Both optional (null when the server returned no prompt ids): rollout parts written before they existed
@@ -81,7 +81,7 @@ class InPlaceTests(Record):
 
     results: list[TestResult] = Field(default_factory=list)
     output: str = ""
-    duration_s: float = 0.0
+    duration_s: Seconds = 0.0
     error: str | None = None
     explicit_reward: float | None = None
     exit_code: int | None = None
@@ -120,17 +120,17 @@ class Rollout(Record):
         "are not counted"))
     status: Status
     error: str | None = None
-    wall_s: float = 0.0
+    wall_s: Seconds = 0.0
     attempts: int = 1
     protected_changed: list[str] = Field(default_factory=list,
                                          description="protected paths whose content changed during the episode")
     leftover_processes: int = Field(0, description="agent processes still running at the end (-1: too many)")
-    final_state: bytes | None = Field(default=None, description="tar of the work dir after the episode")
+    final_state: Annotated[bytes | None, TarMark] = Field(default=None, description="tar of the work dir after the episode")
     changes: ChangeSet | None = Field(default=None, description="the episode's change set (see ChangeSet)")
     toolchain_changed: list[str] = Field(default_factory=list, description=(
         "system programs, libraries or loader settings the episode changed, read from outside the container "
         "(tasks/sandbox/layer.py): the container's programs were no longer trusted to judge it"))
-    outside_state: bytes | None = Field(default=None, description=(
+    outside_state: Annotated[bytes | None, TarMark] = Field(default=None, description=(
         "tar (paths relative to /) of the files the episode added or modified outside the work dir; with "
         "`final_state` and `changes.deleted` it reproduces the final container state in a fresh container"))
     odd_links: list[str] = Field(default_factory=list, description=(

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .common import ChangeSet, Record, Status
+from .common import ChangeSet, Record, Seconds, Status
 
 
 class TestResult(Record):
@@ -42,7 +42,7 @@ class Quality(Record):
     recoveries: int = 0
     turns: int = 0
     completion_tokens: int = 0
-    wall_s: float = 0.0
+    wall_s: Seconds = 0.0
 
 
 class Verdict(Record):
@@ -64,7 +64,7 @@ class Verdict(Record):
     hacks: list[HackFlag] = Field(default_factory=list)
     quality: Quality = Field(default_factory=Quality)
     verifier_output: str = ""
-    duration_s: float = 0.0
+    duration_s: Seconds = 0.0
     mode: Literal["in_place", "isolated", "isolated_fallback", "none"] = Field(
         "none", description="where the hidden tests ran: the episode's own container, a fresh one, a fresh one "
                             "because the in-place results folder could not be trusted, or not at all")

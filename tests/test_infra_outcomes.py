@@ -157,7 +157,7 @@ def test_committed_infra_rows_are_rerun_on_request_with_a_new_revision(rollout_c
     other = _ctx(ctx.config, "b2")  # `trajforge rerun rollout --build b2`
     plan, second = _run(stage, other, upstream, retry=True)
     assert plan.dir != first.dir and len(stage.ran) == 3
-    assert second.revision == 1 and second.stats["infra"] == 0 and second.content_id == f"{first.fingerprint}.r1-{second.build_id}"
+    assert second.revision == 1 and second.stats["infra"] == 0 and second.content_id != first.content_id  # other rows: another digest
     assert ctx.store.exists(posixpath.join(first.dir, "manifest.json")), "another build's output is never changed"
     kept = {k: v for k, v in _rows(ctx.store, first).items() if v["status"] not in INFRA}
     assert all(_rows(ctx.store, second)[k] == v for k, v in kept.items())

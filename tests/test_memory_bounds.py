@@ -114,7 +114,7 @@ def test_commit_reads_only_the_scalar_columns_of_the_output(ctx, monkeypatch):
         c.store.write_records(posixpath.join(plan_dir, f"{s.name}.parquet"), Rollout, rows)
         c.store.write_json(posixpath.join(plan_dir, "_done", s.name),
                            {"shard": s.name, "part": f"{s.name}.parquet", "rows": 2, "rejects": 0, "stats": {},
-                            "seconds": 0.1})
+                            "seconds": 0.1, "digest": f"d{s.index}"})  # (a shard's marker carries its digest)
     parts = [posixpath.join(plan_dir, f"{s.name}.parquet") for s in shards]
     spy = ReadSpy(monkeypatch, c.store)
     manifest = commit(stage, c, StagePlan("rollout", "fp", {}, plan_dir, None, shards, []))

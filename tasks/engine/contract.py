@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import pyarrow as pa
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ...schemas.common import Reject
 from ...schemas.config import BuildConfig, ConfigError, fingerprint_view, runs_is_relative
@@ -45,13 +45,23 @@ class Manifest(BaseModel):
     gate: dict[str, Any]
     created_at: str
     revision: int = 0  # times its infrastructure outcomes were re-run after a commit (`trajforge rerun`)
+    digest: str = Field("", description=(
+        "the content digest of its rows (tasks/engine/digest.py): what downstream fingerprints hash. Empty in "
+        "manifests written before it existed: then computed from the parts when the manifest is read for reuse"))
+    files: dict[str, str] = Field(default_factory=dict, description=(
+        "sha256 of each part file's bytes as committed (path relative to `dir`): a part changed after the commit "
+        "makes the output unusable (never reused, never read downstream)"))
 
     @property
     def content_id(self) -> str:
-        """What downstream fingerprints hash: the fingerprint, plus the revision and the build that
-        made it once a rerun replaced some rows (so every stage that read the older rows runs again, and
-        two builds' reruns of one output, which re-ran different episodes, are never taken for each other)."""
-        return self.fingerprint if not self.revision else f"{self.fingerprint}.r{self.revision}-{self.build_id}"
+        """What downstream fingerprints hash: the digest of the rows it holds (`d:<digest>`), so a stage that
+        read other rows (a forced or sampling re-run, a rerun of its infrastructure outcomes, an edit)
+        runs again and one that read the same rows is reused. The flow hands downstream only manifests that
+        have one (`runner.prepare` computes it for manifests written before digests existed); a manifest
+        made by hand without one counts by its fingerprint, revision and build, as before digests."""
+        if not self.digest:
+            return self.fingerprint if not self.revision else f"{self.fingerprint}.r{self.revision}-{self.build_id}"
+        return f"d:{self.digest}"
 
 
 class Shard(BaseModel):

@@ -1,7 +1,10 @@
 """The engine that runs any stage: plan -> shards -> gate -> manifest.
 
-fingerprint = sha256(stage config section, stage code version, upstream fingerprints): what decides
-the rows. The gate has its own hash (components["gate"]: the effective suites, see `gate_suites`),
+fingerprint = sha256(stage config section, stage code version, upstream content digests): what decides
+the rows. An upstream output counts by what it holds (its manifest's `digest`, engine.digest), never by
+its own fingerprint: a forced or sampling re-run that wrote other rows re-runs every stage that reads
+them, one that wrote the same rows lets them be reused. A committed output whose part files are not the
+bytes it committed (`manifest.files`) is never reused: the stage runs again. The gate has its own hash (components["gate"]: the effective suites, see `gate_suites`),
 recorded in the manifest and not part of the fingerprint: a changed threshold keeps the folder, the
 shards and every downstream fingerprint, and only re-runs the commit ("re-gate").
 Same fingerprint + a committed manifest anywhere in the dataset + the same gate hash => the stage is
@@ -26,6 +29,7 @@ from ...schemas.arrow import arrow_schema, to_table
 from ...schemas.common import Reject
 from .codeversion import modules_digest
 from .contract import GateFailed, Manifest, Shard, Stage, StageContext
+from .digest import combine, modified_parts, part_digest, table_digest
 from .lease import RUNTIME_KEY, fence
 from .progress import ProgressWriter, progress_path
 from .retry import FIRST_ERRORS, infra_failure, marker_path, needs_run, reopen, rerun_retryable, revision
@@ -80,6 +84,7 @@ class StagePlan:
     shards: list[Shard]
     pending: list[Shard]
     regate: bool = False  # a committed output whose gate hash changed: only its commit runs again
+    note: str | None = None  # why a committed output with this fingerprint was not reused (changed after commit)
 
 
 def prepare(stage: Stage, ctx: StageContext, upstream: dict[str, Manifest], force: bool = False,
@@ -100,26 +105,48 @@ def prepare(stage: Stage, ctx: StageContext, upstream: dict[str, Manifest], forc
     components = fingerprint_components(stage, ctx, {n: m.content_id for n, m in upstream.items()})
     fp = fingerprint(components)
     out_dir = ctx.store.stage_dir(ctx.build_id, stage.name, fp)
-    regate = False
+    regate, note = False, None
     if not force:
-        found = ctx.store.find_committed(stage.name, fp)
-        if found:
-            m = Manifest.model_validate(ctx.store.read_json(found))
+        m, note = intact_committed(ctx, stage, fp)
+        if note and m is None and not plan_shards:
+            raise RuntimeError(f"stage {stage.name!r}: {note}; run it again (e.g. --from {stage.name})")
+        if note and m is None and ctx.store.exists(posixpath.join(out_dir, "manifest.json")):
+            ctx.store.remove(out_dir)  # this build's own changed copy: redone from nothing, like --force
+        if m is not None:
             too_many = m.stats.get("infra_share", 0.0) > ctx.config.gate.max_infra_share
             rerun_infra = bool(m.stats.get("infra", 0)) and (retry or too_many)
             stale_gate = m.gate.get("suite") != components["gate"]
             if not plan_shards or not (rerun_infra or stale_gate):
-                return StagePlan(stage.name, fp, components, m.dir, m, [], [])
+                return StagePlan(stage.name, fp, components, m.dir, m, [], [], note=note)
             reopen(ctx.store, m, out_dir, bump=rerun_infra)
             regate = not rerun_infra
     if not plan_shards:
-        return StagePlan(stage.name, fp, components, out_dir, None, [], [])
+        return StagePlan(stage.name, fp, components, out_dir, None, [], [], note=note)
     if force:
         ctx.store.remove(out_dir)  # a forced re-run starts from nothing, in this build only
     shards = stage.plan(ctx, upstream)
     # a re-gate only commits again: the rows stay what they were (their revision, what downstream hashes, too)
     pending = [] if regate else [s for s in shards if needs_run(ctx.store, out_dir, s)]
-    return StagePlan(stage.name, fp, components, out_dir, None, shards, pending, regate=regate and not pending)
+    return StagePlan(stage.name, fp, components, out_dir, None, shards, pending, regate=regate and not pending,
+                     note=note)
+
+
+def intact_committed(ctx: StageContext, stage: Stage, fp: str) -> tuple[Manifest | None, str | None]:
+    """The newest committed output of (stage, fp) whose parts are the bytes it committed, with its content
+    digest (computed from the parts for a manifest written before digests existed), and a note naming each
+    newer copy passed over because a part changed after its commit (None when none was)."""
+    notes = []
+    for path in ctx.store.committed_copies(stage.name, fp):
+        m = Manifest.model_validate(ctx.store.read_json(path))
+        changed = modified_parts(ctx.store, m)
+        if changed:
+            notes.append(f"the committed output in build {m.build_id} was changed after its commit "
+                         f"({', '.join(changed[:3])}{', …' if len(changed) > 3 else ''}): not reused")
+            continue
+        if not m.digest:
+            m.digest = combine((posixpath.relpath(p, m.dir), part_digest(ctx.store, p, stage.output)) for p in m.parts)
+        return m, "; ".join(notes) or None
+    return None, "; ".join(notes) or None
 
 
 def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
@@ -152,6 +179,7 @@ def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
         result, retried = rerun_retryable(stage, ctx, plan_dir, shard, upstream, prior)
     part = stage.part_path(shard, posixpath.basename(plan_dir))
     table = to_table(stage.output, result.rows)
+    digest = table_digest(table, stage.output)  # what downstream reuse is keyed on (engine.digest)
     left = stage.retryable(table, result.rejects)
     layout = stage.parquet_options(ctx)
     ctx.store.write_table(posixpath.join(plan_dir, part), table, fence=check, options=layout)
@@ -163,7 +191,7 @@ def execute_shard(stage: Stage, ctx: StageContext, plan_dir: str, shard: Shard,
             check()
         ctx.store.remove(reject_file)  # the re-run left none: no stale file beside the part
     info = {"shard": shard.name, "part": part, "rows": table.num_rows, "rejects": len(result.rejects),
-            "stats": result.stats, "seconds": round(time.monotonic() - t0 + (prior or {}).get("seconds", 0), 3),
+            "stats": result.stats, "digest": digest, "seconds": round(time.monotonic() - t0 + (prior or {}).get("seconds", 0), 3),
             "started_at": round(started, 3), "finished_at": round(time.time(), 3),
             "worker": f"{socket.gethostname()}:{os.getpid()}",
             "retryable": left.count, "retry_errors": [e[:300] for e in left.errors[:FIRST_ERRORS]],
@@ -183,6 +211,7 @@ def commit(stage: Stage, ctx: StageContext, plan: StagePlan, upstream: dict[str,
             raise RuntimeError(f"stage {stage.name}: shard {s.name} has no completion marker")
         infos.append(store.read_json(marker))
     parts = [posixpath.join(plan.dir, i["part"]) for i in infos]
+    digest = combine((i["part"], i.get("digest") or part_digest(store, p, stage.output)) for i, p in zip(infos, parts))
     reject_parts = [posixpath.join(plan.dir, "_rejects", f"{i['shard']}.parquet") for i in infos if i["rejects"]]
     rejects = store.read_table(reject_parts, Reject)
     store.write_table(posixpath.join(plan.dir, "rejects.parquet"), rejects)
@@ -218,7 +247,8 @@ def commit(stage: Stage, ctx: StageContext, plan: StagePlan, upstream: dict[str,
                               "accepted": [brief_failure(f) for f in accepted], "disabled": report["disabled"],
                               "overridden": report["overridden"], "regated": plan.regate},
                         created_at=dt.datetime.now(dt.timezone.utc).isoformat(),
-                        revision=revision(store, plan.dir))
+                        revision=revision(store, plan.dir), digest=digest,
+                        files={i["part"]: store.file_sha256(p) for i, p in zip(infos, parts)})
     store.write_json(posixpath.join(plan.dir, "manifest.json"), manifest.model_dump(mode="json"))
     return manifest
 

@@ -16,6 +16,7 @@ removed by `clean_temporaries`. Build ids and dataset names are plain names, nev
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -317,12 +318,23 @@ class RunStore:
         return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False) if fs.isdir(p))
 
     def find_committed(self, stage: str, fingerprint: str) -> str | None:
-        """Path of a committed manifest for (stage, fingerprint) in any build of this dataset."""
+        """Path of a committed manifest for (stage, fingerprint) in any build of this dataset (the newest)."""
+        return next(self.committed_copies(stage, fingerprint), None)
+
+    def committed_copies(self, stage: str, fingerprint: str) -> Iterator[str]:
+        """Paths of the committed manifests for (stage, fingerprint), newest build first."""
         for build in reversed(self.builds()):
             m = posixpath.join(self.stage_dir(build, stage, fingerprint), "manifest.json")
             if self.fs.exists(m):
-                return m
-        return None
+                yield m
+
+    def file_sha256(self, path: str) -> str:
+        """sha256 of a file's bytes, read in 1 MiB blocks."""
+        h = hashlib.sha256()
+        with self.fs.open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
 
     def set_latest(self, build_id: str) -> None:
         """Point `<dataset>/latest` at a committed build."""
