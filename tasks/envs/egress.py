@@ -106,12 +106,16 @@ class EgressProxy:
     """The proxy, serving on `bind` (the build network's gateway) from a daemon thread once `start()`ed."""
 
     def __init__(self, bind: str, port: int = 0, *, forbidden: Iterable[str] = (), resolver: Resolver | None = None,
-                 connect_timeout_s: float = 15.0, idle_timeout_s: float = 120.0, head_timeout_s: float = 30.0):
+                 connect_timeout_s: float = 15.0, idle_timeout_s: float = 120.0, head_timeout_s: float = 30.0,
+                 screen: Callable[[str], str | None] | None = None):
+        """`screen(address)`: why an address is refused (default `forbidden_reason` with this host's own
+        addresses and `forbidden`; a test of the forwarding itself may pass its own)."""
         self.bind, self.port = bind, port
         self.forbidden = tuple(ipaddress.ip_network(n, strict=False) for n in forbidden)
         self.resolver = resolver or _resolve
         self.connect_timeout_s, self.idle_timeout_s, self.head_timeout_s = connect_timeout_s, idle_timeout_s, head_timeout_s
         self.own = host_addresses() | {bind}
+        self.screen = screen or (lambda address: forbidden_reason(address, self.own, self.forbidden))
         self._builds: dict[str, tuple[tuple[str, ...], list[Refusal]]] = {}
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -232,7 +236,7 @@ class EgressProxy:
         except (OSError, asyncio.TimeoutError) as err:
             return self._refuse(token, host, port, f"does not resolve: {err}")
         for address in addresses:
-            reason = forbidden_reason(address, self.own, self.forbidden)
+            reason = self.screen(address)
             if reason:  # one forbidden address condemns the name (a rebinding name answers both)
                 return self._refuse(token, host, port, f"resolves to {address}, {reason}")
         if not addresses:

@@ -1,0 +1,257 @@
+"""Imported builds reach nothing of the host (issue 46): the egress proxy's rules, the config, and real builds on
+trajforge's build network.
+
+Traffic stays on this machine: listeners on loopback and on the build network's gateway (the network the
+test's builds create); the one build that installs packages reaches Debian's mirror and PyPI only through
+the proxy (the allowed path).
+"""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import run_cli
+
+from trajforge.schemas.config import DEFAULT_EGRESS_ALLOWLIST, ConfigError, SynthesizeConfig, fingerprint_view
+from trajforge.tasks.envs.egress import EgressProxy, allowed, forbidden_reason
+
+CA = "/etc/ssl/certs/ca-certificates.crt"
+
+
+# ---------------------------------------------------------------------------------------------- the proxy's rules
+def test_allowlist_patterns_and_ports():
+    assert allowed("deb.debian.org", 80, DEFAULT_EGRESS_ALLOWLIST)
+    assert allowed("DEB.debian.org.", 443, DEFAULT_EGRESS_ALLOWLIST)
+    assert allowed("ftp.de.debian.org", 80, DEFAULT_EGRESS_ALLOWLIST)
+    assert not allowed("deb.debian.org", 22, DEFAULT_EGRESS_ALLOWLIST)  # a pattern without a port: 80 and 443
+    assert not allowed("evil.org", 443, DEFAULT_EGRESS_ALLOWLIST)
+    assert not allowed("pypi.org.evil.org", 443, DEFAULT_EGRESS_ALLOWLIST)
+    assert not allowed("127.0.0.1", 80, DEFAULT_EGRESS_ALLOWLIST)
+    assert allowed("mirror.example", 8080, ["mirror.example:8080"]) and not allowed("mirror.example", 80, ["mirror.example:8080"])
+
+
+def test_forbidden_addresses():
+    own = {"192.0.2.2"}
+    for address, why in [("127.0.0.1", "loopback"), ("127.8.9.1", "loopback"), ("::1", "loopback"),
+                         ("::ffff:127.0.0.1", "loopback"), ("10.1.2.3", "private"), ("172.20.0.1", "private"),
+                         ("192.168.1.1", "private"), ("100.64.0.1", "private"), ("fd00::2", "private"),
+                         ("169.254.169.254", "link-local"), ("fe80::1", "link-local"), ("0.0.0.0", "not a unicast"),
+                         ("224.0.0.1", "not a unicast"), ("192.0.2.2", "own address"),
+                         ("198.51.100.230", "private (198.51.100.224/27)")]:
+        reason = forbidden_reason(address, own, [__import__("ipaddress").ip_network("198.51.100.224/27")])
+        assert reason and why in reason, (address, reason)
+    assert forbidden_reason("151.101.2.132", own) is None
+    # documentation ranges are not refused as such: a transparent package proxy may sit in one
+    assert forbidden_reason("203.0.113.80", own) is None
+
+
+class _Upstream(http.server.BaseHTTPRequestHandler):
+    seen: list[str] = []
+
+    def do_GET(self):  # noqa: N802
+        _Upstream.seen.append(f"{self.path} host={self.headers.get('Host')} auth={self.headers.get('Proxy-Authorization')}")
+        body = b"mirror says hi\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def upstream():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def _opener(proxy_url: str) -> urllib.request.OpenerDirector:
+    return urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy_url, "https": proxy_url}))
+
+
+def test_proxy_forwards_allowed_names_and_records_refusals(upstream):
+    """Forwarding itself (a stand-in mirror on loopback, admitted by the test's own screen), then the real
+    screen: a name that resolves to loopback is refused and recorded, a name off the list too, a request
+    without a build token gets 407 and no record."""
+    async def resolve(host, port):
+        return {"mirror.test": ["127.0.0.1"], "rebind.test": ["127.0.0.1"]}[host]
+
+    proxy = EgressProxy("127.0.0.1", resolver=resolve, screen=lambda a: None).start()
+    try:
+        token = proxy.open_build([f"mirror.test:{upstream}"])
+        body = _opener(proxy.url(token)).open(f"http://mirror.test:{upstream}/dists/x?y=1", timeout=10).read()
+        assert body == b"mirror says hi\n"
+        assert _Upstream.seen[-1].startswith("/dists/x?y=1 host=mirror.test") and "auth=None" in _Upstream.seen[-1]
+        with pytest.raises(urllib.error.HTTPError) as err:
+            _opener(proxy.url(token)).open("http://evil.test/", timeout=10)
+        assert err.value.code == 403
+        assert [str(r) for r in proxy.close_build(token)] == ["evil.test:80 (not on the allowlist)"]
+    finally:
+        proxy.stop()
+    proxy = EgressProxy("127.0.0.1", resolver=resolve).start()  # the real screen: loopback is the host
+    try:
+        token = proxy.open_build([f"rebind.test:{upstream}"])
+        with pytest.raises(urllib.error.HTTPError) as err:
+            _opener(proxy.url(token)).open(f"http://rebind.test:{upstream}/", timeout=10)
+        assert err.value.code == 403
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:  # CONNECT, no token
+            s.sendall(b"CONNECT rebind.test:443 HTTP/1.1\r\nHost: rebind.test:443\r\n\r\n")
+            assert s.recv(100).startswith(b"HTTP/1.1 407")
+        refused = proxy.close_build(token)
+        assert [(r.host, r.port) for r in refused] == [("rebind.test", upstream)]
+        assert "resolves to 127.0.0.1, loopback" in refused[0].reason
+    finally:
+        proxy.stop()
+
+
+# --------------------------------------------------------------------------------------------------- the config
+def test_egress_config_and_old_network_values():
+    assert SynthesizeConfig(imports=["x"]).build.egress == "allowlist"
+    assert SynthesizeConfig(imports=["x"], build={"network": "imports"}).build.egress == "allowlist"
+    assert SynthesizeConfig(imports=["x"], build={"network": "none"}).build.egress == "none"
+    s = SynthesizeConfig(imports=["x"], build={"allowlist_extra": ["mirror.example:8080"], "subnet": "198.51.100.0/28"})
+    assert s.build.allowed_hosts()[-1] == "mirror.example:8080" and "pypi.org" in s.build.allowed_hosts()
+    assert "subnet" not in fingerprint_view(s.build) and fingerprint_view(s.build)["egress"] == "allowlist"
+    for bad, named in [({"network": "bridge"}, "synthesize.build.network"),
+                       ({"network": "none", "egress": "host"}, "contradicts"),
+                       ({"subnet": "198.51.100.0/31"}, "synthesize.build.subnet"),
+                       ({"egress": "open"}, "egress")]:
+        with pytest.raises(ValueError, match=named):
+            SynthesizeConfig(imports=["x"], build=bad)
+
+
+def test_bad_egress_in_a_config_file_names_the_field(tmp_path):
+    from trajforge.schemas.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("dataset: d\nsynthesize:\n  imports: [x]\n  build: {network: bridge}\n")
+    with pytest.raises(ConfigError, match="synthesize.build.network"):
+        load_config(path)
+
+
+# ------------------------------------------------------------------------------------------- real builds (Docker)
+def _listener(host: str, port: int = 0) -> tuple[socket.socket, list]:
+    """A TCP listener that records every connection it accepts (it must record none)."""
+    try:
+        s = socket.create_server((host, port))
+    except OSError:  # the canonical port is taken on this machine: any port shows the same
+        s = socket.create_server((host, 0))
+    accepted: list = []
+
+    def serve():
+        while True:
+            try:
+                conn, peer = s.accept()
+            except OSError:
+                return
+            accepted.append(peer)
+            conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    return s, accepted
+
+
+def _task(root: Path, name: str, run: str) -> Path:
+    task = root / name
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "instruction.md").write_text(f"Write done to /app/out.txt ({name}).\n")
+    (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\n'
+                                    '[environment]\nbuild_timeout_sec = 300.0\n')
+    (task / "environment" / "Dockerfile").write_text(f"FROM debian:bookworm\nWORKDIR /app\n{run}\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        "if grep -qx done /app/out.txt; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n")
+    (task / "solution").mkdir()
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\necho done > /app/out.txt\n")
+    return task
+
+
+@pytest.mark.docker
+def test_imported_builds_reach_nothing_of_the_host(tmp_path, docker_client, monkeypatch):
+    """Planted tasks whose RUN steps try the host's loopback, a Prefect API stand-in, a local registry port and the
+    teacher's port (allowlisted by name, resolving to loopback): each fails `build_egress_refused` naming what it
+    tried, also when the step swallows the error. A step that skips the proxy and connects straight to the
+    gateway (the host, as the build network sees it) is rejected by the firewall: the listener there accepts
+    nothing."""
+    from trajforge.tasks.envs import buildnet
+    from trajforge.tasks.envs.formats import import_task
+    from trajforge.tasks.envs.images import BuildOptions, ImageBuildError, base_image_id, ensure_image, image_tag
+
+    monkeypatch.setenv("TRAJFORGE_BLOB_STORE", str(tmp_path / "blobs"))
+    subnet = "198.51.100.224/27"
+    gate = buildnet.gate(docker_client, subnet)
+    loop_l, loop_seen = _listener("127.0.0.1")
+    prefect_l, prefect_seen = _listener("127.0.0.1", 4200)
+    registry_l, registry_seen = _listener("127.0.0.1", 5000)
+    teacher_l, teacher_seen = _listener("127.0.0.1", 8000)
+    gw_l, gw_seen = _listener(gate.gateway)  # a host service the build network could address directly
+    ports = {n: s.getsockname()[1] for n, s in [("loop", loop_l), ("prefect", prefect_l), ("registry", registry_l),
+                                                 ("teacher", teacher_l), ("gw", gw_l)]}
+    get = "import urllib.request as u; u.urlopen(\"{url}\", timeout=30).read()"
+    planted = {
+        "loopback": (get.format(url=f"http://127.0.0.1:{ports['loop']}/secret"), ("127.0.0.1", ports["loop"])),
+        "prefect-api": (get.format(url=f"http://localhost:{ports['prefect']}/api/deployments/filter"),
+                        ("localhost", ports["prefect"])),
+        "registry": (get.format(url=f"https://127.0.0.1:{ports['registry']}/v2/_catalog"),
+                     ("127.0.0.1", ports["registry"])),
+        # on the allowlist by name, but the name is the host's loopback; the step even swallows the error
+        "teacher": (get.format(url=f"http://localhost:{ports['teacher']}/v1/models") + "' || echo 'ignored",
+                    ("localhost", ports["teacher"])),
+    }
+    allowlist = (*DEFAULT_EGRESS_ALLOWLIST, f"localhost:{ports['teacher']}")
+    options = BuildOptions(egress="allowlist", allowlist=allowlist, subnet=subnet, ca_bundle=CA, timeout_s=300)
+    try:
+        for name, (code, (host, port)) in planted.items():
+            env = import_task(_task(tmp_path, name, f"RUN python3 -c '{code}'"))
+            with pytest.raises(ImageBuildError) as err:
+                ensure_image(docker_client, "trajforge/base:latest", env, {"debian:*": "{base}"}, options=options)
+            assert err.value.cause == "build_egress_refused", (name, str(err.value)[:1500])
+            assert (host, port) in [(r.host, r.port) for r in err.value.refusals], (name, err.value.refusals)
+            assert f"{host}:{port}" in str(err.value).splitlines()[0]
+            tag = image_tag(base_image_id(docker_client, "trajforge/base:latest"), env, {"debian:*": "{base}"})
+            assert not docker_client.images.list(name=tag), name  # never kept, not even when it built
+        # straight to the gateway, past the proxy: reset at once by the host's firewall
+        code = f"import socket; socket.create_connection((\"{gate.gateway}\", {ports['gw']}), timeout=30)"
+        env = import_task(_task(tmp_path, "direct", f"RUN python3 -c '{code}'"))
+        with pytest.raises(ImageBuildError) as err:
+            ensure_image(docker_client, "trajforge/base:latest", env, {"debian:*": "{base}"}, options=options)
+        assert "ConnectionRefusedError" in err.value.log_tail and err.value.cause != "build_timeout", err.value.log_tail
+    finally:
+        for s in (loop_l, prefect_l, registry_l, teacher_l, gw_l):
+            s.close()
+    assert loop_seen == prefect_seen == registry_seen == teacher_seen == gw_seen == []
+
+
+@pytest.mark.docker
+def test_apt_and_pip_through_the_allowed_path_build_and_validate(tmp_path):
+    """A task installing one small Debian package and one small PyPI package through the proxy imports, builds
+    and validates (`envs import`, the default policy); a task trying the host's loopback in the same folder is
+    rejected `build_egress_refused` with the host and port, and the import goes on."""
+    corpus = tmp_path / "corpus"
+    _task(corpus, "apt-and-pip",
+          "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+          "python3-pip bc >/dev/null && rm -rf /var/lib/apt/lists/*\n"
+          "RUN pip install -q --no-cache-dir --break-system-packages six==1.16.0 && python3 -c 'import six' "
+          "&& echo 2+2 | bc")
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+        _task(corpus, "hostile", "RUN python3 -c 'import urllib.request as u; "
+                                 f"u.urlopen(\"http://127.0.0.1:{port}/api/admin\", timeout=30)'")
+        out = run_cli("envs", "import", str(corpus), "--fresh", "--out", str(tmp_path / "envs.jsonl"), cwd=tmp_path,
+                      timeout=900)
+    text = out.stdout + out.stderr
+    assert "build_egress_refused" in text and f"127.0.0.1:{port}" in text, text[-3000:]
+    from trajforge.schemas.environment import EnvSpec
+
+    kept = [EnvSpec.model_validate_json(line) for line in (tmp_path / "envs.jsonl").read_text().splitlines()]
+    assert len(kept) == 1, text[-3000:]
+    assert kept[0].build_egress == "allowlist" and "apt-and-pip" in kept[0].env_id, kept[0].env_id
