@@ -113,6 +113,30 @@ def test_proxy_forwards_allowed_names_and_records_refusals(upstream):
         proxy.stop()
 
 
+def test_what_the_engine_fetches_itself_is_refused():
+    """`ADD <url>` and registry images not present locally are fetched by dockerd on the host's network:
+    refused by name before any build (a registry on the host's loopback is the host)."""
+    import docker.errors
+
+    from trajforge.tasks.envs.images import engine_fetches, registry_host
+
+    class Images:
+        def get(self, name):
+            if name == "present.example/ok:1":
+                return object()
+            raise docker.errors.ImageNotFound(name)
+
+    client = type("Client", (), {"images": Images()})()
+    dockerfile = ("FROM sha256:abc AS build\nFROM localhost:5000/secrets:latest\nFROM present.example/ok:1\n"
+                  "FROM debian:bookworm\nCOPY --from=build /x /x\nCOPY --chown=0:0 --from=127.0.0.1:5000/img /a /a\n"
+                  "ADD http://127.0.0.1:4200/api/admin /tmp/a\nADD --chown=0:0 https://example.org/f.tgz /tmp/\n"
+                  "ADD local.txt /tmp/\n")
+    got = [(r.host, r.port) for r in engine_fetches(client, dockerfile)]
+    assert got == [("127.0.0.1", 4200), ("example.org", 443), ("localhost", 5000), ("127.0.0.1", 5000)]
+    assert registry_host("debian:bookworm") is None and registry_host("library/debian") is None
+    assert registry_host("ghcr.io/org/img:1") == ("ghcr.io", 443)
+
+
 # --------------------------------------------------------------------------------------------------- the config
 def test_egress_config_and_old_network_values():
     assert SynthesizeConfig(imports=["x"]).build.egress == "allowlist"

@@ -289,6 +289,44 @@ def _remove(client: docker.DockerClient, tag: str) -> None:
         pass
 
 
+def registry_host(image: str) -> tuple[str, int] | None:
+    """(host, port) of the registry an image reference names (`host[:port]/path`), None for Docker Hub's."""
+    first, slash, _ = image.partition("/")
+    if not slash or not ("." in first or ":" in first or first == "localhost"):
+        return None
+    host, _, port = first.rpartition(":") if first.count(":") == 1 else (first, "", "")
+    return host.strip("[]"), int(port) if port.isdigit() else 443
+
+
+def engine_fetches(client: docker.DockerClient, dockerfile: str) -> list:
+    """What the Docker engine would fetch itself, on its own network, outside any build network: every
+    `ADD <url>`, and every `FROM` / `COPY --from` image not present locally that names a registry host
+    (a registry on the host's loopback is the host). As refusals."""
+    from .egress import Refusal
+
+    found = [Refusal(h, p, "ADD <url> is fetched by the Docker engine outside the build network")
+             for h, p in remote_adds(dockerfile)]
+    stages: set[str] = set()
+    images = []
+    for m in FROM_LINE.finditer(dockerfile):
+        images.append(m.group(3))
+        alias = re.search(r"\s+AS\s+(\S+)", m.group(4), re.I)
+        if alias:
+            stages.add(alias.group(1).lower())
+    images += re.findall(r"^\s*COPY\s+(?:--\S+\s+)*?--from=(\S+)", dockerfile, re.I | re.M)
+    for image in dict.fromkeys(images):
+        where = registry_host(image) if image.lower() not in stages and not image.startswith("sha256:") else None
+        if where is None:
+            continue
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            found.append(Refusal(*where, f"the Docker engine would pull {image} itself, outside the build network"))
+        except docker.errors.APIError:
+            pass
+    return found
+
+
 def _build(client: docker.DockerClient, context: bytes, tag: str, limits: SandboxConfig, timeout_s: float,
            network: str = "none", buildargs: dict[str, str] | None = None, egress: str = "none"):
     """The decoded log stream of a legacy-builder build whose step containers are limited (`build_params`:
@@ -344,11 +382,8 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
     except BlobMissing as err:
         raise ImageBuildError(f"image for {env.env_id} failed to build: {err}", "", cause="blob_missing") from None
     policy = options.egress if options.networked(env) else "none"
-    adds = remote_adds(env.dockerfile or "") if options.egress != "host" else []
-    if adds:
-        from .egress import Refusal
-
-        refused = [Refusal(h, p, "ADD <url> is fetched by the Docker engine outside the build network") for h, p in adds]
+    refused = engine_fetches(client, dockerfile) if options.egress != "host" and env.dockerfile else []
+    if refused:
         raise ImageBuildError(f"image for {env.env_id} failed to build: build_egress_refused: "
                               f"{', '.join(map(str, refused))}", "", cause="build_egress_refused", refusals=refused)
     network = {"none": "none", "host": "host"}.get(policy, "none")
