@@ -279,3 +279,16 @@ def test_apt_and_pip_through_the_allowed_path_build_and_validate(tmp_path):
     kept = [EnvSpec.model_validate_json(line) for line in (tmp_path / "envs.jsonl").read_text().splitlines()]
     assert len(kept) == 1, text[-3000:]
     assert kept[0].build_egress == "allowlist" and "apt-and-pip" in kept[0].env_id, kept[0].env_id
+
+
+@pytest.mark.docker
+def test_a_build_network_with_another_subnet_is_named_not_used(docker_client):
+    """The network `trajforge-build` exists (the default subnet); asking for another subnet is an error naming
+    `synthesize.build.subnet` and the way out, never a build on a network of unknown shape."""
+    from trajforge.tasks.envs import buildnet
+
+    buildnet.ensure_network(docker_client, "198.51.100.224/27")
+    with pytest.raises(buildnet.EgressUnavailable, match=r"synthesize.build.subnet is 198.51.100.192/28"):
+        buildnet.gate(docker_client, "198.51.100.192/28")
+    net = docker_client.networks.get(buildnet.NETWORK).attrs
+    assert net["Internal"] and net["IPAM"]["Config"][0]["Subnet"] == "198.51.100.224/27"

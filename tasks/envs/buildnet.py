@@ -134,7 +134,11 @@ def gate(client: docker.DockerClient, subnet: str) -> Gate:
         network, gateway = ensure_network(client, subnet)
         firewall(gateway)
         _drop_stale()
-        proxy = EgressProxy(gateway, forbidden=[subnet]).start()
+        try:
+            proxy = EgressProxy(gateway, forbidden=[subnet]).start()
+        except OSError as err:  # the gateway is not an address here: the engine lives in another namespace
+            raise EgressUnavailable(f"{err}; the build network's gateway must be an address of this process's "
+                                    "network namespace (a local engine), else set synthesize.build.egress") from None
         rule = _accept_rule(gateway, proxy.port, os.getpid())
         _ipt("iptables", "-I", CHAIN, "1", *rule)
 
