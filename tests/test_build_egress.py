@@ -13,6 +13,7 @@ import socket
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,52 @@ def test_what_the_engine_fetches_itself_is_refused():
     assert got == [("127.0.0.1", 4200), ("example.org", 443), ("localhost", 5000), ("127.0.0.1", 5000)]
     assert registry_host("debian:bookworm") is None and registry_host("library/debian") is None
     assert registry_host("ghcr.io/org/img:1") == ("ghcr.io", 443)
+
+
+def test_a_tunnel_and_a_request_reach_only_the_host_they_named(upstream):
+    """Fronting: a CONNECT tunnel whose TLS ClientHello names another server is cut and recorded, one naming the
+    CONNECT host goes through as it came; a plain request's Host header is the checked host, whatever the
+    client wrote."""
+    import ssl
+
+    async def resolve(host, port):
+        return ["127.0.0.1"]
+
+    got: list[bytes] = []
+    raw = socket.create_server(("127.0.0.1", 0))
+
+    def accept():
+        while True:
+            try:
+                conn, _ = raw.accept()
+            except OSError:
+                return
+            got.append(conn.recv(5))
+            conn.close()
+    threading.Thread(target=accept, daemon=True).start()
+    tls_port = raw.getsockname()[1]
+    proxy = EgressProxy("127.0.0.1", resolver=resolve, screen=lambda a: None).start()
+    try:
+        token = proxy.open_build([f"mirror.test:{tls_port}", f"mirror.test:{upstream}"])
+        auth = "Proxy-Authorization: Basic " + __import__("base64").b64encode(f"{token}:x".encode()).decode()
+        for sni in ("evil.test", "mirror.test"):
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+                s.sendall(f"CONNECT mirror.test:{tls_port} HTTP/1.1\r\n{auth}\r\n\r\n".encode())
+                assert s.recv(100).startswith(b"HTTP/1.1 200")
+                ctx = ssl.create_default_context()
+                with pytest.raises((ssl.SSLError, OSError)):
+                    ctx.wrap_socket(s, server_hostname=sni).do_handshake()
+        assert [g[:1] for g in got] == [b"", b"\x16"]  # the fronting hello never reached the upstream; the other did
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+            s.sendall(f"GET http://mirror.test:{upstream}/a HTTP/1.1\r\nHost: evil.test\r\n{auth}\r\n\r\n".encode())
+            answer = b"".join(iter(lambda: s.recv(4096), b""))  # the proxy closes after one request
+            assert b"mirror says hi" in answer
+        assert _Upstream.seen[-1].startswith(f"/a host=mirror.test:{upstream}")
+        assert [(r.host, r.reason) for r in proxy.close_build(token)] == [
+            ("mirror.test", "TLS server name evil.test is not the CONNECT host")]
+    finally:
+        proxy.stop()
+        raw.close()
 
 
 # --------------------------------------------------------------------------------------------------- the config
@@ -261,7 +308,7 @@ def test_apt_and_pip_through_the_allowed_path_build_and_validate(tmp_path):
     and validates (`envs import`, the default policy); a task trying the host's loopback in the same folder is
     rejected `build_egress_refused` with the host and port, and the import goes on."""
     corpus = tmp_path / "corpus"
-    _task(corpus, "apt-and-pip",
+    _task(corpus, "apt-and-pip", f"RUN echo {uuid.uuid4().hex} > /etc/nonce\n"  # a new image: no layer cache
           "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
           "python3-pip bc >/dev/null && rm -rf /var/lib/apt/lists/*\n"
           "RUN pip install -q --no-cache-dir --break-system-packages six==1.16.0 && python3 -c 'import six' "

@@ -273,6 +273,7 @@ def test_corpus_end_to_end_without_oracle(tmp_path):
     dataset = Path(cfg["runs"]) / "corpus" / "latest" / "dataset"
     traj = datasets.load_dataset(str(dataset), "trajectories")["train"]
     passed = {(r["env_id"], r["passed"]) for r in traj}
+    assert gz.build_egress == "allowlist" and set(traj["build_egress"]) == {"allowlist"}  # the default policy built it
     assert passed == {(ids["gz-sum"], True), (ids["gz-sum"], False), (ids["tally-words"], False)}
     rl = datasets.load_dataset(str(dataset), "rl")["train"]
     assert rl["env_id"] == [ids["gz-sum"]]  # proven solvable by a verified pass; tally-words is not

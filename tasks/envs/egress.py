@@ -10,6 +10,11 @@ a build's. Invariants:
   unspecified, one of this host's own addresses or inside a `forbidden` network (the build subnet).
   The proxy resolves names itself and connects to the address it checked (no second lookup: DNS
   rebinding gets nothing). An IP literal is a host like any other: on the allowlist or refused.
+- a request reaches only the host it named: a plain request is forwarded with that host as its `Host`
+  header, one request per connection; a tunnel whose TLS ClientHello names another server (SNI) is cut.
+  What travels inside a tunnel's TLS is not seen: a CDN or a TLS-intercepting middlebox on the way that
+  routes by the inner `Host` can still front for another host (outside this machine: the addresses above
+  stay refused).
 - every refusal is recorded per build as `Refusal(host, port, reason)` (`refusals(token)`) and answered
   at once (403), never left hanging; connects time out after `connect_timeout_s`, idle tunnels after
   `idle_timeout_s`.
@@ -147,6 +152,7 @@ class EgressProxy:
 
         def run() -> None:
             loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
             self._loop = loop
             try:
                 self._server = loop.run_until_complete(asyncio.start_server(self._handle, self.bind, self.port))
@@ -158,7 +164,10 @@ class EgressProxy:
             ready.set()
             loop.run_forever()
             self._server.close()
-            loop.run_until_complete(self._server.wait_closed())
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:  # open tunnels end with the proxy
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
         self._thread = threading.Thread(target=run, name="trajforge-egress", daemon=True)
@@ -217,10 +226,16 @@ class EgressProxy:
             if connect:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
-            else:
+                first = await self._client_hello(token, host, port, reader)
+                if first is None:
+                    return
+                up_writer.write(first)
+            else:  # the checked host is the Host header, one request per connection: nothing routes elsewhere
                 kept = [h for h in headers if h.split(":", 1)[0].strip().lower()
-                        not in ("proxy-authorization", "proxy-connection", "connection", "keep-alive")]
-                request = "\r\n".join([f"{method} {path} {version}", *kept, "Connection: close", "", ""])
+                        not in ("proxy-authorization", "proxy-connection", "connection", "keep-alive", "host")]
+                authority = (f"[{host}]" if ":" in host else host) + ("" if port == 80 else f":{port}")
+                request = "\r\n".join([f"{method} {path} {version}", f"Host: {authority}", *kept,
+                                        "Connection: close", "", ""])
                 up_writer.write(request.encode("latin-1"))
                 await up_writer.drain()
             await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
@@ -246,6 +261,22 @@ class EgressProxy:
         except (OSError, asyncio.TimeoutError) as err:
             return self._refuse(token, host, port, f"connect to {addresses[0]} failed: {err or 'timed out'}")
 
+    async def _client_hello(self, token: str, host: str, port: int, reader: asyncio.StreamReader) -> bytes | None:
+        """The tunnel's first bytes; None (refused) when they are a TLS ClientHello naming another server
+        than the CONNECT host (a front for a host off the list)."""
+        try:
+            first = await asyncio.wait_for(reader.read(5), self.head_timeout_s)
+            if len(first) == 5 and first[0] == 0x16:
+                first += await asyncio.wait_for(reader.readexactly(int.from_bytes(first[3:5], "big")),
+                                                self.head_timeout_s)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            return None
+        name = server_name(first)
+        if name is not None and name.lower().rstrip(".") != host.lower().rstrip("."):
+            self._refuse(token, host, port, f"TLS server name {name[:100]} is not the CONNECT host")
+            return None
+        return first
+
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
@@ -262,6 +293,28 @@ class EgressProxy:
                     writer.write_eof()
             except OSError:
                 pass
+
+
+def server_name(record: bytes) -> str | None:
+    """The server name (SNI) of a TLS ClientHello record, None when it is not one or names none."""
+    try:
+        if len(record) < 43 or record[0] != 0x16 or record[5] != 0x01:
+            return None
+        i = 9 + 2 + 32  # record header 5, handshake header 4, version 2, random 32
+        i += 1 + record[i]  # session id
+        i += 2 + int.from_bytes(record[i:i + 2], "big")  # cipher suites
+        i += 1 + record[i]  # compression methods
+        end = i + 2 + int.from_bytes(record[i:i + 2], "big")
+        i += 2
+        while i + 4 <= min(end, len(record)):
+            kind, size = int.from_bytes(record[i:i + 2], "big"), int.from_bytes(record[i + 2:i + 4], "big")
+            if kind == 0 and record[i + 6] == 0:  # server_name list: first entry, host_name
+                n = int.from_bytes(record[i + 7:i + 9], "big")
+                return record[i + 9:i + 9 + n].decode("ascii", "replace")
+            i += 4 + size
+    except IndexError:
+        return None
+    return None
 
 
 def _token(headers: list[str]) -> str | None:
