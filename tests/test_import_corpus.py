@@ -250,7 +250,8 @@ def test_corpus_end_to_end_without_oracle(tmp_path):
 
     corpus = tmp_path / "corpus"
     shutil.copytree(CORPUS, corpus)
-    (corpus / "gz-sum" / "environment" / "nonce.txt").write_text(str(tmp_path))  # a new image: this build builds it
+    for name in RIGHT:  # new images: this build builds them (under the default build policy)
+        (corpus / name / "environment" / "nonce.txt").write_text(str(tmp_path))
     ids = {name: import_task(corpus / name).env_id for name in RIGHT}
     recorded = tmp_path / "recorded.jsonl"  # gz-sum: solved once of two; tally-words: never
     recorded.write_text("".join(json.dumps({"env_id": ids[n], "commands": c}) + "\n" for n, c in [
