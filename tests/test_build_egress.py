@@ -200,6 +200,16 @@ def test_egress_config_and_old_network_values():
             SynthesizeConfig(imports=["x"], build=bad)
 
 
+def test_host_egress_warns(capsys, monkeypatch):
+    from trajforge.tasks.envs import images
+
+    monkeypatch.setattr(images, "_HOST_WARNED", [])
+    options = images.BuildOptions.from_config(SynthesizeConfig(imports=["x"], build={"egress": "host"}).build)
+    assert options.egress == "host" and "reaches every service on this host" in capsys.readouterr().err
+    quiet = images.BuildOptions.from_config(SynthesizeConfig(imports=["x"]).build)
+    assert quiet.egress == "allowlist" and "pypi.org" in quiet.allowlist and capsys.readouterr().err == ""
+
+
 def test_bad_egress_in_a_config_file_names_the_field(tmp_path):
     from trajforge.schemas.config import load_config
 
