@@ -201,8 +201,35 @@ def registry_check(registry: str, timeout: float = 5) -> Check:
                  + "; ".join(errors), "start the registry, or fix sandbox.registry (host:port)")
 
 
+def network_checks(cfg: BuildConfig, iptables: str | None = None, root: bool | None = None) -> list[Check]:
+    """The network policy per phase: build (`synthesize.build.egress`; `allowlist` needs root and iptables
+    for the build network's firewall), agent and verifier (always none: sandboxes run `--network none`)."""
+    b = cfg.synthesize.build
+    iptables = shutil.which("iptables") if iptables is None else iptables
+    root = os.geteuid() == 0 if root is None else root
+    scope = "" if cfg.synthesize.imports else " (this config imports no Dockerfiles)"
+    if b.egress == "allowlist":
+        hosts = b.allowed_hosts()
+        detail = (f"allowlist: imported Dockerfiles build on the internal network trajforge-build ({b.subnet}); "
+                  f"only its egress proxy leads out, to {len(hosts)} host pattern(s) ({', '.join(hosts[:4])}"
+                  f"{', ...' if len(hosts) > 4 else ''}); nothing of this host is reachable{scope}")
+        if not iptables or not root:
+            build = Check("network: build", "fail", detail + "; the build network's firewall needs root and iptables",
+                          "run as root with iptables installed, or set synthesize.build.egress: none")
+        else:
+            build = Check("network: build", "ok", detail)
+    elif b.egress == "none":
+        build = Check("network: build", "ok", f"none: no build has network (an apt/pip step fails){scope}")
+    else:
+        build = Check("network: build", "warn", "host: imported Dockerfiles build on the host's network; any RUN "
+                      f"step reaches every service of this host, its loopback included{scope}",
+                      "trusted task folders only; else synthesize.build.egress: allowlist")
+    return [build, Check("network: agent", "ok", "none: episodes run in sandboxes with --network none"),
+            Check("network: verifier", "ok", "none: hidden tests run in sandboxes with --network none")]
+
+
 def run_checks(cfg: BuildConfig) -> list[Check]:
-    checks = docker_checks(cfg)
+    checks = docker_checks(cfg) + network_checks(cfg)
     if cfg.sandbox.registry:
         checks.append(registry_check(cfg.sandbox.registry))
     checks += [cpu_check(), _runs_check(cfg.runs)]

@@ -7,6 +7,7 @@ Every section is one stage's config: the stage fingerprint hashes exactly its se
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -161,14 +162,33 @@ DEFAULT_ALIASES = {"ubuntu:*": "{base}", "debian:*": "{base}", "python:*": "{bas
                    "*/ubuntu-*:*": "{base}", "*/debian-*:*": "{base}", "*/python-3*:*": "{base}"}
 
 
-class BuildImagesConfig(Section):
-    """`synthesize.build`: how environment images are built. `network` decides what can build (an imported
-    Dockerfile's `apt-get` / `pip` steps), so it is fingerprinted; the rest is operational."""
+# hosts an imported Dockerfile's build may reach under `egress: allowlist` (fnmatch patterns; `host` allows
+# ports 80 and 443, `host:port` that port): Debian and Ubuntu mirrors, PyPI and its files host, npm's registry
+DEFAULT_EGRESS_ALLOWLIST = ("deb.debian.org", "security.debian.org", "ftp.*.debian.org", "archive.ubuntu.com",
+                            "*.archive.ubuntu.com", "security.ubuntu.com", "ports.ubuntu.com", "pypi.org",
+                            "files.pythonhosted.org", "registry.npmjs.org")
+LEGACY_NETWORK = {"imports": "allowlist", "none": "none"}  # `synthesize.build.network` before `egress`
 
-    network: Literal["imports", "none"] = Field("imports", description=(
-        "build-time network: `imports` = imported Dockerfiles build on the host network (procedural and "
-        "LLM-written environments never have one); `none` = no build has network. Agent-time network is "
-        "always none"))
+
+class BuildImagesConfig(Section):
+    """`synthesize.build`: how environment images are built. `egress` (and its allowlist) decides what can
+    build (an imported Dockerfile's `apt-get` / `pip` steps), so it is fingerprinted; the rest is operational.
+    The old `network` key still loads: `imports` -> `egress: allowlist`, `none` -> `egress: none`."""
+
+    egress: Literal["allowlist", "none", "host"] = Field("allowlist", description=(
+        "build-time network of imported Dockerfiles (procedural and LLM-written environments never have one): "
+        "`allowlist` = trajforge's build network, whose only way out is its egress proxy to the `allowlist` "
+        "hosts (nothing of the host is reachable); `none` = no network; `host` = the host's network, every "
+        "service on the host reachable by any RUN step (trusted task folders only: a warning is printed). "
+        "Agent-time and verifier network is always none"))
+    allowlist: list[str] = Field(default_factory=lambda: list(DEFAULT_EGRESS_ALLOWLIST), description=(
+        "hosts a build may reach under `egress: allowlist` (fnmatch patterns; `host` = ports 80 and 443, "
+        "`host:port` = that port); replaces the default list"))
+    allowlist_extra: list[str] = Field(default_factory=list, description=(
+        "hosts added to `allowlist` (keeps the default list)"))
+    subnet: str = operational("198.51.100.224/27", description=(
+        "the build network's IPv4 subnet (a documentation range: no private-range address); its first "
+        "address is the gateway the egress proxy listens on"))
     ca_bundle: str | None = operational(None, description=(
         "host CA bundle copied into networked builds and named by PIP_CERT / SSL_CERT_FILE / REQUESTS_CA_BUNDLE "
         "(behind a TLS-intercepting proxy: /etc/ssl/certs/ca-certificates.crt)"))
@@ -178,6 +198,36 @@ class BuildImagesConfig(Section):
     timeout_s: float = operational(900, gt=0, description="a build's limit unless the task sets build_timeout_sec")
     log_dir: str | None = operational(None, description=(
         "where each image's build log is kept (`<tag>.log`); default: `build-logs/` in the build's run folder"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_network(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "network" in data:
+            data = dict(data)
+            old = data.pop("network")
+            if old not in LEGACY_NETWORK:
+                raise ValueError(f"synthesize.build.network: {old!r} is not a known value (it was `imports` or "
+                                 "`none`); use synthesize.build.egress: allowlist | none | host")
+            if "egress" in data and data["egress"] != LEGACY_NETWORK[old]:
+                raise ValueError(f"synthesize.build.network: {old!r} contradicts synthesize.build.egress: "
+                                 f"{data['egress']!r}; keep only `egress`")
+            data["egress"] = LEGACY_NETWORK[old]
+        return data
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, v: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(v)
+        except ValueError as err:
+            raise ValueError(f"synthesize.build.subnet: {err}") from None
+        if net.num_addresses < 4:
+            raise ValueError(f"synthesize.build.subnet: {v} is too small (at least a /30)")
+        return str(net)
+
+    def allowed_hosts(self) -> tuple[str, ...]:
+        """The effective allowlist: `allowlist` then `allowlist_extra`, each once."""
+        return tuple(dict.fromkeys([*self.allowlist, *self.allowlist_extra]))
 
     def proxies(self) -> tuple[tuple[str, str], ...]:
         pairs = [(k, getattr(self, k)) for k in ("http_proxy", "https_proxy", "no_proxy") if getattr(self, k)]

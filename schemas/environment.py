@@ -23,7 +23,7 @@ MAX_TEST_TIMEOUT_S, MAX_AGENT_TIMEOUT_S, MAX_BUILD_TIMEOUT_S = 3600.0, 14400.0, 
 LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "base_images", "expected_tests", "tests_run_agent_code", "tests_leave_processes",
-             "reward_files", "test_writes", "guard_tests", "guard_types", "tool_server")
+             "reward_files", "test_writes", "guard_tests", "guard_types", "tool_server", "build_egress")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
 # the environment kinds EnvSpec accepts: filled by registration (tasks/envs/kinds.py), the two built-in ones here
@@ -159,6 +159,10 @@ class EnvSpec(Record):
     base_images: list[BaseImage] = Field(default_factory=list, description=(
         "set at build: each `FROM` image of `dockerfile` mapped through the alias table -> the local image "
         "it was built on (a registry image substituted by a local base is recorded here)"))
+
+    build_egress: Literal["allowlist", "none", "host"] | None = Field(None, description=(
+        "set at build: the network policy its image was built under (`synthesize.build.egress`; `none` for "
+        "images without a Dockerfile; null: an image built before the policy was recorded)"))
 
     @field_validator("workdir")
     @classmethod

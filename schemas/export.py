@@ -107,6 +107,9 @@ class TrajectoryRow(Record):
         "whether the environment's hidden tests execute the agent's code (no / subprocess / in_process / unknown; "
         "EnvSpec.tests_run_agent_code): such code runs with the tests' powers, and docs/verification.md lists the hacks that "
         "stay undetectable then; filter on it for the strictest data"))
+    build_egress: str = Field("unknown", description=(
+        "the network policy the environment's image was built under (EnvSpec.build_egress, "
+        "`synthesize.build.egress`: allowlist / none / host; unknown: built before it was recorded)"))
     pooled_difficulty: Label = Field("unlabelled", description="the environment's difficulty across every teacher "
                                                              "of the build (Calibration.pooled_label)")
     pooled_solve_rate: float = Field(0.0, description="the pooled fit's solve rate, on the `pooled_teacher`'s scale")

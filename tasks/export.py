@@ -128,7 +128,7 @@ def _list_sum(lists: pa.ChunkedArray, field: str) -> pa.Array:
     return pa.array(cum[offsets[1:]] - cum[offsets[:-1]])
 
 
-ENV_COLUMNS = ["env_id", "family", "level", "source", "kind", "tests_run_agent_code", *(["license"] if "license" in EnvSpec.model_fields else [])]
+ENV_COLUMNS = ["env_id", "family", "level", "source", "kind", "tests_run_agent_code", "build_egress", *(["license"] if "license" in EnvSpec.model_fields else [])]
 
 
 def _scan(ctx: StageContext, table: pa.Table, rejects: list[Reject]) -> tuple[pa.Table, dict[str, Any]]:
@@ -255,6 +255,7 @@ class ExportStage(Stage):
                  "verifier_output_tail": tail(v.column("verifier_output"), ctx.config.export.verifier_tail_chars),
                  "changes": v.column("changes"), "kind": pc.fill_null(e.column("kind"), "terminal"),  # older parts: null
                  "tests_run_agent_code": pc.fill_null(e.column("tests_run_agent_code"), "unknown"),
+                 "build_egress": pc.fill_null(e.column("build_egress"), "unknown"),
                  "pooled_difficulty": pc.fill_null(c.column("pooled_label"), "unlabelled"),
                  "pooled_solve_rate": pc.fill_null(c.column("pooled_solve_rate"), 0.0),
                  "tools": tool_definitions(out.column("tools_json"))}

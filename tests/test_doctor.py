@@ -6,7 +6,7 @@ import pytest
 from fake_openai import FakeOpenAI
 from helpers import run_cli
 
-from trajforge.flows.doctor import cpu_check, teacher_check
+from trajforge.flows.doctor import cpu_check, network_checks, teacher_check
 from trajforge.schemas.config import teacher_config
 
 ROOT_CONFIG = "configs/replay.yaml"
@@ -31,6 +31,7 @@ def test_doctor_reports_the_engine_and_base_image_ok(tmp_path):
     assert _row(r.stdout, "base image") == "ok"
     assert _row(r.stdout, "storage") in ("ok", "warn")  # warn: the driver cannot cap (said in the row)
     assert _row(r.stdout, "teacher replay") == "ok"
+    assert [_row(r.stdout, f"network: {phase}") for phase in ("build", "agent", "verifier")] == ["ok"] * 3
 
 
 def test_doctor_fails_without_an_engine(tmp_path):
@@ -69,3 +70,24 @@ def test_a_missing_vllm_model_fails_the_teacher_check(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAJFORGE_CACHE", str(tmp_path))
     c = teacher_check(teacher_config({"backend": "vllm", "vllm": {"model": "embedded:nothing-here"}}))
     assert c.status == "fail" and "make teacher" in c.fix
+
+
+def test_doctor_states_the_network_policy_per_phase():
+    """build: `synthesize.build.egress` (allowlist needs root and iptables; host warns); agent and verifier: none."""
+    from trajforge.schemas.config import parse_config
+
+    def rows(egress: str, **kw) -> dict:
+        cfg = parse_config({"dataset": "d", "synthesize": {"imports": ["x"], "build": {"egress": egress}},
+                            "teacher": {"backend": "replay"}})
+        return {c.name: c for c in network_checks(cfg, **kw)}
+
+    ok = rows("allowlist", iptables="/usr/sbin/iptables", root=True)
+    assert ok["network: build"].status == "ok" and "trajforge-build" in ok["network: build"].detail
+    assert "deb.debian.org" in ok["network: build"].detail
+    assert (ok["network: agent"].status, ok["network: verifier"].status) == ("ok", "ok")
+    assert "none" in ok["network: agent"].detail and "none" in ok["network: verifier"].detail
+    no_fw = rows("allowlist", iptables="", root=True)["network: build"]
+    assert no_fw.status == "fail" and "egress: none" in no_fw.fix
+    host = rows("host")["network: build"]
+    assert host.status == "warn" and "loopback" in host.detail
+    assert rows("none")["network: build"].detail.startswith("none")

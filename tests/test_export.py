@@ -58,7 +58,8 @@ def setup(tmp_path):
                           {"runs": str(tmp_path / f"call{next(calls)}"), "dataset": "exp", **{f"export.filters.{k}": v for k, v in filters.items()}})
         ctx = StageContext.create(cfg, "b")
         envs = [EnvSpec(env_id=e, family=f"fam-{e}", level=k + 1, seed=k, instruction="x",
-                        tests=[FileSpec(path="test_x.py", content="def test_a(): pass")], solution=["true"])
+                        tests=[FileSpec(path="test_x.py", content="def test_a(): pass")], solution=["true"],
+                        build_egress="allowlist" if e == "e0" else None)
                 for k, e in enumerate(["e0", "e1"])]
         rollouts = [Rollout(rollout_id=f"r{i}", env_id=f"e{i % 2}", teacher="t", harness="h", sample=i,
                             messages=(messages or _messages)(i), tools_json=tools_json,
@@ -98,6 +99,7 @@ def test_join_puts_each_column_on_its_row(setup):
     assert (r1.family, r1.level, r1.difficulty, r1.passed, r1.tests_passed, r1.prompt_tokens) == \
         ("fam-e1", 2, "hard", False, 1, 11)
     assert rows["r2"].hack_flags == ["forge_reward"]
+    assert (r0.build_egress, r1.build_egress) == ("allowlist", "unknown")  # the policy that built the image
     assert (r3.step_labels, r3.act_verify_share, r3.repeated_commands) == (["act"], 0.0, 3)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import run_cli, small_config
 
-from trajforge.schemas.config import SynthesizeConfig, fingerprint_view, parse_config
+from trajforge.schemas.config import DEFAULT_EGRESS_ALLOWLIST, SynthesizeConfig, fingerprint_view, parse_config
 from trajforge.schemas.environment import EnvSpec
 from trajforge.tasks.envs.blobs import BlobStore
 from trajforge.tasks.envs.formats import TaskFormatError, export_harbor, import_task
@@ -159,10 +159,10 @@ def test_ca_bundle_and_network_stay_out_of_the_image_address():
     text = with_ca(dockerfile)
     assert text.count("COPY .trajforge-build-ca.crt") == 1 and "PIP_CERT=" in text and "REQUESTS_CA_BUNDLE=" in text
     assert text.rstrip().endswith("rm -f /usr/local/share/trajforge-build-ca.crt")
-    assert BuildOptions(network="imports").networked(env) and not BuildOptions().networked(env)
+    assert BuildOptions(egress="allowlist").networked(env) and not BuildOptions().networked(env)
     from trajforge.tasks.envs.families import get_family
 
-    assert not BuildOptions(network="imports").networked(get_family("log_report").generate(1, 0))
+    assert not BuildOptions(egress="allowlist").networked(get_family("log_report").generate(1, 0))
 
 
 def test_build_failure_causes():
@@ -218,7 +218,7 @@ def test_certificate_failure_names_ca_bundle(tmp_path, docker_client):
 
 def test_config_marks_operational_build_settings():
     s = SynthesizeConfig(imports=["x"], build={"ca_bundle": CA, "https_proxy": "http://p:3128", "timeout_s": 60})
-    assert fingerprint_view(s)["build"] == {"network": "imports"} and s.require_solution is False
+    assert fingerprint_view(s)["build"] == {"egress": "allowlist", "allowlist": list(DEFAULT_EGRESS_ALLOWLIST), "allowlist_extra": []} and s.require_solution is False
     assert ("HTTPS_PROXY", "http://p:3128") in s.build.proxies()
 
 
@@ -250,7 +250,8 @@ def test_corpus_end_to_end_without_oracle(tmp_path):
 
     corpus = tmp_path / "corpus"
     shutil.copytree(CORPUS, corpus)
-    (corpus / "gz-sum" / "environment" / "nonce.txt").write_text(str(tmp_path))  # a new image: this build builds it
+    for name in RIGHT:  # new images: this build builds them (under the default build policy)
+        (corpus / name / "environment" / "nonce.txt").write_text(str(tmp_path))
     ids = {name: import_task(corpus / name).env_id for name in RIGHT}
     recorded = tmp_path / "recorded.jsonl"  # gz-sum: solved once of two; tally-words: never
     recorded.write_text("".join(json.dumps({"env_id": ids[n], "commands": c}) + "\n" for n, c in [
@@ -273,6 +274,7 @@ def test_corpus_end_to_end_without_oracle(tmp_path):
     dataset = Path(cfg["runs"]) / "corpus" / "latest" / "dataset"
     traj = datasets.load_dataset(str(dataset), "trajectories")["train"]
     passed = {(r["env_id"], r["passed"]) for r in traj}
+    assert gz.build_egress == "allowlist" and set(traj["build_egress"]) == {"allowlist"}  # the default policy built it
     assert passed == {(ids["gz-sum"], True), (ids["gz-sum"], False), (ids["tally-words"], False)}
     rl = datasets.load_dataset(str(dataset), "rl")["train"]
     assert rl["env_id"] == [ids["gz-sum"]]  # proven solvable by a verified pass; tally-words is not

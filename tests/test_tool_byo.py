@@ -76,7 +76,7 @@ def validate(docker_client, env):
     from trajforge.tasks.envs.validator import validate_env
 
     return validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", {}, 20, 30,
-                        build=BuildOptions(network="imports"))
+                        build=BuildOptions(egress="allowlist"))
 
 
 @pytest.mark.docker

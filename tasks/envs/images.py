@@ -6,8 +6,14 @@ An image whose tag exists is never rebuilt, so identical environments share one 
 imported Dockerfiles are mapped through the alias table (fnmatch patterns -> local images, `{base}` =
 the base image; the mapping is recorded on the environment, `base_images`), and an image that is
 neither aliased nor present locally fails (`base_image_missing`). Build-time network
-(`BuildOptions.network`) is for imported Dockerfiles only (their `apt-get`/`pip` steps); agent-time
-network stays none. With a CA bundle, it is copied into every stage and named by `PIP_CERT`,
+(`BuildOptions.egress`) is for imported Dockerfiles only (their `apt-get`/`pip` steps); agent-time
+network stays none. Under `allowlist` they build on trajforge's build network (`buildnet.py`), whose
+only way out is the egress proxy, named to the build by `http_proxy` / `https_proxy` build args carrying
+the build's token; any connection the proxy refused (host and port, from its log for that token) fails
+the build as `build_egress_refused`, also when the Dockerfile swallowed the error (the image is removed).
+`ADD <url>` is fetched by the engine itself, outside any build network: it is refused
+(`build_egress_refused`) unless `egress: host`. The image is labelled with the policy that built it
+(`trajforge.build_egress`), recorded on the environment (`build_egress`). With a CA bundle, it is copied into every stage and named by `PIP_CERT`,
 `SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, ... as build args (never persisted in the image config, never
 part of the tag); without one configured, the host's own (`host_ca_bundle`: the first of `SSL_CERT_FILE`,
 `PIP_CERT`, `REQUESTS_CA_BUNDLE` naming a file) is used, and a build that fails a certificate check says
@@ -26,8 +32,10 @@ import io
 import json
 import os
 import re
+import sys
 import tarfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -44,6 +52,9 @@ from .blobs import BlobMissing, BlobStore
 from .tools.layer import ToolsLayerError
 
 LABEL = {"trajforge.image": "env"}
+EGRESS_LABEL = "trajforge.build_egress"
+REMOTE_ADD = re.compile(r"^\s*ADD\s+(?:--\S+\s+)*(?P<url>(?:https?|git|ssh|ftp)://\S+|git@\S+)", re.I | re.M)
+_HOST_WARNED: list[bool] = []
 DOCKERFILE_NAME = ".trajforge.Dockerfile"
 DEFAULT_DOCKERFILE = """FROM {base}
 COPY --chown={uid}:{uid} work/ {workdir}/
@@ -92,12 +103,14 @@ CAUSES = (
 class ImageBuildError(RuntimeError):
     """A Dockerfile that failed to build; `log_tail` holds the last lines of the build log, `cause` a code:
     base_image_missing | build_fetch_failed | package_not_found | build_timeout | blob_missing |
+    build_egress_refused (a connection the build policy refused: `refusals` names host and port) |
     reserved_name | artifact_mismatch (a pinned MCP server's locked artifact has other bytes) | artifact_unsafe
     (its npm tarball holds a link or an escaping path, or its lock a path outside node_modules/) | build_step_failed;
     `hint` the fix when the log shows one (a certificate check: `CA_HINT`), also
     leading the message's first line."""
 
-    def __init__(self, message: str, log_tail: str, cause: str | None = None):
+    def __init__(self, message: str, log_tail: str, cause: str | None = None, refusals: tuple = ()):
+        self.refusals = tuple(refusals)
         self.hint = CA_HINT if CERT_ERROR.search(f"{message}\n{log_tail}") else None
         if self.hint and self.hint not in message:
             head, _, rest = message.partition(": ")
@@ -116,24 +129,34 @@ def classify(log: str) -> str:
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """How images are built (never what they are: none of this enters an image tag). `network`: imported
-    Dockerfiles build on the host network (`imports`) or with none; `ca_bundle`: a host CA bundle copied
-    into their builds; `proxies`: `http_proxy` / `https_proxy` / `no_proxy` build args; `timeout_s`: a
-    build's limit unless the task sets its own."""
+    """How images are built (never what they are: none of this enters an image tag). `egress`: imported
+    Dockerfiles build on trajforge's build network through its proxy to `allowlist` (`allowlist`), with no
+    network (`none`) or on the host's (`host`); `subnet`: the build network's; `ca_bundle`: a host CA
+    bundle copied into networked builds; `proxies`: `http_proxy` / `https_proxy` / `no_proxy` build args
+    (`host` only: under `allowlist` the build's proxy is trajforge's); `timeout_s`: a build's limit unless
+    the task sets its own."""
 
-    network: str = "none"
+    egress: str = "none"
+    allowlist: tuple[str, ...] = ()
+    subnet: str = "198.51.100.224/27"
     ca_bundle: str | None = None
     proxies: tuple[tuple[str, str], ...] = ()
     timeout_s: float = 900
 
     def networked(self, env: EnvSpec) -> bool:
-        return self.network == "imports" and env.dockerfile is not None
+        return self.egress != "none" and env.dockerfile is not None
 
     @classmethod
     def from_config(cls, build: BuildImagesConfig, environ: Mapping[str, str] | None = None) -> "BuildOptions":
-        """`synthesize.build` as options; its `ca_bundle`, else the host's own (`host_ca_bundle(environ)`)."""
-        return cls(network=build.network, ca_bundle=build.ca_bundle or host_ca_bundle(environ),
-                   proxies=build.proxies(), timeout_s=build.timeout_s)
+        """`synthesize.build` as options; its `ca_bundle`, else the host's own (`host_ca_bundle(environ)`).
+        `egress: host` prints a warning (once per process)."""
+        if build.egress == "host" and not _HOST_WARNED:
+            _HOST_WARNED.append(True)
+            print("warning: synthesize.build.egress: host - imported Dockerfiles build on the host's network; "
+                  "any RUN step reaches every service on this host (its loopback included)", file=sys.stderr)
+        return cls(egress=build.egress, allowlist=build.allowed_hosts(), subnet=build.subnet,
+                   ca_bundle=build.ca_bundle or host_ca_bundle(environ), proxies=build.proxies(),
+                   timeout_s=build.timeout_s)
 
 
 def host_ca_bundle(environ: Mapping[str, str] | None = None) -> str | None:
@@ -236,14 +259,83 @@ def image_tag(base_id: str, env: EnvSpec, aliases: dict[str, str] | None = None)
     return "trajforge/env:" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def remote_adds(dockerfile: str) -> list[tuple[str, int]]:
+    """(host, port) of each `ADD <url>` (the engine fetches those itself, on its own network)."""
+    found = []
+    for m in REMOTE_ADD.finditer(dockerfile):
+        url = m.group("url")
+        if url.lower().startswith("git@"):
+            found.append((url[4:].partition(":")[0], 22))
+            continue
+        parts = urllib.parse.urlsplit(url)
+        default = {"http": 80, "https": 443, "git": 9418, "ssh": 22, "ftp": 21}.get(parts.scheme.lower(), 0)
+        try:
+            port = parts.port or default
+        except ValueError:
+            port = default
+        found.append((parts.hostname or url, port))
+    return found
+
+
+def egress_message(env: EnvSpec, refused) -> str:
+    return (f"image for {env.env_id} failed to build: build_egress_refused: the build tried "
+            f"{', '.join(map(str, refused[:5]))} (synthesize.build.egress: allowlist)")
+
+
+def _remove(client: docker.DockerClient, tag: str) -> None:
+    try:
+        client.images.remove(tag, force=True)
+    except docker.errors.APIError:
+        pass
+
+
+def registry_host(image: str) -> tuple[str, int] | None:
+    """(host, port) of the registry an image reference names (`host[:port]/path`), None for Docker Hub's."""
+    first, slash, _ = image.partition("/")
+    if not slash or not ("." in first or ":" in first or first == "localhost"):
+        return None
+    host, _, port = first.rpartition(":") if first.count(":") == 1 else (first, "", "")
+    return host.strip("[]"), int(port) if port.isdigit() else 443
+
+
+def engine_fetches(client: docker.DockerClient, dockerfile: str) -> list:
+    """What the Docker engine would fetch itself, on its own network, outside any build network: every
+    `ADD <url>`, and every `FROM` / `COPY --from` image not present locally that names a registry host
+    (a registry on the host's loopback is the host). As refusals."""
+    from .egress import Refusal
+
+    found = [Refusal(h, p, "ADD <url> is fetched by the Docker engine outside the build network")
+             for h, p in remote_adds(dockerfile)]
+    stages: set[str] = set()
+    images = []
+    for m in FROM_LINE.finditer(dockerfile):
+        images.append(m.group(3))
+        alias = re.search(r"\s+AS\s+(\S+)", m.group(4), re.I)
+        if alias:
+            stages.add(alias.group(1).lower())
+    images += re.findall(r"^\s*COPY\s+(?:--\S+\s+)*?--from=(\S+)", dockerfile, re.I | re.M)
+    for image in dict.fromkeys(images):
+        where = registry_host(image) if image.lower() not in stages and not image.startswith("sha256:") else None
+        if where is None:
+            continue
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            found.append(Refusal(*where, f"the Docker engine would pull {image} itself, outside the build network"))
+        except docker.errors.APIError:
+            pass
+    return found
+
+
 def _build(client: docker.DockerClient, context: bytes, tag: str, limits: SandboxConfig, timeout_s: float,
-           network: bool = False, buildargs: dict[str, str] | None = None):
+           network: str = "none", buildargs: dict[str, str] | None = None, egress: str = "none"):
     """The decoded log stream of a legacy-builder build whose step containers are limited (`build_params`:
-    docker-py's `build` passes neither a CPU quota nor ulimits) and have no network unless `network`
-    (then the host's: the engine runs with no bridge)."""
+    docker-py's `build` passes neither a CPU quota nor ulimits) on `network` (`none`, `host`, or the
+    build network's name); the image is labelled with the `egress` policy that built it."""
     api = client.api
-    params = {"t": tag, "dockerfile": DOCKERFILE_NAME, "rm": True, "forcerm": True, "labels": json.dumps(LABEL),
-              "networkmode": "host" if network else "none", **build_params(limits, client)}
+    params = {"t": tag, "dockerfile": DOCKERFILE_NAME, "rm": True, "forcerm": True,
+              "labels": json.dumps({**LABEL, EGRESS_LABEL: egress}), "networkmode": network,
+              **build_params(limits, client)}
     if buildargs:
         params["buildargs"] = json.dumps(buildargs)
     response = api._post(api._url("/build"), data=context, params=params, stream=True, timeout=timeout_s,
@@ -266,14 +358,14 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
     layer = kinds.of(env).layer
     if layer is not None:  # e.g. tools: the base + the MCP SDK (tasks/envs/tools/layer.py)
         try:
-            base_id = layer(client, base_id, env, options.network == "imports")
+            base_id = layer(client, base_id, env, options.egress != "none")
         except ToolsLayerError as err:
             raise ImageBuildError(f"image for {env.env_id} failed to build: {err}", "", cause=err.cause) from None
     aliases = aliases or {}
     env.base_images = [BaseImage(image=k, local=v) for k, v in base_mapping(env, aliases, base).items()]
     tag = image_tag(base_id, env, aliases)
     try:
-        client.images.get(tag)
+        env.build_egress = (client.images.get(tag).labels or {}).get(EGRESS_LABEL)  # older images: unknown
         return tag, False
     except docker.errors.ImageNotFound:
         pass
@@ -289,9 +381,23 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
         blobs = [(b.path, store.get(b.sha256), b.mode) for b in env.blobs]
     except BlobMissing as err:
         raise ImageBuildError(f"image for {env.env_id} failed to build: {err}", "", cause="blob_missing") from None
-    network = options.networked(env)
-    buildargs = {k: v for k, v in options.proxies} if network else {}
-    if network and options.ca_bundle:
+    policy = options.egress if options.networked(env) else "none"
+    refused = engine_fetches(client, dockerfile) if options.egress != "host" and env.dockerfile else []
+    if refused:
+        raise ImageBuildError(f"image for {env.env_id} failed to build: build_egress_refused: "
+                              f"{', '.join(map(str, refused))}", "", cause="build_egress_refused", refusals=refused)
+    network = {"none": "none", "host": "host"}.get(policy, "none")
+    buildargs = {k: v for k, v in options.proxies} if policy == "host" else {}
+    token, gate = None, None
+    if policy == "allowlist":
+        from . import buildnet
+
+        gate = buildnet.gate(client, options.subnet)
+        network, token = gate.network, gate.proxy.open_build(options.allowlist)
+        url = gate.proxy.url(token)
+        buildargs = {"http_proxy": url, "https_proxy": url, "HTTP_PROXY": url, "HTTPS_PROXY": url,
+                     "no_proxy": "", "NO_PROXY": ""}
+    if policy != "none" and options.ca_bundle:
         try:
             with open(options.ca_bundle, "rb") as f:
                 blobs.append((CA_NAME, f.read(), 0o644))
@@ -299,12 +405,13 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
             raise ImageBuildError(f"image for {env.env_id} failed to build: CA bundle {options.ca_bundle}: {err}",
                                   "", cause="build_fetch_failed") from None
         dockerfile = with_ca(dockerfile)
+    env.build_egress = policy
     log: list[str] = []
     deadline = time.monotonic() + timeout_s
     response = None
     try:
         response, chunks = _build(client, _context_tar(dockerfile, context, blobs), tag, limits or SandboxConfig(),
-                                  timeout_s, network, buildargs)
+                                  timeout_s, network, buildargs, policy)
         for chunk in chunks:
             if "stream" in chunk:
                 log.append(chunk["stream"])
@@ -314,11 +421,24 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
             if time.monotonic() > deadline:
                 raise ImageBuildError(f"image for {env.env_id} failed to build: still building after "
                                       f"{timeout_s:g}s", "".join(log)[-2000:], cause="build_timeout")
+        refused = gate.proxy.close_build(token) if gate else []
+        if refused:  # it built anyway (the Dockerfile swallowed the error): not an image of this policy
+            _remove(client, tag)
+            raise ImageBuildError(egress_message(env, refused), "".join(log)[-2000:], cause="build_egress_refused",
+                                  refusals=refused)
     except ImageBuildError as err:
+        refused = gate.proxy.close_build(token) if gate else []
+        if refused and err.cause != "build_egress_refused":  # the refusal is why it failed
+            err = ImageBuildError(egress_message(env, refused), err.log_tail, cause="build_egress_refused",
+                                  refusals=refused)
         log.append(f"\n[trajforge] {err.cause}: {err.args[0].splitlines()[0]}\n")
-        raise
+        raise err from None
     except docker.errors.APIError as err:
         log.append(f"\n[trajforge] {err}\n")
+        refused = gate.proxy.close_build(token) if gate else []
+        if refused:
+            raise ImageBuildError(egress_message(env, refused), "".join(log)[-2000:], cause="build_egress_refused",
+                                  refusals=refused) from None
         raise ImageBuildError(f"image for {env.env_id} failed to build: {err}", "".join(log)[-2000:]) from None
     except Exception as err:  # read timeout of a hung build, dropped connection
         log.append(f"\n[trajforge] {err.__class__.__name__}: {err}\n")
@@ -328,6 +448,8 @@ def ensure_image(client: docker.DockerClient, base: str, env: EnvSpec,
     finally:
         if response is not None:
             response.close()
+        if gate is not None:
+            gate.proxy.close_build(token)
         if log_sink is not None:
             try:
                 log_sink(tag, "".join(log))

@@ -140,7 +140,7 @@ def runtime_of(env) -> str:
 def ensure_tools_layer(client: docker.DockerClient, base_id: str, env=None, network: bool = True) -> str:
     """The id of the tools layer over `base_id` on `client`'s engine (built now if absent); for an
     environment whose brought server runs on Node.js, the Node layer over it (built only where builds may
-    use the network: `network`, i.e. `synthesize.build.network: imports`); for a server pinned as a package
+    use the network: `network`, i.e. `synthesize.build.egress` not `none`); for a server pinned as a package
     (`.tools/package.lock.json`), the package layer over that (`PACKAGE_RECIPES`: no network)."""
     layer_id = _python_layer(client, base_id)
     if runtime_of(env) == "node":
@@ -154,7 +154,7 @@ def ensure_tools_layer(client: docker.DockerClient, base_id: str, env=None, netw
 def _node_layer(client: docker.DockerClient, layer_id: str, network: bool) -> str:
     if not network:
         raise ToolsLayerError("a Node.js server's layer installs Debian's nodejs: it needs the build network "
-                              "(synthesize.build.network: imports)")
+                              "(synthesize.build.egress: allowlist or host)")
     text = NODE_RECIPE.format(base=layer_id, version=NODE_VERSION)
     tag = f"{REPO}-node:" + hashlib.sha256(text.encode()).hexdigest()[:16]
     with _LOCK:
