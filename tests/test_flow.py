@@ -117,8 +117,9 @@ def test_change_in_verify_config_reuses_upstream_and_explains(built):
     changed = cfg.model_copy(update={"verify": cfg.verify.model_copy(update={"test_timeout_s": 45})})
     rec = run_build(changed)
     st = {n: s["status"] for n, s in rec["stages"].items()}
-    assert st == {"propose": "reused", "synthesize": "reused", "rollout": "reused", "verify": "committed", "calibrate": "committed",
-                  "export": "committed"}
+    # verify ran again and wrote the same verdicts (a longer timeout changes none here): what reads them is reused
+    assert st == {"propose": "reused", "synthesize": "reused", "rollout": "reused", "verify": "committed", "calibrate": "reused",
+                  "export": "reused"}
     text = "\n".join(explain_build(RunStore(cfg.runs, cfg.dataset), rec["build_id"]))
     assert "verify" in text and "its config section changed" in text
 
