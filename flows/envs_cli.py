@@ -107,8 +107,9 @@ def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConf
 
 
 def _report(results, title: str) -> int:
-    from ..tasks.envs.validator import CHECKS
+    from ..tasks.envs.validator import check_names
 
+    CHECKS = check_names()
     t = Table(title=title)
     for col in ("environment", "source", *CHECKS, "verdict"):
         t.add_column(col)
