@@ -209,6 +209,11 @@ class SynthesizeConfig(Section):
         "reject environments without a reference solution (`no_reference_solution`); default: keep them, "
         "marked `oracle: absent`, validated by every check that needs no oracle"))
     build: BuildImagesConfig = Field(default_factory=lambda: BuildImagesConfig())
+    audit: Literal["reject", "flag", "off"] = Field("reject", description=(
+        "the test audit (wrong states derived from the reference solution's outputs, run against the hidden "
+        "tests): `reject` an environment whose tests pass one (`weak_tests`, naming it), `flag` (keep it, its "
+        "survivors in `EnvSpec.audit`), `off`"))
+    audit_mutants: int = Field(8, ge=1, le=200, description="the most mutants the test audit runs per environment")
 
     @field_validator("dedup_threshold")
     @classmethod

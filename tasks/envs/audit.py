@@ -48,6 +48,7 @@ class AuditSettings:
 
     mode: str = "reject"
     mutants: int = DEFAULT_MUTANTS
+    progress: Callable[[Mutant], None] | None = None  # called after each mutant (`trajforge envs audit`)
 
 
 @dataclass
@@ -101,11 +102,14 @@ def outputs(sb: Sandbox, env: EnvSpec) -> tuple[list[Output], list[Mutant]]:
     return found, unbuilt
 
 
-def _with_content(tar: bytes, content: bytes) -> bytes:
-    """`tar`'s one member with `content` instead (same name, owner, mode)."""
+def _with_content(tar: bytes, content: bytes, serial: int) -> bytes:
+    """`tar`'s one member with `content` instead (same name, owner, mode), its mtime moved on by `serial`
+    seconds so no bytecode cached from another version of it (`__pycache__`, keyed by mtime and size) is
+    taken for this one."""
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
         member = t.next()
     member.size = len(content)
+    member.mtime = int(time.time()) + 1 + serial
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as out:
         out.addfile(member, io.BytesIO(content))
@@ -180,7 +184,7 @@ def audit(sb: Sandbox, env: EnvSpec, test_timeout_s: float, budget: int, first_s
                     sb.exec(f"rm -f -- {shlex.quote(o.path)}", 30, workdir="/")
                 else:
                     data = mutated if isinstance(mutated, bytes) else mutated.encode("utf-8")
-                    sb.put_archive(posixpath.dirname(o.path), _with_content(o.tar, data))
+                    sb.put_archive(posixpath.dirname(o.path), _with_content(o.tar, data, tried))
                 run = run_hidden_tests(sb, env, test_timeout_s)
                 runs += 1
                 mutants.append(_judged(name, o.path, what, run))

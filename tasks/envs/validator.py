@@ -260,7 +260,7 @@ def audit_tests(case: Case) -> Validation | None:
         return None
     try:
         env.audit = run_audit(case.sb, env, case.test_timeout_s, settings.mutants,
-                              first_survivor_ends=settings.mode == "reject")
+                              first_survivor_ends=settings.mode == "reject", progress=settings.progress)
     except SandboxError:
         raise
     except Exception as err:  # trajforge's own fault: named, never a silent keep or drop

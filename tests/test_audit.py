@@ -1,0 +1,129 @@
+"""The test audit (tasks/envs/audit.py, tasks/envs/mutants.py): mutators and the equivalence rule without
+Docker; in Docker, the weak fixtures (tests/fixtures/weak: one weak task per kind of weakness, Harbor and
+Terminal-Bench, each with a wrong solution a naive harness scores 1.0) are rejected `weak_tests` naming their
+surviving mutant, and their sound look-alikes are kept with every mutant killed."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
+from trajforge.tasks.envs.audit import AuditSettings
+from trajforge.tasks.envs.formats import import_task
+from trajforge.tasks.envs.mutants import DELETE, MUTATORS, Inputs, Mutator, equivalent, output_class, register
+from trajforge.tasks.envs.validator import validate_env
+
+WEAK = Path(__file__).parent / "fixtures" / "weak"
+CASES = [json.loads(line) for line in (WEAK / "cases.jsonl").read_text().splitlines()]
+NO_INPUTS = Inputs("Write the answer.", {})
+
+
+def mutate(name: str, text: str, inputs: Inputs = NO_INPUTS, path: str = "out.csv"):
+    return MUTATORS[name].make(path, text, inputs)
+
+
+def test_data_mutators_change_what_a_sound_test_compares():
+    rows = "cy,30\nana,12\nbo,7\n"
+    assert mutate("emptied", rows) == "" and mutate("deleted", rows) is DELETE
+    assert mutate("line_added", rows) == "cy,30\nana,12\nbo,7\nbo,8\n"
+    assert mutate("numbers_perturbed", rows) == "cy,30\nana,12\nbo,8\n"
+    assert mutate("numbers_perturbed", "mean 3.50\n") == "mean 3.95\n"  # beyond two decimals' precision
+    assert mutate("values_swapped", rows) == "cy,30\nana,7\nbo,12\n"
+    assert mutate("line_dropped", rows) == "cy,30\nana,12\n"
+    assert mutate("lines_reordered", rows) == "bo,7\nana,12\ncy,30\n"
+    assert mutate("truncated", rows) == "cy,30\n"
+    assert mutate("line_duplicated", rows) == "cy,30\nana,12\nbo,7\nbo,7\n"
+    assert mutate("inputs_echoed", "54\n", Inputs("", {"scores.csv": rows, "notes.txt": "x"}), "total.csv") == rows
+
+
+def test_code_mutators_stub_functions_and_scripts():
+    code = "def add_all(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"
+    assert "return 0" in mutate("functions_return_constant", code, path="calc.py")
+    assert "pass" in mutate("functions_do_nothing", code, path="calc.py")
+    assert mutate("functions_return_constant", "print(1)\n", path="calc.py") is None  # no function to stub
+    assert mutate("script_exits_0", "#!/bin/bash\ngrep -c x \"$1\"\n", path="r.sh") == "#!/bin/sh\nexit 0\n"
+    assert output_class("r.sh", b"echo") == "script" and output_class("calc.py", b"x = 1") == "code"
+    assert output_class("db", b"SQLite\0") == "binary" and output_class("a.txt", b"\xff\xfe") == "binary"
+    assert output_class("a.txt", b"1\n") == "data"
+
+
+def test_equivalence_is_conservative():
+    assert equivalent("line_added", "a  b\n", "a b\n\n", NO_INPUTS) == "a whitespace-only change"
+    assert equivalent("lines_reordered", "a\nb\n", "b\na\n", NO_INPUTS) is None  # order may matter
+    free = Inputs("List the names, in any order.", {})
+    assert "order is free" in equivalent("lines_reordered", "a\nb\n", "b\na\n", free)
+    assert equivalent("line_duplicated", "a\n", "a\na\n", free) is None  # an extra item is never the same answer
+
+
+def test_a_mutator_registration_is_checked():
+    with pytest.raises(ValueError, match="registered twice"):
+        register(Mutator("emptied", ("data",), "", lambda p, t, i: ""))
+    with pytest.raises(ValueError, match="unknown output class"):
+        register(Mutator("new_one", ("video",), "", lambda p, t, i: ""))
+
+
+def test_every_weakness_has_a_harbor_or_tbench_fixture_and_a_sound_look_alike():
+    kinds = {c["weakness"] for c in CASES}
+    assert kinds >= {"exists_only", "substring", "line_count", "first_rows", "wide_tolerance", "format_regex",
+                     "exit_status", "trivial_input", "extra_items"}
+    assert {c["env"].split("/")[0] for c in CASES} == {"harbor", "tbench"}
+    for c in CASES:
+        assert (WEAK / c["env"]).is_dir(), c
+        assert c["expect"] == ("weak_tests" if c["case"].endswith("-weak") else "kept")
+
+
+# ---------------------------------------------------------------------------------------------------- Docker
+
+
+@pytest.fixture(scope="module")
+def audited(docker_client):
+    """Every fixture folder imported and validated once (two at a time; the weak task and its look-alike share
+    an image), with every mutant run (`flag`), and once more in the default `reject` mode."""
+    s, sandbox = SynthesizeConfig(imports=[str(WEAK)]), SandboxConfig()
+
+    def one(case: dict):
+        out = {}
+        for mode in ("reject", "flag"):
+            env = import_task(WEAK / case["env"])
+            out[mode] = env, validate_env(docker_client, env, sandbox, sandbox.base_image, s.image_aliases, 60, 60,
+                                          audit=AuditSettings(mode, s.audit_mutants))
+        return case["case"], out
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(one, CASES))
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("case", [c for c in CASES if c["expect"] == "weak_tests"], ids=lambda c: c["case"])
+def test_weak_tests_are_rejected_naming_the_surviving_mutant(audited, case):
+    env, v = audited[case["case"]]["reject"]
+    assert not v.ok and v.reject.reason == "weak_tests", (v.reject, v.checks)
+    survivor = env.audit.survivors[0]
+    assert f"mutant `{survivor.mutator}` of {survivor.path} survived" in v.reject.detail
+    assert "every test passed" in v.reject.detail and survivor.path.startswith("/app/")
+    env, v = audited[case["case"]]["flag"]  # flag: kept, marked, every mutant of the budget tried
+    assert v.ok and v.checks["test_audit"] == "flag" and env.audit.status == "weak"
+    assert env.audit.tried >= 2 and env.audit.killed < env.audit.tried and env.audit.strength < 1
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("case", [c for c in CASES if c["expect"] == "kept"], ids=lambda c: c["case"])
+def test_sound_look_alikes_are_kept_with_every_mutant_killed(audited, case):
+    for mode in ("reject", "flag"):
+        env, v = audited[case["case"]][mode]
+        assert v.ok, (mode, v.reject)
+        assert v.checks["test_audit"] == "pass" and env.audit.status == "strong", env.audit
+        assert env.audit.tried >= 2 and env.audit.killed == env.audit.tried and env.audit.strength == 1.0
+        assert env.audit.test_runs == env.audit.tried and env.audit.seconds > 0
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("case", [c for c in CASES if c["expect"] == "weak_tests"], ids=lambda c: c["case"])
+def test_a_naive_harness_scores_the_wrong_solution_of_a_weak_task_1(case):
+    from naive_harness import naive_reward
+
+    assert naive_reward(WEAK / case["env"], case["wrong"]) == case["naive_reward"] == 1.0
