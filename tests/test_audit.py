@@ -57,6 +57,10 @@ def test_equivalence_is_conservative():
     free = Inputs("List the names, in any order.", {})
     assert "order is free" in equivalent("lines_reordered", "a\nb\n", "b\na\n", free)
     assert equivalent("line_duplicated", "a\n", "a\na\n", free) is None  # an extra item is never the same answer
+    obj = '{\n  "a": 1,\n  "mode": "x"\n}\n'
+    assert mutate("values_swapped", obj) is None  # a key is never swapped: that only reorders the rows
+    assert "same JSON value" in equivalent("lines_reordered", obj, '{"mode": "x", "a": 1}', NO_INPUTS)
+    assert equivalent("numbers_perturbed", obj, obj.replace("1", "3"), NO_INPUTS) is None
 
 
 def test_a_mutator_registration_is_checked():
@@ -74,6 +78,39 @@ def test_every_weakness_has_a_harbor_or_tbench_fixture_and_a_sound_look_alike():
     for c in CASES:
         assert (WEAK / c["env"]).is_dir(), c
         assert c["expect"] == ("weak_tests" if c["case"].endswith("-weak") else "kept")
+
+
+def test_strength_column_and_buckets():
+    import pyarrow as pa
+
+    from trajforge.schemas.arrow import arrow_schema
+    from trajforge.schemas.environment import EnvSpec, TestAudit
+    from trajforge.tasks.dataset.columns import test_strength
+    from trajforge.tasks.synthesize import strength_bucket
+
+    audits = [TestAudit(status="strong", tried=8, killed=8), TestAudit(status="weak", tried=4, killed=3),
+              TestAudit(status="skip", reason="no reference solution")]
+    arr = pa.array([a.model_dump() for a in audits], arrow_schema(EnvSpec).field("audit").type)
+    assert test_strength(arr).to_pylist() == [1.0, 0.75, None] == [a.strength for a in audits]
+    assert [strength_bucket(a.strength) for a in audits] == ["1.0", "0.75-1", "not audited"]
+    assert strength_bucket(0.2) == "0-0.5"
+
+
+def test_audit_settings_are_config_with_a_named_error():
+    s = SynthesizeConfig(families=[{"name": "log_report"}])
+    assert (s.audit, s.audit_mutants) == ("reject", 8)
+    with pytest.raises(ValueError, match="audit"):
+        SynthesizeConfig(families=[{"name": "log_report"}], audit="sometimes")
+    with pytest.raises(ValueError, match="audit_mutants"):
+        SynthesizeConfig(families=[{"name": "log_report"}], audit_mutants=0)
+
+
+def test_the_audit_is_one_entry_of_the_validation_table():
+    from trajforge.tasks.envs.validator import CHECKS, check_names
+
+    assert [c.name for c in CHECKS][-1] == "test_audit" and "weak_tests" in CHECKS[-1].reasons
+    assert check_names()[:3] == ("image", "noop_fails", "no_leak") and check_names()[-1] == "test_audit"
+    assert "tools_serve" in check_names()  # a kind's checks are recorded under their own names
 
 
 # ---------------------------------------------------------------------------------------------------- Docker

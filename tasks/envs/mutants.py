@@ -11,6 +11,7 @@ changes what a sound test compares (a value, a row, a line, the code's behaviour
 Equivalence (conservative, so a survivor is evidence, never a guess):
 - the mutated bytes are the same as the original's, or the same once every line's whitespace is collapsed
   and blank lines are dropped (a whitespace-only change);
+- both parse as JSON to the same value (object keys are unordered);
 - `lines_reordered` when the instruction says the order is free (`any order`, `order does not matter`, …)
   and the mutant holds the same lines;
 nothing else is equivalent: a survivor of any other mutant is a test that accepts a wrong answer.
@@ -19,6 +20,7 @@ nothing else is equivalent: a survivor of any other mutant is a test that accept
 from __future__ import annotations
 
 import ast
+import json
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -156,14 +158,15 @@ def numbers_perturbed(path, text, _):
 
 
 def values_swapped(path, text, _):
-    """In the last two rows with the same number of cells, the last cell that differs, swapped."""
+    """In the last two rows with the same number of cells, the last cell that differs, swapped (never the
+    first cell, a row's key or name: swapping it would only reorder the rows)."""
     lines, end = _lines(text)
     rows = [(i, _cells(line)) for i, line in enumerate(lines) if line.strip()]
     rows = [(i, c) for i, c in rows if c]
     for (i, (a, sep)), (j, (b, sep2)) in zip(rows[-2::-1], rows[:0:-1]):
         if sep != sep2 or len(a) != len(b):
             continue
-        for k in range(len(a) - 1, -1, -1):
+        for k in range(len(a) - 1, 0, -1):
             if a[k].strip() != b[k].strip():
                 a2, b2 = list(a), list(b)
                 a2[k], b2[k] = b[k], a[k]
@@ -239,6 +242,13 @@ def _squash(text: str) -> list[str]:
     return [" ".join(line.split()) for line in text.splitlines() if line.strip()]
 
 
+def _same_json(a: str, b: str) -> bool:
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
+
+
 def equivalent(mutator: str, original: str, mutated: str, inputs: Inputs) -> str | None:
     """Why `mutated` leaves the compared content the same as `original` (None: it does not; see the module
     docstring for the rule)."""
@@ -246,6 +256,8 @@ def equivalent(mutator: str, original: str, mutated: str, inputs: Inputs) -> str
         return "the same content"
     if _squash(mutated) == _squash(original):
         return "a whitespace-only change"
+    if _same_json(original, mutated):
+        return "the same JSON value (object keys in another order, or only layout changed)"
     if mutator == "lines_reordered" and ORDER_FREE.search(inputs.instruction) \
             and sorted(_squash(mutated)) == sorted(_squash(original)):
         return "the same lines, and the instruction says their order is free"
