@@ -14,8 +14,9 @@ emptied or deleted.
 
 Why one container for every mutant is sound: the validator's `deterministic` check ran the tests twice on
 the solved state with the same per-test results, so a test run leaves nothing that changes the next; each
-mutant is undone (the original file's tar, owner and mode included, put back by the engine) before the
-next. A test run that hangs or crashes on a mutant kills it (the cause is recorded). A Docker failure is
+mutant is undone (the original file's tar, owner and mode included, put back by the engine) before another
+file is mutated. Cost: where the tests never run agent code (`tests_run_agent_code: no`) no agent process
+can exist between runs, so the kill that precedes a test run is skipped (`Sandbox.settled`). A test run that hangs or crashes on a mutant kills it (the cause is recorded). A Docker failure is
 `SandboxError` (the validator's `validation_infra`, retried); any other exception here is trajforge's
 fault: the validator rejects `verifier_error`, never keeping or dropping the environment silently.
 """
@@ -165,6 +166,9 @@ def audit(sb: Sandbox, env: EnvSpec, test_timeout_s: float, budget: int, first_s
         return TestAudit(status="skip", reason="the reference solution wrote no file the instruction or tests name",
                          mutants=mutants, seconds=round(time.monotonic() - t0, 3))
     tried = runs = 0
+    # tests that never run agent code leave no agent process: the validator's test runs killed every one, and
+    # only trajforge's own commands run here, so the kill before each test run is skipped (`settled`)
+    quiet = env.tests_run_agent_code == "no"
     dirty: Output | None = None  # the output a mutant changed (the next mutant of the same file overwrites it)
     try:
         for name, o, mutated, why in candidates(found, env):
@@ -181,16 +185,19 @@ def audit(sb: Sandbox, env: EnvSpec, test_timeout_s: float, budget: int, first_s
                     sb.put_archive(posixpath.dirname(dirty.path), dirty.tar)
                 dirty = o
                 if mutated is DELETE:
-                    sb.exec(f"rm -f -- {shlex.quote(o.path)}", 30, workdir="/")
+                    sb.exec(f"rm -f -- {shlex.quote(o.path)}", 30, workdir="/")  # as the work dir's owner
                 else:
                     data = mutated if isinstance(mutated, bytes) else mutated.encode("utf-8")
                     sb.put_archive(posixpath.dirname(o.path), _with_content(o.tar, data, tried))
+                if quiet:
+                    sb.settled = True
                 run = run_hidden_tests(sb, env, test_timeout_s)
                 runs += 1
                 mutants.append(_judged(name, o.path, what, run))
             if progress:
                 progress(mutants[-1])
     finally:
+        sb.settled = False
         if dirty is not None:
             sb.put_archive(posixpath.dirname(dirty.path), dirty.tar)
     survivors = [m for m in mutants if m.outcome == "survived"]
