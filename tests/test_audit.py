@@ -58,7 +58,8 @@ def test_equivalence_is_conservative():
     assert "order is free" in equivalent("lines_reordered", "a\nb\n", "b\na\n", free)
     assert equivalent("line_duplicated", "a\n", "a\na\n", free) is None  # an extra item is never the same answer
     obj = '{\n  "a": 1,\n  "mode": "x"\n}\n'
-    assert mutate("values_swapped", obj) is None  # a key is never swapped: that only reorders the rows
+    swapped = mutate("values_swapped", obj)  # a value between two keys, never the keys (that only reorders them)
+    assert swapped == '{\n  "a": "x",\n  "mode": 1\n}\n' and equivalent("values_swapped", obj, swapped, NO_INPUTS) is None
     assert "same JSON value" in equivalent("lines_reordered", obj, '{"mode": "x", "a": 1}', NO_INPUTS)
     assert equivalent("numbers_perturbed", obj, obj.replace("1", "3"), NO_INPUTS) is None
 
@@ -164,3 +165,69 @@ def test_a_naive_harness_scores_the_wrong_solution_of_a_weak_task_1(case):
     from naive_harness import naive_reward
 
     assert naive_reward(WEAK / case["env"], case["wrong"]) == case["naive_reward"] == 1.0
+
+
+BAD_TESTS = """import pathlib, time
+W = pathlib.Path(WORK)
+
+
+def test_answer():
+    while not (W / "answer.txt").read_text().strip():  # hangs on an emptied answer
+        time.sleep(1)
+    assert (W / "answer.txt").read_text() == "12\\n"
+
+
+def test_blob_and_side_file():
+    assert (W / "blob.bin").read_bytes() == bytes(range(256))
+    assert pathlib.Path("/tmp/side.txt").read_text() == "side\\n"
+"""
+
+
+@pytest.mark.docker
+def test_bad_outputs_and_hanging_tests_get_named_outcomes(docker_client, monkeypatch):
+    """Binary and outside-the-work-dir outputs, tests that hang on a mutant, and the audit's own fault."""
+    from trajforge.schemas.common import FileSpec
+    from trajforge.schemas.environment import EnvSpec
+    from trajforge.tasks.envs import mutants
+
+    def env(env_id: str) -> EnvSpec:
+        return EnvSpec(env_id=env_id, family="planted", level=1, seed=0, source="procedural:planted",
+                       instruction="Write the sum of numbers.txt to answer.txt, the bytes 0..255 to blob.bin and "
+                                   "'side' to /tmp/side.txt.",
+                       files=[FileSpec(path="numbers.txt", content="3 4 5\n")], test_timeout_s=8,
+                       tests=[FileSpec(path="test_task.py", content=BAD_TESTS)],
+                       solution=["python3 -c \"print(sum(map(int, open('numbers.txt').read().split())))\" > answer.txt",
+                                 "python3 -c \"import sys; sys.stdout.buffer.write(bytes(range(256)))\" > blob.bin",
+                                 "echo side > /tmp/side.txt"])
+
+    s, sandbox = SynthesizeConfig(families=[{"name": "log_report"}]), SandboxConfig()
+    e = env("planted-bad-outputs")
+    v = validate_env(docker_client, e, sandbox, sandbox.base_image, s.image_aliases, 30, 30,
+                     audit=AuditSettings("reject", 12))
+    assert v.ok and e.audit.status == "strong", (v.reject, e.audit)
+    by = {(m.mutator, m.path.rsplit("/", 1)[-1]): m for m in e.audit.mutants}
+    assert "timed out" in by["emptied", "answer.txt"].cause and by["emptied", "answer.txt"].outcome == "killed"
+    blob = {m for m, p in by if p == "blob.bin"}
+    assert "emptied" in blob and blob <= {"emptied", "deleted"}  # binary: never rewritten as text
+    side = by["*", "side.txt"]
+    assert side.outcome == "not_built" and "outside the work dir" in side.cause
+
+    def boom(path, text, inputs):
+        raise RuntimeError("a mutator bug")
+
+    monkeypatch.setitem(mutants.MUTATORS, "boom", Mutator("boom", ("data",), "boom", boom))
+    e = env("planted-audit-bug")
+    v = validate_env(docker_client, e, sandbox, sandbox.base_image, s.image_aliases, 30, 30)
+    assert v.reject.reason == "verifier_error" and "the test audit failed: RuntimeError: a mutator bug" in v.reject.detail
+
+
+@pytest.mark.docker
+def test_envs_audit_cli_prints_each_mutant_and_fails_on_weak_tests(docker_client, tmp_path):
+    from helpers import run_cli
+
+    out = run_cli("envs", "audit", str(WEAK / "harbor" / "sum-scores-weak"), "--mutants", "3", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "survived emptied /app/total.txt" in out.stdout and "weak_tests: " in out.stdout
+    out = run_cli("envs", "audit", str(WEAK / "harbor" / "sum-scores-sound"), "--mutants", "3", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "killed emptied /app/total.txt" in out.stdout and "3/3 mutants killed" in out.stdout

@@ -97,10 +97,16 @@ def _perturb(match: re.Match) -> str:
 
 
 def _cells(line: str) -> tuple[list[str], str] | None:
-    for sep in ("\t", ",", ";", "|", " "):
+    for sep in ("\t", ": ", ",", ";", "|", " "):
         if sep in line:
             return line.split(sep), sep
     return None
+
+
+def _core(cell: str) -> tuple[str, str]:
+    """A cell's value and what trails it (whitespace, a JSON line's comma)."""
+    core = cell.rstrip().rstrip(",").rstrip()
+    return core, cell[len(core):]
 
 
 def emptied(path, text, _):
@@ -167,9 +173,10 @@ def values_swapped(path, text, _):
         if sep != sep2 or len(a) != len(b):
             continue
         for k in range(len(a) - 1, 0, -1):
-            if a[k].strip() != b[k].strip():
+            (va, ta), (vb, tb) = _core(a[k]), _core(b[k])  # a trailing comma stays where it was
+            if va and vb and va != vb:
                 a2, b2 = list(a), list(b)
-                a2[k], b2[k] = b[k], a[k]
+                a2[k], b2[k] = vb + ta, va + tb
                 out = list(lines)
                 out[i], out[j] = sep.join(a2), sep.join(b2)
                 return _join(out, end)
