@@ -87,6 +87,7 @@ def _resolve(ref: str, runs: str) -> list[EnvSpec]:
 
 
 def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs: int):
+    from ..tasks.envs.audit import AuditSettings
     from ..tasks.envs.catalogue import sibling_of
     from ..tasks.envs.validator import validate_env
     from ..tasks.sandbox import docker_client
@@ -100,7 +101,8 @@ def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConf
 
     def one(env: EnvSpec):
         return env, validate_env(client, env, sandbox, sandbox.base_image, s.image_aliases, s.solution_timeout_s,
-                                 s.test_timeout_s, sibling=sibling_of, build=build_options(s))
+                                 s.test_timeout_s, sibling=sibling_of, build=build_options(s),
+                                 audit=AuditSettings(s.audit, s.audit_mutants))
 
     with ThreadPoolExecutor(jobs) as pool:
         return list(pool.map(one, envs))
@@ -113,7 +115,7 @@ def _report(results, title: str) -> int:
     t = Table(title=title)
     for col in ("environment", "source", *CHECKS, "verdict"):
         t.add_column(col)
-    mark = {"pass": "[green]pass[/]", "fail": "[red]fail[/]", "skip": "skip"}
+    mark = {"pass": "[green]pass[/]", "fail": "[red]fail[/]", "skip": "skip", "flag": "[yellow]flag[/]"}
     for env, v in results:
         t.add_row(env.env_id, env.source, *(mark.get(v.checks.get(c, ""), "") for c in CHECKS),
                   "[green]kept[/]" if v.ok else f"[red]{v.reject.reason}[/]")
