@@ -225,21 +225,22 @@ def script_exits_0(path, text, _):
     return "#!/bin/sh\nexit 0\n"
 
 
-# the order is the audit's order of attack within a file (the budget takes the first ones of every output)
+# the order is the audit's order of attack within a file (the budget takes the first ones of every output):
+# what catches the commonest weak tests first (exists-only, substring, tolerance / format, set comparisons)
 for _m in (
     Mutator("emptied", ("data", "code", "script", "binary"), "the file emptied", emptied),
     Mutator("line_added", ("data",), "an extra line added (like the last, numbers moved)", line_added),
     Mutator("numbers_perturbed", ("data",), "the numbers of one line moved beyond their precision", numbers_perturbed),
-    Mutator("values_swapped", ("data",), "a value swapped between two rows", values_swapped),
-    Mutator("line_dropped", ("data",), "the last line dropped", line_dropped),
     Mutator("functions_return_constant", ("code",), "every function's body replaced by `return 0`",
             functions_return_constant),
     Mutator("script_exits_0", ("script",), "the script reduced to `exit 0`", script_exits_0),
+    Mutator("line_duplicated", ("data",), "the last line duplicated", line_duplicated),
+    Mutator("values_swapped", ("data",), "a value swapped between two rows", values_swapped),
     Mutator("functions_do_nothing", ("code",), "every function's body replaced by `pass`", functions_do_nothing),
+    Mutator("line_dropped", ("data",), "the last line dropped", line_dropped),
     Mutator("truncated", ("data",), "the second half cut off", truncated),
     Mutator("lines_reordered", ("data",), "the lines in reverse order", lines_reordered),
     Mutator("inputs_echoed", ("data",), "an untouched input copied over the output", inputs_echoed),
-    Mutator("line_duplicated", ("data",), "the last line duplicated", line_duplicated),
     Mutator("deleted", ("data", "code", "script", "binary"), "the file deleted", deleted),
 ):
     register(_m)
