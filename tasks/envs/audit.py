@@ -163,8 +163,9 @@ def audit(sb: Sandbox, env: EnvSpec, test_timeout_s: float, budget: int, first_s
         return TestAudit(status="skip", reason="no reference solution")
     found, mutants = outputs(sb, env)
     if not found:
-        return TestAudit(status="skip", reason="the reference solution wrote no file the instruction or tests name",
-                         mutants=mutants, seconds=round(time.monotonic() - t0, 3))
+        why = ("its outputs cannot be mutated (see the not_built mutants)" if mutants else
+               "the reference solution wrote no file the instruction or tests name")
+        return TestAudit(status="skip", reason=why, mutants=mutants, seconds=round(time.monotonic() - t0, 3))
     tried = runs = 0
     # tests that never run agent code leave no agent process: the validator's test runs killed every one, and
     # only trajforge's own commands run here, so the kill before each test run is skipped (`settled`)
