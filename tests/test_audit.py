@@ -49,6 +49,10 @@ def test_code_mutators_stub_functions_and_scripts():
     assert output_class("r.sh", b"echo") == "script" and output_class("calc.py", b"x = 1") == "code"
     assert output_class("db", b"SQLite\0") == "binary" and output_class("a.txt", b"\xff\xfe") == "binary"
     assert output_class("a.txt", b"1\n") == "data"
+    asked = "Write the count to /app/errors.txt. Also write a short summary of the log to /app/report.txt."
+    assert output_class("/app/report.txt", b"4 errors", asked) == "prose"  # free text: only emptied or deleted
+    assert output_class("/app/errors.txt", b"4", asked) == "data"
+    assert output_class("/app/summary.json", b"{}", "Write a summary to /app/summary.json.") == "data"
 
 
 def test_equivalence_is_conservative():

@@ -99,7 +99,7 @@ def outputs(sb: Sandbox, env: EnvSpec) -> tuple[list[Output], list[Mutant]]:
             if member is None or not member.isfile():
                 continue
             content = t.extractfile(member).read()
-        found.append(Output(path, rel, tar, content, output_class(path, content)))
+        found.append(Output(path, rel, tar, content, output_class(path, content, env.instruction)))
     return found, unbuilt
 
 

@@ -15,6 +15,8 @@ Equivalence (conservative, so a survivor is evidence, never a guess):
 - `lines_reordered` when the instruction says the order is free (`any order`, `order does not matter`, …)
   and the mutant holds the same lines;
 nothing else is equivalent: a survivor of any other mutant is a test that accepts a wrong answer.
+Free text (`prose`: a file the instruction asks notes, a summary or an explanation in, see `free_text`) has no
+one right content: it is only emptied or deleted.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ DELETE = object()  # the mutated "content" of a removed file
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.(\d+))?(?![\w.])")
 ORDER_FREE = re.compile(r"\b(in )?(any|arbitrary|no particular) order\b|\border (does not|doesn't|do not|don't) "
                         r"matter\b|\border is (free|not important|irrelevant)\b", re.I)
+FREE_TEXT = re.compile(r"\b(notes?|summary|summari[sz]e|human-readable|free[- ]form|description|describe|explain|"
+                       r"explanation|comments?|any text)\b", re.I)
+STRUCTURED = (".json", ".jsonl", ".csv", ".tsv", ".yaml", ".yml", ".xml", ".toml", ".ini", ".conf", ".sql")
 CODE_SUFFIXES = (".py",)
 SCRIPT_SUFFIXES = (".sh", ".bash")
 MAX_TEXT = 1 << 20  # larger outputs are only deleted or emptied (`binary`)
@@ -46,7 +51,7 @@ class Inputs:
 @dataclass(frozen=True)
 class Mutator:
     name: str
-    applies_to: tuple[str, ...]  # output classes: data, code, script, binary
+    applies_to: tuple[str, ...]  # output classes: data, prose, code, script, binary
     what: str  # what it changes, as the survivor's report says it
     make: Callable[[str, str, Inputs], "str | bytes | object | None"]  # (path, content, inputs) -> mutated
 
@@ -57,14 +62,25 @@ MUTATORS: dict[str, Mutator] = {}
 def register(m: Mutator) -> Mutator:
     if m.name in MUTATORS:
         raise ValueError(f"mutator {m.name!r} is registered twice")
-    if not set(m.applies_to) <= {"data", "code", "script", "binary"}:
+    if not set(m.applies_to) <= {"data", "prose", "code", "script", "binary"}:
         raise ValueError(f"mutator {m.name!r}: unknown output class in {m.applies_to}")
     MUTATORS[m.name] = m
     return m
 
 
-def output_class(path: str, content: bytes) -> str:
-    """`binary` (not UTF-8, NUL bytes or over MAX_TEXT), `script`, `code` or `data`."""
+def free_text(path: str, instruction: str) -> bool:
+    """Whether the instruction asks for prose in `path` (notes, a summary, an explanation: no one right text, so
+    only an empty or missing file is wrong): a sentence naming its file name says so, and it is no structured
+    format (STRUCTURED suffixes never are)."""
+    name = path.rsplit("/", 1)[-1]
+    if name.lower().endswith(STRUCTURED):
+        return False
+    return any(name in sentence and FREE_TEXT.search(sentence)
+               for sentence in re.split(r"(?<=[.;!?])\s+|\n", instruction))
+
+
+def output_class(path: str, content: bytes, instruction: str = "") -> str:
+    """`binary` (not UTF-8, NUL bytes or over MAX_TEXT), `script`, `code`, `prose` (`free_text`) or `data`."""
     if len(content) > MAX_TEXT or b"\0" in content:
         return "binary"
     try:
@@ -75,7 +91,7 @@ def output_class(path: str, content: bytes) -> str:
         return "script"
     if path.endswith(CODE_SUFFIXES) or text.startswith("#!") and "python" in text.split("\n", 1)[0]:
         return "code"
-    return "data"
+    return "prose" if free_text(path, instruction) else "data"
 
 
 def _lines(text: str) -> tuple[list[str], str]:
@@ -228,7 +244,7 @@ def script_exits_0(path, text, _):
 # the order is the audit's order of attack within a file (the budget takes the first ones of every output):
 # what catches the commonest weak tests first (exists-only, substring, tolerance / format, set comparisons)
 for _m in (
-    Mutator("emptied", ("data", "code", "script", "binary"), "the file emptied", emptied),
+    Mutator("emptied", ("data", "prose", "code", "script", "binary"), "the file emptied", emptied),
     Mutator("line_added", ("data",), "an extra line added (like the last, numbers moved)", line_added),
     Mutator("numbers_perturbed", ("data",), "the numbers of one line moved beyond their precision", numbers_perturbed),
     Mutator("functions_return_constant", ("code",), "every function's body replaced by `return 0`",
@@ -241,7 +257,7 @@ for _m in (
     Mutator("truncated", ("data",), "the second half cut off", truncated),
     Mutator("lines_reordered", ("data",), "the lines in reverse order", lines_reordered),
     Mutator("inputs_echoed", ("data",), "an untouched input copied over the output", inputs_echoed),
-    Mutator("deleted", ("data", "code", "script", "binary"), "the file deleted", deleted),
+    Mutator("deleted", ("data", "prose", "code", "script", "binary"), "the file deleted", deleted),
 ):
     register(_m)
 
