@@ -103,7 +103,7 @@ def test_strength_column_and_buckets():
 
 def test_audit_settings_are_config_with_a_named_error():
     s = SynthesizeConfig(families=[{"name": "log_report"}])
-    assert (s.audit, s.audit_mutants) == ("reject", 5)
+    assert (s.audit, s.audit_mutants) == ("reject", 4)
     with pytest.raises(ValueError, match="audit"):
         SynthesizeConfig(families=[{"name": "log_report"}], audit="sometimes")
     with pytest.raises(ValueError, match="audit_mutants"):

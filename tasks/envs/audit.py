@@ -39,7 +39,7 @@ from .mutants import DELETE, MAX_TEXT, MUTATORS, Inputs, equivalent, output_clas
 
 SKIP_PARTS = (".git", "__pycache__")
 MODES = ("reject", "flag", "off")
-DEFAULT_MUTANTS = 5
+DEFAULT_MUTANTS = 4
 
 
 @dataclass(frozen=True)
