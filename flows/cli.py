@@ -237,6 +237,12 @@ def _print_status(cfg: BuildConfig, build_id: str) -> None:
                       f"{fleet.creations_per_s} (burst {fleet.burst}); rollout created "
                       f"{rollout.get('fleet_creations', 0)} sandboxes and waited {rollout.get('fleet_wait_create_s', 0):.1f} s "
                       f"for creations, {rollout.get('fleet_wait_alive_s', 0):.1f} s for a sandbox slot (summed over episodes)")
+    audit = manifests.get("synthesize", {}).get("stats", {}).get("audit", {})
+    if audit.get("envs") or audit.get("skip"):  # the test audit's cost (synthesize.audit)
+        n, secs = audit.get("envs", 0), audit.get("seconds", 0.0)
+        console.print(f"test audit: {n} environments audited, {audit.get('test_runs', 0)} test runs, {secs:.1f} s "
+                      f"({secs / n if n else 0:.1f} s per environment), {audit.get('weak', 0)} weak, "
+                      f"{audit.get('skip', 0)} skipped (no reference solution)")
     by_oracle = manifests.get("synthesize", {}).get("stats", {}).get("kept_by_oracle", {})
     if by_oracle:  # `source|present` / `source|absent`: kept with and without a reference solution
         console.print("kept by reference solution: " + ", ".join(

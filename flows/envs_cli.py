@@ -1,6 +1,6 @@
 """`trajforge envs ...` and `trajforge images ...`: environments outside a build.
 
-envs families | sample FAMILY --level L --seed S | validate PATH|ID | import DIR | export ID DIR
+envs families | sample FAMILY --level L --seed S | validate PATH|ID | audit PATH|ID | import DIR | export ID DIR
 images prune [--all] | base add NAME --from-debootstrap SUITE [--mirror URL] [--alias PATTERN]
 
 An environment ID is a procedural one (`family-l<level>-s<seed>`, optionally with its content-hash
@@ -87,6 +87,7 @@ def _resolve(ref: str, runs: str) -> list[EnvSpec]:
 
 
 def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs: int):
+    from ..tasks.envs.audit import AuditSettings
     from ..tasks.envs.catalogue import sibling_of
     from ..tasks.envs.validator import validate_env
     from ..tasks.sandbox import docker_client
@@ -100,19 +101,21 @@ def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConf
 
     def one(env: EnvSpec):
         return env, validate_env(client, env, sandbox, sandbox.base_image, s.image_aliases, s.solution_timeout_s,
-                                 s.test_timeout_s, sibling=sibling_of, build=build_options(s))
+                                 s.test_timeout_s, sibling=sibling_of, build=build_options(s),
+                                 audit=AuditSettings(s.audit, s.audit_mutants))
 
     with ThreadPoolExecutor(jobs) as pool:
         return list(pool.map(one, envs))
 
 
 def _report(results, title: str) -> int:
-    from ..tasks.envs.validator import CHECKS
+    from ..tasks.envs.validator import check_names
 
+    CHECKS = check_names()
     t = Table(title=title)
     for col in ("environment", "source", *CHECKS, "verdict"):
         t.add_column(col)
-    mark = {"pass": "[green]pass[/]", "fail": "[red]fail[/]", "skip": "skip"}
+    mark = {"pass": "[green]pass[/]", "fail": "[red]fail[/]", "skip": "skip", "flag": "[yellow]flag[/]"}
     for env, v in results:
         t.add_row(env.env_id, env.source, *(mark.get(v.checks.get(c, ""), "") for c in CHECKS),
                   "[green]kept[/]" if v.ok else f"[red]{v.reject.reason}[/]")
@@ -132,6 +135,60 @@ def envs_validate(ref: str = typer.Argument(..., help="task folder(s), family-l<
     envs = _resolve(ref, runs)
     rejected = _report(_validate_all(envs, s, sandbox, jobs), f"validation of {ref}")
     raise typer.Exit(1 if rejected else 0)
+
+
+@envs_app.command("audit")
+def envs_audit(ref: str = typer.Argument(..., help="task folder(s), family-l<L>-s<S>, or a committed env_id"),
+               config: Optional[Path] = typer.Option(None, help="take validator settings from this build config"),
+               runs: str = typer.Option("./runs"),
+               mutants: Optional[int] = typer.Option(None, help="the most mutants per environment (default: "
+                                                                 "synthesize.audit_mutants)")):
+    """Attack each environment's hidden tests with wrong states derived from its reference solution (every
+    validator check runs first): print each mutant and its verdict; exit 1 if any environment's tests pass a
+    mutant (`weak_tests`) or it is rejected for another reason."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from ..tasks.envs.audit import AuditSettings
+    from ..tasks.envs.catalogue import sibling_of
+    from ..tasks.envs.validator import validate_env
+    from ..tasks.sandbox import docker_client
+    from ..tasks.synthesize import build_options
+
+    s, sandbox = _settings(config)
+    budget = mutants or s.audit_mutants
+    envs = _resolve(ref, runs)
+    try:
+        client = docker_client(pool_size=8, sandbox=sandbox)
+    except Exception as err:
+        fail(str(err), 1)
+    mark = {"killed": "[green]killed[/]", "survived": "[red]survived[/]", "equivalent": "[dim]equivalent[/]",
+            "not_built": "[yellow]not built[/]"}
+    bad = 0
+    for env in envs:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console) as bar:
+            task = bar.add_task(f"{env.env_id}: validating", total=budget)
+
+            def said(m, bar=bar, task=task, name=env.env_id) -> None:
+                bar.update(task, description=f"{name}: auditing", advance=m.outcome in ("killed", "survived"))
+                bar.console.print(f"  {mark[m.outcome]} {m.mutator} {m.path}: {m.what}"
+                                  + (f"\n      {m.cause.splitlines()[0][:200]}" if m.cause else ""), highlight=False)
+
+            v = validate_env(client, env, sandbox, sandbox.base_image, s.image_aliases, s.solution_timeout_s,
+                             s.test_timeout_s, sibling=sibling_of, build=build_options(s),
+                             audit=AuditSettings("flag", budget, progress=said))
+        a = env.audit
+        if not v.ok:
+            bad += 1
+            console.print(f"[red]✗[/] {env.env_id}: {v.reject.reason}: {v.reject.detail}")
+        elif a.status == "weak":
+            bad += 1
+            console.print(f"[red]✗[/] {env.env_id}: weak_tests: {len(a.survivors)} of {a.tried} mutants survived "
+                          f"({a.test_runs} test runs, {a.seconds:.1f} s)")
+        else:
+            console.print(f"[green]✓[/] {env.env_id}: {a.status}"
+                          + (f" ({a.reason})" if a.reason else f", {a.killed}/{a.tried} mutants killed")
+                          + f" ({a.test_runs} test runs, {a.seconds:.1f} s of {v.seconds:.1f} s validation)")
+    raise typer.Exit(1 if bad else 0)
 
 
 @envs_app.command("import")

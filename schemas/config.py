@@ -259,6 +259,13 @@ class SynthesizeConfig(Section):
         "reject environments without a reference solution (`no_reference_solution`); default: keep them, "
         "marked `oracle: absent`, validated by every check that needs no oracle"))
     build: BuildImagesConfig = Field(default_factory=lambda: BuildImagesConfig())
+    audit: Literal["reject", "flag", "off"] = Field("reject", description=(
+        "the test audit (wrong states derived from the reference solution's outputs, run against the hidden "
+        "tests): `reject` an environment whose tests pass one (`weak_tests`, naming it), `flag` (keep it, its "
+        "survivors in `EnvSpec.audit`), `off`"))
+    audit_mutants: int = Field(4, ge=1, le=200, description=(
+        "the most mutants the test audit runs per environment (each is one run of the hidden tests, as validation makes 3 to 5: 4 keeps "
+        "the audit within about the validation time it extends, benchmarks/audit_cost.py)"))
 
     @field_validator("dedup_threshold")
     @classmethod

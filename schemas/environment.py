@@ -23,7 +23,7 @@ MAX_TEST_TIMEOUT_S, MAX_AGENT_TIMEOUT_S, MAX_BUILD_TIMEOUT_S = 3600.0, 14400.0, 
 LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "base_images", "expected_tests", "tests_run_agent_code", "tests_leave_processes",
-             "reward_files", "test_writes", "guard_tests", "guard_types", "tool_server", "build_egress")
+             "reward_files", "test_writes", "guard_tests", "guard_types", "tool_server", "build_egress", "audit")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
 # the environment kinds EnvSpec accepts: filled by registration (tasks/envs/kinds.py), the two built-in ones here
@@ -70,6 +70,44 @@ class BaseImage(Record):
 
     image: str
     local: str
+
+
+class Mutant(Record):
+    """One wrong state the test audit derived from the reference solution's (tasks/envs/mutants.py).
+
+    `outcome`: `killed` (the tests failed it; `cause` says how: failed tests, a crash or a hang),
+    `survived` (the tests passed it: `cause` holds their output), `equivalent` (never run: `cause` says why
+    it is the same answer), `not_built` (it could not be made: `cause` names why, e.g. outside the work dir)."""
+
+    mutator: str
+    path: str
+    what: str = Field(description="what was changed, with the first changed line before and after")
+    outcome: Literal["killed", "survived", "equivalent", "not_built"]
+    cause: str = ""
+
+
+class TestAudit(Record):
+    """What the validator's test audit found (`test_audit` check).
+
+    `status`: `not_run` (not validated), `off` (`synthesize.audit: off`), `skip` (no reference solution, or
+    it wrote nothing the instruction or tests name: `reason`), `strong` (every mutant tried was killed),
+    `weak` (some survived: `survivors`). `tried` counts mutants run (killed + survived); equivalent and
+    unbuilt ones are in `mutants` only. `test_runs` and `seconds` are the audit's cost."""
+
+    __test__ = False
+    status: Literal["not_run", "off", "skip", "strong", "weak"] = "not_run"
+    reason: str = ""
+    tried: int = 0
+    killed: int = 0
+    survivors: list[Mutant] = Field(default_factory=list)
+    mutants: list[Mutant] = Field(default_factory=list)
+    test_runs: int = 0
+    seconds: float = 0.0
+
+    @property
+    def strength(self) -> float | None:
+        """killed / tried (None when nothing was tried)."""
+        return round(self.killed / self.tried, 4) if self.tried else None
 
 
 class EnvSpec(Record):
@@ -155,6 +193,8 @@ class EnvSpec(Record):
     tool_server: str | None = found(None, (
         "a brought MCP server (`mcp-server` folders): JSON of what its session said, `name` and `version` "
         "(`serverInfo`) and `tools` (the tool list it serves, what the harness offers)"))
+    audit: TestAudit = found(TestAudit(), "the test audit: wrong states derived from the reference solution's, "
+                             "run against the hidden tests (tasks/envs/audit.py)")
     image: str | None = None
     base_images: list[BaseImage] = Field(default_factory=list, description=(
         "set at build: each `FROM` image of `dockerfile` mapped through the alias table -> the local image "

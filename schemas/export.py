@@ -112,6 +112,10 @@ class TrajectoryRow(Record):
         "`synthesize.build.egress`: allowlist / none / host; unknown: built before it was recorded)"))
     pooled_difficulty: Label = Field("unlabelled", description="the environment's difficulty across every teacher "
                                                              "of the build (Calibration.pooled_label)")
+    test_strength: float | None = Field(None, description=(
+        "the environment's test audit: mutants of the reference solution's outputs its hidden tests killed / "
+        "mutants tried (EnvSpec.audit; null: not audited, e.g. no reference solution); 1.0 = every wrong state "
+        "tried was rejected"))
     pooled_solve_rate: float = Field(0.0, description="the pooled fit's solve rate, on the `pooled_teacher`'s scale")
     tools: list[JsonText] = Field(default_factory=list, description=TOOLS_DESCRIPTION)
     malformed_tool_calls: int = Field(0, description=(
@@ -175,6 +179,10 @@ class RLRow(Record):
     pooled_difficulty: Label = Field("unlabelled", description="the environment's difficulty across every teacher")
     pooled_solve_rate: float = Field(0.0, description="the pooled fit's solve rate, on the `pooled_teacher`'s scale")
     pooled_teacher: str = Field("", description="the teacher whose scale the pooled rate is on")
+    test_strength: float | None = Field(None, description=(
+        "the environment's test audit: mutants of the reference solution's outputs its hidden tests killed / "
+        "mutants tried (EnvSpec.audit; null: not audited, e.g. no reference solution); 1.0 = every wrong state "
+        "tried was rejected"))
 
 
 class PreferenceRow(Record):

@@ -39,6 +39,7 @@ from .dataset.columns import (
     rl_tokens_chunks,
     tail,
     teacher_columns,
+    test_strength,
     tool_definitions,
     train_mask,
 )
@@ -128,7 +129,7 @@ def _list_sum(lists: pa.ChunkedArray, field: str) -> pa.Array:
     return pa.array(cum[offsets[1:]] - cum[offsets[:-1]])
 
 
-ENV_COLUMNS = ["env_id", "family", "level", "source", "kind", "tests_run_agent_code", "build_egress", *(["license"] if "license" in EnvSpec.model_fields else [])]
+ENV_COLUMNS = ["env_id", "family", "level", "source", "kind", "tests_run_agent_code", "build_egress", "audit", *(["license"] if "license" in EnvSpec.model_fields else [])]
 
 
 def _scan(ctx: StageContext, table: pa.Table, rejects: list[Reject]) -> tuple[pa.Table, dict[str, Any]]:
@@ -256,6 +257,7 @@ class ExportStage(Stage):
                  "changes": v.column("changes"), "kind": pc.fill_null(e.column("kind"), "terminal"),  # older parts: null
                  "tests_run_agent_code": pc.fill_null(e.column("tests_run_agent_code"), "unknown"),
                  "build_egress": pc.fill_null(e.column("build_egress"), "unknown"),
+                 "test_strength": test_strength(e.column("audit")),
                  "pooled_difficulty": pc.fill_null(c.column("pooled_label"), "unlabelled"),
                  "pooled_solve_rate": pc.fill_null(c.column("pooled_solve_rate"), 0.0),
                  "tools": tool_definitions(out.column("tools_json"))}
@@ -338,6 +340,7 @@ def rl(ctx: StageContext, t: pa.Table | None, upstream: dict[str, Manifest]) -> 
                   ci_low=c.ci_low, ci_high=c.ci_high, difficulty=c.label,
                   env_spec_json=rl_spec_json(envs[c.env_id], ctx.config.export.rl.include_solutions),
                   license=getattr(envs[c.env_id], "license", None) or "", kind=envs[c.env_id].kind,
+                  test_strength=envs[c.env_id].audit.strength,
                   pooled_difficulty=c.pooled_label, pooled_solve_rate=c.pooled_solve_rate, pooled_teacher=c.pooled_teacher)
             for c in calib]
     return to_table(RLRow, rows)

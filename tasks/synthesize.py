@@ -9,7 +9,9 @@ candidate is a row of `rejects` with its reason code; `stats.json` has the yield
 `source|absent`) and failed builds by cause (`build_failures`). Environments without a reference
 solution are kept (marked `oracle: absent`) unless `synthesize.require_solution` (then
 `no_reference_solution`). Each build's log is kept per image under `synthesize.build.log_dir`, else
-`<build>/build-logs/<tag>.log` in the run store.
+`<build>/build-logs/<tag>.log` in the run store. `stats.json`'s `audit` is the test audit's cost and yield:
+environments audited, test runs, seconds, weak (kept with `synthesize.audit: flag`, else rejected
+`weak_tests`) and skipped (no reference solution); `test_strength` counts them per strength bucket.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..schemas.common import Reject
 from ..schemas.config import BuildConfig, fingerprint_view
 from ..schemas.environment import EnvSpec
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext
+from .envs.audit import AuditSettings
 from .envs.catalogue import merge_candidates, sibling_of, source_kind, source_priority
 from .envs.images import BuildOptions, ImageBuildError, ensure_image
 from .envs.registry import lookup, push
@@ -30,7 +33,14 @@ from .envs.validator import dedup, validate_env
 from .sandbox import SandboxError, docker_client
 
 ADMISSION = ("image_aliases", "dedup_threshold", "validate_envs", "solution_timeout_s", "test_timeout_s",
-             "envs_per_shard", "require_solution", "build")
+             "envs_per_shard", "require_solution", "build", "audit", "audit_mutants")
+
+
+def strength_bucket(strength: float | None) -> str:
+    """The report's bucket of a test strength (killed / tried mutants)."""
+    if strength is None:
+        return "not audited"
+    return "1.0" if strength >= 1 else "0.75-1" if strength >= 0.75 else "0.5-0.75" if strength >= 0.5 else "0-0.5"
 
 
 def build_options(s) -> BuildOptions:
@@ -92,7 +102,9 @@ class SynthesizeStage(Stage):
                  if e.env_id in wanted and (e.env_id not in pinned or e.content_hash() == pinned[e.env_id])}
         client = docker_client(pool_size=2 * s.build_concurrency + 4, sandbox=cfg.sandbox)
         stats: dict[str, Any] = {"images_built": 0, "images_pushed": 0, "validation_seconds": 0.0, "yield": {},
-                                 "kept_by_oracle": {}, "build_failures": {}}
+                                 "kept_by_oracle": {}, "build_failures": {}, "audit": {
+                                     "envs": 0, "test_runs": 0, "seconds": 0.0, "weak": 0, "skip": 0},
+                                 "test_strength": {}}
         rows, rejects = [], []
         options = build_options(s)
         logs = s.build.log_dir or posixpath.join(ctx.store.build_dir(ctx.build_id), "build-logs")
@@ -129,7 +141,8 @@ class SynthesizeStage(Stage):
             try:
                 v = validate_env(client, env, cfg.sandbox, cfg.sandbox.base_image, s.image_aliases,
                                  s.solution_timeout_s, s.test_timeout_s, sibling=sibling_of,
-                                 labels={"trajforge.build": ctx.build_id}, build=options, log_sink=keep_log)
+                                 labels={"trajforge.build": ctx.build_id}, build=options, log_sink=keep_log,
+                                 audit=AuditSettings(s.audit, s.audit_mutants))
             except SandboxError as err:  # e.g. the base image is missing: not this environment's fault
                 return env, Reject(key=env.env_id, reason="validation_infra", detail=str(err)[:1500]), False, 0.0
             return env, v.reject, v.built, v.seconds
@@ -163,6 +176,15 @@ class SynthesizeStage(Stage):
                 stats["images_built"] += int(built)
                 stats["images_pushed"] += int(pushed)
                 stats["validation_seconds"] += seconds
+                if env.audit.status in ("strong", "weak", "skip"):  # the test audit's cost (tasks/envs/audit.py)
+                    a = stats["audit"]
+                    a["envs"] += env.audit.status != "skip"
+                    a["test_runs"] += env.audit.test_runs
+                    a["seconds"] = round(a["seconds"] + env.audit.seconds, 3)
+                    a["weak"] += env.audit.status == "weak"
+                    a["skip"] += env.audit.status == "skip"
+                    bucket = strength_bucket(env.audit.strength)
+                    stats["test_strength"][bucket] = stats["test_strength"].get(bucket, 0) + 1
                 if reject:
                     rejects.append(reject)
                     count(env, reject.reason)

@@ -61,10 +61,22 @@ def test_full_build_commits_every_stage_and_loads_with_datasets(built):
     assert [t["function"]["name"] for t in ds[0]["tools"]] == ["bash", "submit"] and set(ds["malformed_tool_calls"]) == {0}
     allrows = datasets.load_dataset(str(Path(cfg.runs) / cfg.dataset / "latest" / "dataset"), "trajectories")["train"]
     assert sorted(allrows["rollout_id"]) == sorted(ds["rollout_id"]) and set(allrows["reward"]) == {1.0}
+    assert set(allrows["test_strength"]) == {1.0}  # each environment's tests killed every mutant of the audit
     for stage in record["stages"].values():
         d = stage["manifest"]
         for f in ("manifest.json", "stats.json", "gate.json", "rejects.parquet"):
             assert os.path.exists(os.path.join(d, f)), (d, f)
+
+
+def test_status_shows_the_test_audit_cost(built, tmp_path):
+    cfg, record = built
+    stats = RunStore(cfg.runs, cfg.dataset).read_json(posixpath.join(record["stages"]["synthesize"]["manifest"],
+                                                                     "stats.json"))
+    assert stats["audit"]["envs"] == 2 and stats["audit"]["test_runs"] >= 2 and stats["audit"]["weak"] == 0
+    assert stats["test_strength"] == {"1.0": 2}
+    out = run_cli("status", record["build_id"], "--runs", str(cfg.runs), "--dataset", cfg.dataset, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"test audit: 2 environments audited, {stats['audit']['test_runs']} test runs" in out.stdout
 
 
 def test_export_as_atif_writes_a_valid_document_per_trajectory(built, tmp_path):

@@ -115,7 +115,7 @@ class EpisodeData:
         self.envs: dict[str, dict] = {}
         for inst in instances(rec, "synthesize")[-1:]:
             for t in store.iter_tables(parts(facts, inst), EnvSpec, columns=["env_id", "kind", "family", "level", "source",
-                                                                            "instruction"]):  # kind: null before kinds
+                                                                            "instruction", "audit"]):  # kind: null before kinds
                 for e in self.scanner.redact_tree(t.to_pylist()):
                     self.envs[e["env_id"]] = e
         self.verdicts: dict[str, dict] = {}

@@ -233,3 +233,24 @@ def breakdowns(facts: BuildFacts, episodes: list[dict[str, Any]], calibration: l
     b.step_labels = {t: dict(c) for t, c in sorted(labels.items())}
     b.flagged = dict(flagged)
     return b
+
+
+def audit_survivors(store: RunStore, facts: BuildFacts, envs: dict[str, dict], cap: int = 20) -> list[dict[str, str]]:
+    """The test audit's survivors (tasks/envs/audit.py): rejected `weak_tests` environments (from the synthesize
+    stage's rejects) and kept, flagged ones (`EnvSpec.audit` with `synthesize.audit: flag`), at most `cap`."""
+    from ...schemas.common import Reject
+
+    out: list[dict[str, str]] = []
+    for instance, m in facts.manifests.items():
+        path = posixpath.join(m.get("dir", ""), "rejects.parquet")
+        if instance.split(".")[0] != "synthesize" or not m.get("reject_reasons", {}).get("weak_tests") \
+                or not store.exists(path):
+            continue
+        for r in store.read_table([path], Reject).to_pylist():
+            if r["reason"] == "weak_tests":
+                out.append({"env_id": r["key"], "outcome": "rejected", "mutant": r["detail"][:400]})
+    for env_id, e in sorted(envs.items()):
+        for m in ((e.get("audit") or {}).get("survivors") or []):
+            out.append({"env_id": env_id, "outcome": "kept (flagged)",
+                        "mutant": f"{m['mutator']} of {m['path']}: {m['what']}"[:400]})
+    return out[:cap]

@@ -13,7 +13,7 @@ from markupsafe import Markup
 from ...tasks.engine.store import RunStore
 from . import REPORT_DIR, report_path
 from .episodes import EpisodeData, kinds, page_index, script_json
-from .gather import BuildFacts, FigureKey, breakdowns, build_facts, previous_committed
+from .gather import BuildFacts, FigureKey, audit_survivors, breakdowns, build_facts, previous_committed
 from .plots import all_plots
 
 
@@ -92,7 +92,7 @@ def render(store: RunStore, build_id: str, compare_to: str | None = None) -> str
     html = _template().render(
         facts=facts, rec=rec, fig=lambda *key: figure_html(facts, key), plots={k: Markup(v) for k, v in all_plots(facts, b).items()}, b=b,
         compare=comparison(old, facts), explicit_compare=compare_to is not None, flagged_rows=flagged_rows,
-        severities=_severities(rows), episodes=len(rows), kinds=kinds(episodes.envs, rows),
+        severities=_severities(rows), survivors=audit_survivors(store, facts, episodes.envs), episodes=len(rows), kinds=kinds(episodes.envs, rows),
         index_json=Markup(script_json(page_index(rows))), css=Markup(_asset("report.css")),
         js=Markup(_asset("report.js")), generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     path = report_path(store, build_id, compare_to)

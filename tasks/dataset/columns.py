@@ -24,6 +24,16 @@ from ..redaction.secrets import marked_rows
 from ..teachers.tokens import assemble
 
 
+def test_strength(audit: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """`test_strength` per row from `EnvSpec.audit` structs: killed / tried, null where nothing was tried
+    (no reference solution, audit off, or an older part without the column)."""
+    arr = audit.combine_chunks() if isinstance(audit, pa.ChunkedArray) else audit
+    tried = pc.cast(pc.struct_field(arr, "tried"), pa.float64())
+    killed = pc.cast(pc.struct_field(arr, "killed"), pa.float64())
+    return pc.if_else(pc.greater(tried, 0), pc.round(pc.divide(killed, pc.max_element_wise(tried, 1.0)), 4),
+                      pa.scalar(None, pa.float64()))
+
+
 def model_id(teacher: Any) -> str:
     """The model a teacher served: its served name (vLLM: the served name, else the weights it loaded),
     with `@<revision>` when the config names one."""

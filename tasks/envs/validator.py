@@ -17,7 +17,12 @@ Checks, in order, each with the reason code a failing environment is rejected wi
 - `not_instance_specific`: where the answer is a file, the solved work dir of this instance also
   passes the tests of a sibling instance (same family and level, another seed): a hard-coded answer
   would pass too;
-- `verifier_error`: the tests themselves crash or print no result on the solved state;
+- `weak_tests`: the test audit (`tasks/envs/audit.py`) found a wrong state derived from the reference
+  solution's outputs (a mutant: emptied, a line added, a number moved, code stubbed, ...) that the tests
+  pass; the reject names the mutant, its file, what changed and the test output (`synthesize.audit: flag`
+  keeps it, recorded `flag`; `off` skips it); the audit is `EnvSpec.audit`;
+- `verifier_error`: the tests themselves crash or print no result on the solved state (or the audit's own
+  code failed: trajforge's fault, never a silent keep);
 - `validation_infra`: Docker failed while checking (infrastructure, not the environment).
 `near_duplicate` groups are found before (see `dedup`), over all candidates of a build; the stage keeps
 the first of a group that passes these checks.
@@ -25,29 +30,34 @@ the first of a group that passes these checks.
 Without a reference solution (`oracle: absent`) every check that needs no oracle runs: the image
 builds, the tests are not in it, the untouched environment fails its tests and they give the same
 per-test results on it twice (`nondeterministic_tests`); tests that crash or print no result on it
-are `verifier_error`. `solution_passes` and `instance_specific` are `skip`.
+are `verifier_error`. `solution_passes`, `instance_specific` and `test_audit` are `skip`.
+
+The checks are the ordered table `CHECKS` (like judging's, tasks/judge/checks.py): to add one, write
+`def name(case) -> Validation | None` and add one `Check(...)` line where it belongs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import shlex
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ...schemas.common import Reject
 from ...schemas.config import SandboxConfig
-from ...schemas.environment import EnvSpec
+from ...schemas.environment import EnvSpec, TestAudit
 from ..judge.changes import sensitive_class
 from ..judge.exposure import tests_run_agent_code
 from ..judge.guard import guardable, run_guarded
 from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
 from ..sandbox.walk import DECISION_CAP
+from .audit import AuditSettings, describe
+from .audit import audit as run_audit
 from .images import BuildOptions, ImageBuildError, ensure_image
 from .kinds import of as kind_of
 
-CHECKS = ["image", "noop_fails", "no_leak", "tools_serve", "solution_passes", "deterministic", "instance_specific"]
 # where a leaked test or solution could hide; system folders are skipped (they come from the base image)
 LEAK_SCAN = (r"find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /usr -o -path /lib -o "
              r"-path /lib64 -o -path /bin -o -path /sbin -o -path /var/lib -o -path /var/cache -o -path /etc "
@@ -80,7 +90,8 @@ def _sha(text: str) -> str:
 def validate_env(client, env: EnvSpec, sandbox: SandboxConfig, base_image: str, aliases: dict[str, str],
                  command_timeout_s: float, test_timeout_s: float,
                  sibling: Callable[[EnvSpec], EnvSpec | None] | None = None, labels: dict | None = None,
-                 build: BuildOptions | None = None, log_sink: Callable[[str, str], None] | None = None) -> Validation:
+                 build: BuildOptions | None = None, log_sink: Callable[[str, str], None] | None = None,
+                 audit: AuditSettings | None = None) -> Validation:
     """Build `env`'s image (sets `env.image`) and run every check; never raises for the environment's
     own faults (they become the reject), only `validation_infra` wraps Docker failures. A failed build's
     cause code is `Validation.build_cause` and leads the reject's detail."""
@@ -98,90 +109,219 @@ def validate_env(client, env: EnvSpec, sandbox: SandboxConfig, base_image: str, 
         return v.fail("image", "image_build_failed",
                       f"[{err.cause}] {err.args[0].splitlines()[0]}\n{err.log_tail[-1200:]}")
     try:
-        return _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling, labels or {})
+        return _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling, labels or {},
+                       audit or AuditSettings())
     except SandboxError as err:
         return v.fail("infra", "validation_infra", str(err))
     finally:
         v.seconds = round(time.monotonic() - t0, 3)
 
 
-def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling, labels) -> Validation:
+@dataclass
+class Case:
+    """One environment under validation: what the checks so far found. `sb` is the container the current
+    check runs in (a fresh one when the check says `fresh`); `noop` the untouched environment's test run,
+    `first`/`second` the reference solution's two."""
+
+    env: EnvSpec
+    v: Validation
+    box: Callable[[], Sandbox]
+    command_timeout_s: float
+    test_timeout_s: float
+    sibling: Callable[[EnvSpec], EnvSpec | None] | None
+    audit: AuditSettings = field(default_factory=AuditSettings)
+    sb: Sandbox | None = None
+    noop: TestRun | None = None
+    first: TestRun | None = None
+    second: TestRun | None = None
+    extra: dict = field(default_factory=dict)  # what a registered check wants to keep (e.g. the audit's record)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of `CHECKS`: `run` returns the failed `Validation` (via `Validation.fail`) or None (then it is
+    recorded `pass` unless it recorded something itself). `oracle`: the environments it applies to
+    (`present`, `absent`, `any`); one that does not apply is recorded `skip` unless a check of the same
+    name already recorded it. `fresh`: it runs in a new container (the ones after it share that one)."""
+
+    name: str
+    reasons: tuple[str, ...]  # the reject reasons it may give
+    run: Callable[[Case], Validation | None]
+    oracle: str = "any"
+    fresh: bool = False
+    recorded: bool = True  # False: it records its own names (the kind's checks)
+
+
+def noop_fails(case: Case) -> Validation | None:
+    """Doing nothing must fail, also once the environment's own code has run (a tool server started)."""
+    env, v, sb, t = case.env, case.v, case.sb, case.test_timeout_s
+    noop = case.noop = run_hidden_tests(sb, env, t)
+    if noop.passed:
+        return v.fail("noop_fails", "noop_passes", "the hidden tests pass on the untouched environment")
+    if env.oracle == "absent" and (noop.error or not noop.results):  # nothing else shows the tests work
+        return v.fail("noop_fails", "verifier_error",
+                      f"the tests give no result on the untouched environment: {noop.error}\n{noop.output[-600:]}")
+    checks = kind_of(env).checks  # they run the environment's own code (tools: its server starts, lists)
+    if checks and not any(c.run(sb, env, case.command_timeout_s) for c in checks) \
+            and run_hidden_tests(sb, env, t).passed:  # broken ones are named below, in a clean box
+        return v.fail("noop_fails", "noop_passes", "the hidden tests pass once the environment's own code "
+                      f"has run ({', '.join(c.name for c in checks)}: a tool server started and listed its "
+                      "tools), before any action")
+
+
+def no_leak(case: Case) -> Validation | None:
+    """No file of the image holds a hidden test or the reference solution."""
+    env = case.env
+    secrets = {_sha(t.content): f"test file {t.path}" for t in env.tests if len(t.content) > 40}
+    solution_text = "\n".join(env.solution)
+    if len(solution_text) > 40:
+        secrets[_sha(solution_text)] = "the reference solution"
+        secrets.update({_sha(c): "a reference solution command" for c in env.solution if len(c) > 40})
+    scan = case.sb.exec(LEAK_SCAN, 120, user="root", workdir="/", output_limit=4 << 20, readonly=True)
+    for line in scan.output.splitlines():
+        digest, _, path = line.partition("  ")
+        if digest in secrets:
+            reason = "solution_leaked" if "solution" in secrets[digest] else "tests_leaked"
+            return case.v.fail("no_leak", reason, f"{path} in the image holds {secrets[digest]}")
+
+
+def kind_checks(case: Case) -> Validation | None:
+    """What the environment's kind adds (tools: `tools_serve`), each recorded under its own name."""
+    for check in kind_of(case.env).checks:
+        broken = check.run(case.sb, case.env, case.command_timeout_s)
+        if broken:
+            return case.v.fail(check.name, check.reason, broken)
+        case.v.checks[check.name] = "pass"
+
+
+def untouched_deterministic(case: Case) -> Validation | None:
+    """Without a reference solution: the untouched environment's per-test results are the same twice."""
+    case.env.audit = TestAudit(status="skip", reason="no reference solution")
+    v = _without_oracle(case.sb, case.env, case.v, case.noop, case.test_timeout_s)
+    return None if v.ok else v
+
+
+def solution_passes(case: Case) -> Validation | None:
+    """The reference solution runs cleanly, changes only what its kind allows, and its state passes."""
+    env, v, sb = case.env, case.v, case.sb
+    for cmd in env.solution:
+        res = sb.exec(cmd, case.command_timeout_s)
+        if res.timed_out:
+            return v.fail("solution_passes", "solution_fails",
+                          f"reference solution timed out after {case.command_timeout_s:g}s")
+        if res.exit_code != 0:
+            return v.fail("solution_passes", "solution_fails",
+                          f"reference solution exited {res.exit_code}: {res.output[-600:]}")
+    # what the reference solution changes: an agent's change that is not among these is unexpected
+    env.expected_changes = sorted(sb.changes().paths())
+    confined = kind_of(env).confined
+    stray = confined(env, env.expected_changes) if confined else None
+    if stray:
+        return v.fail("solution_passes", "tools_write_outside_store", stray)
+    first = case.first = run_hidden_tests(sb, env, case.test_timeout_s)
+    if first.error or first.fallback:
+        return v.fail("solution_passes", "verifier_error", f"{first.error or first.fallback}\n{first.output[-600:]}")
+    if not first.passed:
+        failed = [f"{r.name}: {r.message}" for r in first.results if not r.passed]
+        return v.fail("solution_passes", "solution_fails", "failed tests: " + "; ".join(failed)[:1200])
+
+
+def deterministic(case: Case) -> Validation | None:
+    """The reference state's per-test results are the same twice; then what a pass must show is recorded."""
+    env, first = case.env, case.first
+    second = case.second = run_hidden_tests(case.sb, env, case.test_timeout_s)
+    if second.error or second.outcome() != first.outcome():
+        return case.v.fail("deterministic", "nondeterministic_tests",
+                           f"first run {first.outcome()}, second run {second.outcome() or second.error}")
+    # what a pass must show besides its reward: every test the reference runs reported passed, no process left
+    # running by the tests unless they leave one here too, and the guarded run when the tests import agent code
+    _record_reference(case.sb, env, case.test_timeout_s, first, second, untouched=case.noop)
+
+
+def instance_specific(case: Case) -> Validation | None:
+    """Where a sibling instance exists, the solved state fails its tests (no hard-coded answer fits both)."""
+    other = case.sibling(case.env) if case.sibling else None
+    if other is None:
+        case.v.checks["instance_specific"] = "skip"
+        return None
+    if run_hidden_tests(case.sb, other, case.test_timeout_s).passed:
+        return case.v.fail("instance_specific", "not_instance_specific",
+                           f"the solved state of {case.env.env_id} also passes the tests of {other.env_id}")
+
+
+def audit_tests(case: Case) -> Validation | None:
+    """Wrong states derived from the reference's outputs fail the tests (tasks/envs/audit.py): a survivor is
+    `weak_tests` (with `synthesize.audit: flag`, recorded `flag` and kept); a fault of trajforge's audit code
+    is `verifier_error`, never a keep or a drop."""
+    env, v, settings = case.env, case.v, case.audit
+    if settings.mode == "off":
+        env.audit = TestAudit(status="off", reason="synthesize.audit: off")
+        v.checks["test_audit"] = "skip"
+        return None
+    try:
+        env.audit = run_audit(case.sb, env, case.test_timeout_s, settings.mutants,
+                              first_survivor_ends=settings.mode == "reject", progress=settings.progress)
+    except SandboxError:
+        raise
+    except Exception as err:  # trajforge's own fault: named, never a silent keep or drop
+        return v.fail("test_audit", "verifier_error", f"the test audit failed: {type(err).__name__}: {err}")
+    if env.audit.status == "skip":
+        v.checks["test_audit"] = "skip"
+    elif env.audit.survivors:
+        if settings.mode == "flag":
+            v.checks["test_audit"] = "flag"
+            return None
+        first = env.audit.survivors[0]
+        more = len(env.audit.survivors) - 1
+        return v.fail("test_audit", "weak_tests", describe(first) + (f" (+{more} more survivors)" if more else ""))
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("noop_fails", ("noop_passes", "verifier_error"), noop_fails, fresh=True),
+    Check("no_leak", ("tests_leaked", "solution_leaked"), no_leak, fresh=True),
+    Check("kind", (), kind_checks, recorded=False),  # recorded under each kind check's own name (tools: `tools_serve`)
+    Check("deterministic", ("nondeterministic_tests",), untouched_deterministic, oracle="absent"),
+    Check("solution_passes", ("solution_fails", "tools_write_outside_store", "verifier_error"), solution_passes,
+          oracle="present"),
+    Check("deterministic", ("nondeterministic_tests",), deterministic, oracle="present"),
+    Check("instance_specific", ("not_instance_specific",), instance_specific, oracle="present"),
+    Check("test_audit", ("weak_tests", "verifier_error"), audit_tests, oracle="present"),
+)
+"""The order of validation after the image builds (`image`, in `validate_env`); see the module docstring."""
+
+
+def check_names() -> tuple[str, ...]:
+    """Every name a validation may record, in order (the kinds' checks where `kind` runs)."""
+    from .kinds import KINDS
+
+    names = ["image"]
+    for c in CHECKS:
+        names += [k.name for kind in KINDS.values() for k in kind.checks] if not c.recorded else [c.name]
+    return tuple(dict.fromkeys(names))
+
+
+def _checks(client, env, v, sandbox, command_timeout_s, test_timeout_s, sibling, labels, audit) -> Validation:
+    """Run `CHECKS` in order: the first that fails ends the validation."""
     def box() -> Sandbox:
         return Sandbox(client, env.image, sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
                        labels={"trajforge.role": "validate", **labels}, agent=env.agent_user)
 
-    with box() as sb:  # doing nothing must fail
-        noop = run_hidden_tests(sb, env, test_timeout_s)
-        if noop.passed:
-            return v.fail("noop_fails", "noop_passes", "the hidden tests pass on the untouched environment")
-        if env.oracle == "absent" and (noop.error or not noop.results):  # nothing else shows the tests work
-            return v.fail("noop_fails", "verifier_error",
-                          f"the tests give no result on the untouched environment: {noop.error}\n{noop.output[-600:]}")
-        checks = kind_of(env).checks  # they run the environment's own code (tools: its server starts, lists)
-        if checks and not any(c.run(sb, env, command_timeout_s) for c in checks) \
-                and run_hidden_tests(sb, env, test_timeout_s).passed:  # broken ones are named below, in a clean box
-            return v.fail("noop_fails", "noop_passes", "the hidden tests pass once the environment's own code "
-                          f"has run ({', '.join(c.name for c in checks)}: a tool server started and listed its "
-                          "tools), before any action")
-        v.checks["noop_fails"] = "pass"
-    with box() as sb:
-        secrets = {_sha(t.content): f"test file {t.path}" for t in env.tests if len(t.content) > 40}
-        solution_text = "\n".join(env.solution)
-        if len(solution_text) > 40:
-            secrets[_sha(solution_text)] = "the reference solution"
-            secrets.update({_sha(c): "a reference solution command" for c in env.solution if len(c) > 40})
-        scan = sb.exec(LEAK_SCAN, 120, user="root", workdir="/", output_limit=4 << 20, readonly=True)
-        for line in scan.output.splitlines():
-            digest, _, path = line.partition("  ")
-            if digest in secrets:
-                reason = "solution_leaked" if "solution" in secrets[digest] else "tests_leaked"
-                return v.fail("no_leak", reason, f"{path} in the image holds {secrets[digest]}")
-        v.checks["no_leak"] = "pass"
-        for check in kind_of(env).checks:  # what the environment's kind adds (tools: `tools_serve`)
-            broken = check.run(sb, env, command_timeout_s)
-            if broken:
-                return v.fail(check.name, check.reason, broken)
-            v.checks[check.name] = "pass"
-        if env.oracle == "absent":
-            return _without_oracle(sb, env, v, noop, test_timeout_s)
-        for cmd in env.solution:
-            res = sb.exec(cmd, command_timeout_s)
-            if res.timed_out:
-                return v.fail("solution_passes", "solution_fails",
-                              f"reference solution timed out after {command_timeout_s:g}s")
-            if res.exit_code != 0:
-                return v.fail("solution_passes", "solution_fails",
-                              f"reference solution exited {res.exit_code}: {res.output[-600:]}")
-        # what the reference solution changes: an agent's change that is not among these is unexpected
-        env.expected_changes = sorted(sb.changes().paths())
-        confined = kind_of(env).confined
-        stray = confined(env, env.expected_changes) if confined else None
-        if stray:
-            return v.fail("solution_passes", "tools_write_outside_store", stray)
-        first = run_hidden_tests(sb, env, test_timeout_s)
-        if first.error or first.fallback:
-            return v.fail("solution_passes", "verifier_error", f"{first.error or first.fallback}\n{first.output[-600:]}")
-        if not first.passed:
-            failed = [f"{r.name}: {r.message}" for r in first.results if not r.passed]
-            return v.fail("solution_passes", "solution_fails", "failed tests: " + "; ".join(failed)[:1200])
-        v.checks["solution_passes"] = "pass"
-        second = run_hidden_tests(sb, env, test_timeout_s)
-        if second.error or second.outcome() != first.outcome():
-            return v.fail("deterministic", "nondeterministic_tests",
-                          f"first run {first.outcome()}, second run {second.outcome() or second.error}")
-        v.checks["deterministic"] = "pass"
-        # what a pass must show besides its reward: every test the reference runs reported passed, no process left
-        # running by the tests unless they leave one here too, and the guarded run when the tests import agent code
-        _record_reference(sb, env, test_timeout_s, first, second, untouched=noop)
-        other = sibling(env) if sibling else None
-        if other is None:
-            v.checks["instance_specific"] = "skip"
-        else:
-            cross = run_hidden_tests(sb, other, test_timeout_s)
-            if cross.passed:
-                return v.fail("instance_specific", "not_instance_specific",
-                              f"the solved state of {env.env_id} also passes the tests of {other.env_id}")
-            v.checks["instance_specific"] = "pass"
+    case = Case(env, v, box, command_timeout_s, test_timeout_s, sibling, audit)
+    applies = [c for c in CHECKS if c.oracle in ("any", env.oracle)]
+    with ExitStack() as stack:
+        for check in CHECKS:
+            if check not in applies:
+                if check.name not in {c.name for c in applies}:
+                    v.checks.setdefault(check.name, "skip")
+                continue
+            if check.fresh or case.sb is None:
+                stack.close()
+                case.sb = stack.enter_context(box())
+            failed = check.run(case)
+            if failed is not None:
+                return failed
+            if check.recorded:
+                v.checks.setdefault(check.name, "pass")
     return v
 
 

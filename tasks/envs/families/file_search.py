@@ -41,6 +41,10 @@ def test_no_false_matches():
 
 def test_sorted():
     assert _lines() == sorted(_lines()), "not sorted"
+
+def test_each_match_once():
+    lines = _lines()
+    assert len(lines) == len(set(lines)), "a file is listed twice"
 """
 
 
