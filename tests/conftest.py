@@ -90,6 +90,16 @@ def envs(docker_client):
 
 
 @pytest.fixture(scope="session")
+def tools_wheelhouse():
+    """The tools layer's wheels (the MCP SDK's closure and its pip), in the session's $TRAJFORGE_CACHE: downloaded
+    once per session from the registry the project installs from when that cache is empty (a fresh machine, CI).
+    A test that swaps in a fake registry asks for this first: under the fake one the download would fail."""
+    from trajforge.tasks.envs.tools.layer import wheelhouse
+
+    return wheelhouse()
+
+
+@pytest.fixture(scope="session")
 def s3_url():
     """A bucket on a local moto S3 server, one per session (fsspec caches its S3 filesystem: a second
     server would leave that instance pointing at a stopped endpoint)."""

@@ -26,17 +26,16 @@ PINNED = {"pip": HERE / "pinned-pip", "npm": HERE / "pinned-npm"}
 
 
 @pytest.fixture
-def registry(tmp_path, monkeypatch):
+def registry(tmp_path, monkeypatch, tools_wheelhouse):
     """The loopback registry with both example packages published, configured as the user's pip index and npm
     registry; the host cache ($TRAJFORGE_CACHE) is the test's own, except the tools layer's wheelhouse (pip, the
-    installer), linked in from the usual cache so nothing is downloaded from elsewhere."""
+    installer; the session's `tools_wheelhouse`, made before the registry is swapped), linked in so nothing is
+    downloaded from elsewhere."""
     from trajforge.tasks.envs.tools.layer import lock_text, wheelhouse_dir
 
-    tools = wheelhouse_dir(lock_text())
     monkeypatch.setenv("TRAJFORGE_CACHE", str(tmp_path / "cache"))
-    if tools.exists():
-        wheelhouse_dir(lock_text()).parent.mkdir(parents=True)
-        wheelhouse_dir(lock_text()).symlink_to(tools)
+    wheelhouse_dir(lock_text()).parent.mkdir(parents=True)
+    wheelhouse_dir(lock_text()).symlink_to(tools_wheelhouse)
     reg = Registry()
     reg.add(build_wheel(PY_PROJECT, tmp_path / "dist"))
     reg.add(npm_pack(NODE_PROJECT, tmp_path / "dist"))
