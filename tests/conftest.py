@@ -15,6 +15,14 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    """The order's seed last (pytest-randomly prints it in the header, which `-q` hides): a failure replays."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(f"test order: pytest-randomly seed {seed} (replay: -p randomly "
+                                    f"--randomly-seed={seed}; file order: -p no:randomly)")
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     from trajforge.tasks.sandbox import docker_client as make
