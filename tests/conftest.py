@@ -15,6 +15,16 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test marked `ends_module_fixture` (it stops what its module's tests share: the stack it takes down) runs
+    last in its module, whatever order the others run in (pytest-randomly shuffles before this hook runs)."""
+    for item in [i for i in items if i.get_closest_marker("ends_module_fixture")]:
+        items.remove(item)
+        module = getattr(item, "module", None)
+        same = [j for j, other in enumerate(items) if getattr(other, "module", None) is module]
+        items.insert(same[-1] + 1 if same else len(items), item)
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """The order's seed last (pytest-randomly prints it in the header, which `-q` hides): a failure replays."""
     seed = getattr(config.option, "randomly_seed", None)
