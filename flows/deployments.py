@@ -219,7 +219,9 @@ def deploy_build(config: Path, crons: list[str], *, timezone: str = "UTC", name:
     builds `config` on each cron schedule; one run at a time (a fire while one runs is cancelled).
     The worker runs it in `working_dir` (default: the current directory), where `config` is read.
     `api_url`: the server (default: Prefect's setting); `publish_append`: builds are published with
-    `--append`. Returns the deployment's id."""
+    `--append`. Also creates or updates the project's `COMPANIONS` (`trajforge-stage/stage`,
+    `trajforge-publish/publish` with its trigger), as `prefect deploy --all` would, in the same
+    `working_dir` and pool. Returns the build deployment's id."""
     import anyio
 
     with _api(api_url):
@@ -242,6 +244,7 @@ async def _deploy_build(config, crons, timezone, name, publish_to, pool, working
     schedules = [DeploymentScheduleCreate(schedule=CronSchedule(cron=c, timezone=timezone), slug=f"cron-{i}")
                  for i, c in enumerate(crons)]
     async with get_client() as client:
+        await _deploy_companions(client, workdir, pool)
         flow_id = await client.create_flow_from_name(build.name)
         dep_id = await client.create_deployment(
             flow_id=flow_id, name=name or dataset, work_pool_name=pool, entrypoint="trajforge.flows.deployments:build",
@@ -252,6 +255,52 @@ async def _deploy_build(config, crons, timezone, name, publish_to, pool, working
             concurrency_limit=1, concurrency_options=ConcurrencyOptions(collision_strategy="CANCEL_NEW"),
             tags=["trajforge", dataset])
     return str(dep_id)
+
+
+PROJECT_FILE = ROOT / "prefect.yaml"
+COMPANIONS = {"stage": stage, "publish": publish}
+"""The project's deployments (by name in `prefect.yaml`) that every scheduled build needs beside it: a stage
+re-run and the publish its committed event triggers. `trajforge deploy` registers them from `prefect.yaml`, so
+the two ways to deploy give the same deployments."""
+
+
+def companion_specs(project: Path = PROJECT_FILE) -> list[dict[str, Any]]:
+    """The `COMPANIONS` entries of the project file `project`; one missing is an error naming it."""
+    entries = {d.get("name"): d for d in (yaml.safe_load(project.read_text()) or {}).get("deployments") or []}
+    missing = [n for n in COMPANIONS if n not in entries]
+    if missing:
+        raise ValueError(f"{project}: deployments: no entry named {', '.join(missing)} (trajforge deploy registers "
+                         "them beside the build)")
+    return [entries[n] for n in COMPANIONS]
+
+
+async def _deploy_companions(client, workdir: Path, pool: str) -> list[str]:
+    """Create or update each `COMPANIONS` deployment as `prefect.yaml` defines it (entrypoint, parameters, tags,
+    triggers), run by `pool`'s workers in `workdir`; its triggers replace the ones it had. Returns their ids."""
+    from prefect.events import DeploymentTriggerTypes
+    from prefect.utilities.callables import parameter_schema
+    from pydantic import TypeAdapter
+
+    ids = []
+    for spec in companion_specs():
+        fn = COMPANIONS[spec["name"]]
+        if spec.get("entrypoint") != f"trajforge.flows.deployments:{fn.fn.__name__}":
+            raise ValueError(f"{PROJECT_FILE}: deployments: {spec['name']}: entrypoint {spec.get('entrypoint')!r} is "
+                             f"not trajforge.flows.deployments:{fn.fn.__name__}")
+        flow_id = await client.create_flow_from_name(fn.name)
+        dep_id = await client.create_deployment(
+            flow_id=flow_id, name=spec["name"], work_pool_name=pool, entrypoint=spec["entrypoint"],
+            pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(workdir)}}],
+            parameters=dict(spec.get("parameters") or {}), description=spec.get("description"),
+            parameter_openapi_schema=parameter_schema(fn).model_dump_for_openapi(), tags=list(spec.get("tags") or []))
+        await client.delete_resource_owned_automations(f"prefect.deployment.{dep_id}")
+        for i, trigger in enumerate(spec.get("triggers") or [], start=1):
+            t = TypeAdapter(DeploymentTriggerTypes).validate_python({"name": f"{spec['name']}__automation_{i}",
+                                                                     **trigger})
+            t.set_deployment_id(dep_id)
+            await client.create_automation(t.as_automation())
+        ids.append(str(dep_id))
+    return ids
 
 
 FAILURE_TEMPLATE = ROOT / "deploy" / "automations" / "build-failed-webhook.yaml"

@@ -13,6 +13,10 @@ the workers or names a JUnit report itself (`-m`, `-n`, `--dist`, `--junitxml`) 
 `pytest ARGS` run instead, as `make test` was. A run that collects nothing (arguments naming tests of one tier only: pytest exit code 5)
 counts as nothing to do while the other tier ran tests.
 
+Order: with pytest-randomly installed (the dev extra) each run shuffles its modules, and the tests within each
+module, from one seed; both runs get the same seed, printed first and last (`--randomly-seed=N` in the arguments
+replays it, `-p no:randomly` keeps file order).
+
 At the end: each run's outcome, the combined counts and every test that failed, errored or was skipped,
 with its reason (from each run's JUnit XML). Exit code: 0 when both runs passed (or one had nothing to
 collect), else the first failing run's code.
@@ -70,6 +74,18 @@ def outcomes(xml: Path) -> tuple[dict[str, int], list[str]]:
     return counts, lines
 
 
+def order_seed(args: list[str]) -> int | None:
+    """A seed for both runs' order when pytest-randomly is installed and the arguments neither give one nor turn
+    it off (the two runs then shuffle alike, and one number replays both)."""
+    import importlib.util
+    import random
+
+    if importlib.util.find_spec("pytest_randomly") is None or "no:randomly" in args or any(
+            a.startswith("--randomly-seed") for a in args):
+        return None
+    return random.randrange(2**32)
+
+
 INTERRUPTED: list[bool] = []
 
 
@@ -98,6 +114,11 @@ def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest"]
     if own_selection(argv):
         return subprocess.call([*pytest, *argv], cwd=ROOT)
+    seed = order_seed(argv)
+    if seed is not None:
+        argv = [*argv, f"--randomly-seed={seed}"]
+        print(f"=== make test: test order seed {seed} (replay: make test PYTEST_ARGS=\"-p randomly "
+              f"--randomly-seed={seed}\")", flush=True)
     with tempfile.TemporaryDirectory(prefix="trajforge-suite-") as tmp:
         reports = [Path(tmp) / "fast.xml", Path(tmp) / "serial.xml"]
         tiers = [(f"fast tier ({workers} workers)",
@@ -119,6 +140,9 @@ def main(argv: list[str]) -> int:
         for line in problems:
             print(line)
         shown = ", ".join(f"{v} {k}" for k, v in total.items() if v or k == "passed")
+        given = next((a for a in argv if a.startswith("--randomly-seed")), None)
+        if given:
+            print(f"test order: {given} (replay: make test PYTEST_ARGS=\"-p randomly {given}\")")
         print(f"=== {shown} in {sum(w for _, w in results):.1f} s (exit code {code})", flush=True)
         return code
 

@@ -15,6 +15,24 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test marked `ends_module_fixture` (it stops what its module's tests share: the stack it takes down) runs
+    last in its module, whatever order the others run in (pytest-randomly shuffles before this hook runs)."""
+    for item in [i for i in items if i.get_closest_marker("ends_module_fixture")]:
+        items.remove(item)
+        module = getattr(item, "module", None)
+        same = [j for j, other in enumerate(items) if getattr(other, "module", None) is module]
+        items.insert(same[-1] + 1 if same else len(items), item)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The order's seed last (pytest-randomly prints it in the header, which `-q` hides): a failure replays."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(f"test order: pytest-randomly seed {seed} (replay: -p randomly "
+                                    f"--randomly-seed={seed}; file order: -p no:randomly)")
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     from trajforge.tasks.sandbox import docker_client as make
@@ -87,6 +105,16 @@ def envs(docker_client):
         env.image, _ = ensure_image(docker_client, "trajforge/base:latest", env)
         out[env.env_id] = env
     return out
+
+
+@pytest.fixture(scope="session")
+def tools_wheelhouse():
+    """The tools layer's wheels (the MCP SDK's closure and its pip), in the session's $TRAJFORGE_CACHE: downloaded
+    once per session from the registry the project installs from when that cache is empty (a fresh machine, CI).
+    A test that swaps in a fake registry asks for this first: under the fake one the download would fail."""
+    from trajforge.tasks.envs.tools.layer import wheelhouse
+
+    return wheelhouse()
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ server start` on it (bound to a non-loopback address only: the module runs in a 
 own), a `process` work pool, `prefect
 deploy --all` of the repository's prefect.yaml, `prefect worker start --run-once`, a Dask scheduler and
 worker started as separate processes that were given the API URL. One stack for the whole module; the
-last test takes it down and checks nothing is left.
+last test (`ends_module_fixture`: last in any order) takes it down and checks nothing is left.
 
 The replay builds use the smallest config (one environment, one sample): after the first one, the
 scheduled build and the stage re-run reuse its committed stages.
@@ -400,6 +400,7 @@ def test_failure_webhook_automation_calls_the_receiver(stack, project):
     assert got[0]["flow_run_id"] == run_id and "does/not/exist.yaml" in got[0]["message"]
 
 
+@pytest.mark.ends_module_fixture
 def test_stack_down_leaves_no_process(stack):
     procs = stack.processes()
     assert len(procs) >= 4

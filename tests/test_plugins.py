@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,24 @@ from trajforge.schemas.config import ConfigError, parse_config
 TESTS = str(Path(__file__).resolve().parent)
 
 
+@pytest.fixture
+def registries():
+    """The teacher backend registries restored after the test, and its plugin modules forgotten: a plugin imported
+    in this process registers its backend process-wide, which a later test (in any order) must not see."""
+    from trajforge.schemas.config import TEACHER_SETTINGS
+    from trajforge.tasks.teachers import BACKENDS
+
+    saved = [(reg, dict(reg)) for reg in (TEACHER_SETTINGS, BACKENDS)]
+    yield
+    for reg, old in saved:
+        reg.clear()
+        reg.update(old)
+    sys.modules.pop("echo_teacher", None)
+
+
 def test_unknown_backend_names_the_known_ones(tmp_path):
     with pytest.raises(ConfigError, match=r"teacher.backend: Input should be .*'openai', 'replay' or 'vllm'"):
-        parse_config(small_config(tmp_path, teacher={"backend": "echo"}))
+        parse_config(small_config(tmp_path, teacher={"backend": "no-such-backend"}))
 
 
 def test_backend_settings_are_validated_by_the_backend_model(tmp_path):
@@ -31,7 +47,7 @@ def test_backend_settings_are_validated_by_the_backend_model(tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.slow
-@pytest.mark.usefixtures("prefect_api")
+@pytest.mark.usefixtures("prefect_api", "registries")
 def test_a_plugin_teacher_backend_runs_a_build(tmp_path, monkeypatch):
     from trajforge.flows.launch import run_build
     from trajforge.schemas.trajectory import Rollout
@@ -79,6 +95,7 @@ def test_dumps_without_defaults_keep_the_backend(tmp_path):
     assert again.teacher.backend == "openai" and again.teacher.label == "openai:m"
 
 
+@pytest.mark.usefixtures("registries")
 def test_plugin_modules_count_in_every_fingerprint(tmp_path, monkeypatch):
     from trajforge.tasks.engine import StageContext, fingerprint_components
     from trajforge.tasks.pipeline import STAGES

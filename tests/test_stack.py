@@ -140,8 +140,10 @@ def test_failure_webhook_template_is_package_data():
 
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert setuptools["package-dir"]["trajforge"] == "."
-    rel = FAILURE_TEMPLATE.resolve().relative_to(ROOT).as_posix()
-    assert any(fnmatch(rel, g) for g in setuptools["package-data"]["trajforge"]), rel
+    rel = FAILURE_TEMPLATE.resolve().relative_to(ROOT)
+    package = ".".join(["trajforge", *rel.parent.parts])  # data folders are listed as packages of their own
+    assert package in setuptools["packages"], package
+    assert any(fnmatch(rel.name, g) for g in setuptools["package-data"][package]), rel
 
 
 def test_compose_file_is_valid():

@@ -25,21 +25,27 @@ PY_PROJECT, NODE_PROJECT = HERE / "counters-mcp-python", HERE / "counters-mcp-no
 PINNED = {"pip": HERE / "pinned-pip", "npm": HERE / "pinned-npm"}
 
 
+@pytest.fixture(scope="session")
+def example_packages(tmp_path_factory) -> list[Path]:
+    """The example packages' wheel and npm tarball, built once per session (each registry reads their bytes)."""
+    dist = tmp_path_factory.mktemp("example-packages")
+    return [build_wheel(PY_PROJECT, dist), npm_pack(NODE_PROJECT, dist)]
+
+
 @pytest.fixture
-def registry(tmp_path, monkeypatch):
+def registry(tmp_path, monkeypatch, tools_wheelhouse, example_packages):
     """The loopback registry with both example packages published, configured as the user's pip index and npm
     registry; the host cache ($TRAJFORGE_CACHE) is the test's own, except the tools layer's wheelhouse (pip, the
-    installer), linked in from the usual cache so nothing is downloaded from elsewhere."""
+    installer; the session's `tools_wheelhouse`, made before the registry is swapped), linked in so nothing is
+    downloaded from elsewhere."""
     from trajforge.tasks.envs.tools.layer import lock_text, wheelhouse_dir
 
-    tools = wheelhouse_dir(lock_text())
     monkeypatch.setenv("TRAJFORGE_CACHE", str(tmp_path / "cache"))
-    if tools.exists():
-        wheelhouse_dir(lock_text()).parent.mkdir(parents=True)
-        wheelhouse_dir(lock_text()).symlink_to(tools)
+    wheelhouse_dir(lock_text()).parent.mkdir(parents=True)
+    wheelhouse_dir(lock_text()).symlink_to(tools_wheelhouse)
     reg = Registry()
-    reg.add(build_wheel(PY_PROJECT, tmp_path / "dist"))
-    reg.add(npm_pack(NODE_PROJECT, tmp_path / "dist"))
+    for artifact in example_packages:
+        reg.add(artifact)
     for var in ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no configured extra index or find-links: loopback only

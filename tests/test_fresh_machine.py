@@ -1,0 +1,100 @@
+"""CI runs the suite as a fresh machine would (`.ci/run`: every cache empty by tests/_fresh.py, the images the tests
+build removed, a changing order from one printed seed): a planted test that passes only on a warm cache, or only
+after another test, fails that run, and the seed it prints replays the order."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _fresh import CACHES, fresh_env
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANT = '''
+from trajforge.tasks.teachers.vllm_server import cache_dir
+
+STATE = []
+
+
+def test_reads_what_an_earlier_run_left():
+    assert (cache_dir() / "left-by-an-earlier-run").exists()
+
+
+def test_a_writes():
+    STATE.append(1)
+
+
+def test_b_reads_what_test_a_wrote():
+    assert STATE == [1]
+'''
+B_FIRST = 1  # under this seed pytest-randomly runs test_b before test_a (test_planted.py's node ids)
+
+
+def run(args: list[str], env: dict[str, str], plant: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args, "-c", str(ROOT / "pyproject.toml"), f"--rootdir={plant}",
+                           "-p", "no:cacheprovider", str(plant / "test_planted.py")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_test_that_needs_a_warm_cache_or_another_test_fails_the_ci_run(tmp_path):
+    plant = tmp_path / "plant"
+    plant.mkdir()
+    (plant / "test_planted.py").write_text(PLANT)
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    (warm / "left-by-an-earlier-run").write_text("")
+    here = {**os.environ, "TRAJFORGE_CACHE": str(warm)}
+
+    # a warm machine in file order: all pass, so the defects are hidden there
+    res = run(["-m", "pytest", "-p", "no:randomly", "-q"], here, plant)
+    assert res.returncode == 0 and "3 passed" in res.stdout, res.stdout + res.stderr
+
+    # CI's way: fresh caches, both tiers of `make test` (tests/_suite.py), a seed
+    fresh = fresh_env(tmp_path / "fresh")
+    assert set(fresh) == set(CACHES) and all(not any(Path(p).iterdir()) for p in fresh.values())
+    res = run(["tests/_suite.py", "--workers", "2", "-q", "-p", "randomly", f"--randomly-seed={B_FIRST}"],
+              {**here, **fresh}, plant)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "FAILED test_planted.py::test_reads_what_an_earlier_run_left" in out, out
+    assert "FAILED test_planted.py::test_b_reads_what_test_a_wrote" in out, out
+    assert "1 passed, 2 failed" in out and f"--randomly-seed={B_FIRST}" in out.splitlines()[-2], out
+
+
+def test_each_run_gets_a_seed_that_is_printed(tmp_path):
+    plant = tmp_path / "plant"
+    plant.mkdir()
+    (plant / "test_planted.py").write_text("def test_one():\n    pass\n")
+    res = run(["tests/_suite.py", "--workers", "1", "-q"], dict(os.environ), plant)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    first = next(line for line in out.splitlines() if "test order seed" in line)
+    seed = first.split("test order seed ")[1].split()[0]
+    assert f"-p randomly --randomly-seed={seed}" in first and f"--randomly-seed={seed}" in out.splitlines()[-2], out
+
+
+@pytest.mark.docker
+def test_the_images_the_tests_build_are_removed_and_the_base_image_kept(second_engine, monkeypatch):
+    """On a second engine of its own (the shared one keeps other runs' images): a tools layer, an environment image,
+    a naive-harness image and a test's `trajforge/...` tag go; the set-up's base image stays."""
+    import io
+
+    import _fresh
+
+    sock, client = second_engine
+    monkeypatch.setenv("DOCKER_HOST", sock)
+    made = {"trajforge/tools:fresh-test": {"trajforge.image": "tools-layer"},
+            "trajforge/env:fresh-test": {"trajforge.image": "env"},
+            "tf-naive/fresh-test:1": {"tf-naive": "1"}, "trajforge/test-writable:fresh": {}}
+    for tag, labels in made.items():
+        client.images.build(fileobj=io.BytesIO(f"FROM trajforge/base:latest\nRUN echo {tag} > /tag\n".encode()),
+                            tag=tag, labels=labels, rm=True, network_mode="none")
+    assert set(made) <= set(_fresh.built_images())
+    removed, refused = _fresh.remove_images()
+    assert set(made) <= set(removed) and refused == []
+    left = {t for img in client.images.list() for t in img.tags}
+    assert not left & set(made) and "trajforge/base:latest" in left
+    assert _fresh.built_images() == []
