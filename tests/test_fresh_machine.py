@@ -14,13 +14,15 @@ from _fresh import CACHES, fresh_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANT = '''
-from trajforge.tasks.teachers.vllm_server import cache_dir
+import os
+from pathlib import Path
 
 STATE = []
 
 
-def test_reads_what_an_earlier_run_left():
-    assert (cache_dir() / "left-by-an-earlier-run").exists()
+def test_reads_what_an_earlier_run_left():  # the cache as trajforge resolves it (tasks/envs/tools/layer.py, cache_root)
+    cache = Path(os.environ.get("TRAJFORGE_CACHE", "~/.cache/trajforge")).expanduser()
+    assert (cache / "left-by-an-earlier-run").exists()
 
 
 def test_a_writes():
