@@ -75,10 +75,13 @@ class TurnUsage(Record):
 
 
 class InPlaceTests(Record):
-    """Hidden tests run in the episode's container once it ended: agent processes killed, protected
-    paths checksummed, final work dir captured, *then* the verifier folders created fresh (root, 0700)
-    and the tests copied in and run as root. `error`: no parseable result (a verifier failure)."""
+    """Hidden tests run right after the episode (`venue`: `fresh`, a new container from the episode's committed
+    files; `in_place`, the episode's own container): agent processes gone, protected paths checksummed, final
+    work dir captured, *then* the verifier folders created fresh (root, 0700) and the tests copied in and run as
+    root. `error`: no parseable result (a verifier failure)."""
 
+    venue: str | None = Field(None, description="where they ran: fresh / in_place (None: a row written before "
+                                                "venues, in place)")
     results: list[TestResult] = Field(default_factory=list)
     output: str = ""
     duration_s: float = 0.0
@@ -139,4 +142,4 @@ class Rollout(Record):
         "elsewhere (`hardlink <path>`)"))
     in_place_tests: InPlaceTests | None = Field(
         default=None, description="the hidden tests run in the episode's own container after it ended "
-                                  "(rollout.verify_in_place); the verify stage judges from these")
+                                  "or a new one from its files (verify.venue); the verify stage judges from these")
