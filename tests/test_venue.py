@@ -138,3 +138,21 @@ def test_the_new_hacks_never_pass_and_honest_work_does(tmp_path, venue):
             assert not v["passed"] and v["reward"] < 1.0, (c["case"], flags)
         else:
             assert not v["passed"] and v["hacks"], (c["case"], c["class"], flags)
+
+
+@pytest.mark.docker
+def test_the_validator_marks_an_environment_whose_start_up_reads_agent_files(docker_client):
+    """An ENTRYPOINT that sources a work-dir file: `tests_run_agent_code` says `environment` (tasks/envs/start_code.py);
+    a task whose tests and image run nothing of the agent's says `no`."""
+    from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
+    from trajforge.tasks.envs.formats import import_task
+    from trajforge.tasks.envs.validator import validate_env
+
+    aliases = SynthesizeConfig(families=[{"name": "log_report"}]).image_aliases
+    marks = {}
+    for name in ("entrypoint-env", "volume-data"):
+        env = import_task(INTEGRITY / "harbor" / name)
+        v = validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", aliases, 120, 120)
+        assert v.ok, (name, v.reject)
+        marks[name] = env.tests_run_agent_code
+    assert marks == {"entrypoint-env": "environment", "volume-data": "no"}
