@@ -20,7 +20,8 @@ INTEGRITY = Path(__file__).parent / "fixtures" / "integrity"
 NEW_ENVS = {"harbor/entrypoint-env", "harbor/volume-data", "harbor/sourced-config"}
 CASES = [c for c in (json.loads(line) for line in (INTEGRITY / "trajectories.jsonl").read_text().splitlines()
                      if line.strip())
-         if c["env"] in NEW_ENVS or c["case"] == "run_script_shim_created_at_test_time"]
+         if c["env"] in NEW_ENVS or c["case"] in ("run_script_shim_created_at_test_time",
+                                                  "py_module_ctypes_float_compare_slot")]
 BASE = {"dataset": "x", "synthesize": {"families": [{"name": "log_report"}]}}
 
 
