@@ -136,6 +136,9 @@ class Rollout(Record):
     outside_state: bytes | None = Field(default=None, description=(
         "tar (paths relative to /) of the files the episode added or modified outside the work dir; with "
         "`final_state` and `changes.deleted` it reproduces the final container state in a fresh container"))
+    outside_omitted: list[str] = Field(default_factory=list, description=(
+        "files changed outside the work dir left out of `outside_state` because together they exceed the capture "
+        "limit (only the reference solution's changes were kept): a re-test that reverts them needs no content"))
     odd_links: list[str] = Field(default_factory=list, description=(
         "what the episode left that reads what it never wrote, found in its container after it ended: a symbolic "
         "link whose target did not exist then (`dangling <path>`), a work-dir file sharing its inode with a file "

@@ -21,7 +21,10 @@ NEW_ENVS = {"harbor/entrypoint-env", "harbor/volume-data", "harbor/sourced-confi
 CASES = [c for c in (json.loads(line) for line in (INTEGRITY / "trajectories.jsonl").read_text().splitlines()
                      if line.strip())
          if c["env"] in NEW_ENVS or c["case"] in ("run_script_shim_created_at_test_time",
-                                                  "py_module_ctypes_float_compare_slot")]
+                                                  "py_module_ctypes_float_compare_slot",
+                                                  "data_dir_solve_with_large_scratch",
+                                                  "data_dir_solve_chowning_the_folder",
+                                                  "data_dir_solve_with_an_installed_tool")]
 BASE = {"dataset": "x", "synthesize": {"families": [{"name": "log_report"}]}}
 
 

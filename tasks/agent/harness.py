@@ -36,7 +36,7 @@ from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Message, Rollout, Step, TurnUsage
 from ..envs.kinds import BASH_HARNESS
 from ..envs.kinds import of as kind_of
-from ..judge.changes import capture_outside
+from ..judge.changes import capture_outside, expected
 from ..judge.hacks import odd_links
 from ..judge.venue import named
 from ..judge.verifier import run_hidden_tests
@@ -343,7 +343,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         if slot is not None:
             slot.release()
         await _close(mode)  # tools mode: the server session ends before anything is settled or read
-        in_place, outside, odd = None, None, []
+        in_place, outside, odd, omitted = None, None, [], []
         try:
             leftover, changed, changes = await ep.finish()
         except FinalStateUnavailable as err:  # e.g. more files than the change walk lists: the model's doing
@@ -356,10 +356,12 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                     if not sb.cfg.work_tmpfs_mb else None
             else:
                 captured, outside = await asyncio.gather(
-                    ep.capture(), asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit),
+                    ep.capture(), asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit,
+                                                    lambda p: expected(p, env)),
                     return_exceptions=True)
         if isinstance(outside, BaseException):
             raise outside
+        outside, omitted = outside if isinstance(outside, tuple) else (outside, [])
         if isinstance(captured, FinalStateUnavailable):  # the model filled its work dir or hid it: a failure, not retried
             final_state, error = None, f"{error + '; ' if error else ''}{captured}"
         elif isinstance(captured, BaseException):
@@ -390,4 +392,5 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         completion_tokens=sum(u.completion_tokens for u in st.usage),
         turns=len(st.usage), tool_call_errors=st.call_errors, status=status, error=error, wall_s=round(time.monotonic() - t0, 3),
         protected_changed=changed, leftover_processes=leftover, final_state=final_state, in_place_tests=in_place,
-        changes=changes, outside_state=outside, toolchain_changed=sb.toolchain_changed, odd_links=odd)
+        changes=changes, outside_state=outside, outside_omitted=omitted, toolchain_changed=sb.toolchain_changed,
+        odd_links=odd)

@@ -42,6 +42,7 @@ from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Rollout
 from ...schemas.verdict import HackFlag, Verdict
 from ..sandbox import Sandbox, SandboxError
+from ..sandbox.walk import inside
 from .changes import apply_final_state, revert_plan, review_flags, unexpected, written_outside
 from .changes import counterfactual as counterfactual_run
 from .guard import guard_flags, guardable, run_guarded
@@ -219,7 +220,7 @@ def counterfactual(case: Case) -> End | None:
         return None
     case.reverted = revert_plan(r.changes, env)
     if case.reverted:  # a pass with unexpected changes that could matter: does it depend on them?
-        if _state_incomplete(r, env):
+        if _state_incomplete(r, env, case.reverted):
             return case.reject("verifier_error", "counterfactual impossible: the final state outside the work dir "
                                                  "was too large to record")
         cf_run, flips = counterfactual_run(lambda: j.box(env), r, env, case.reverted, j.test_timeout_s)
@@ -328,6 +329,12 @@ def _last(r: Rollout) -> dict[str, Any]:
     return dict(turn=last.turn if last else None, command=last.command[:500] if last else None)
 
 
-def _state_incomplete(r: Rollout, env: EnvSpec) -> bool:
-    """Files changed outside the work dir that the rollout could not record (too large)."""
-    return r.changes is not None and r.outside_state is None and bool(written_outside(r.changes, env.workdir))
+def _state_incomplete(r: Rollout, env: EnvSpec, reverted: list[str] | None = None) -> bool:
+    """Files changed outside the work dir that the rollout could not record (too large), except those a re-test
+    reverts anyway (`reverted`: a counterfactual's plan)."""
+    if r.changes is None:
+        return False
+    missing = r.outside_omitted if r.outside_state is not None else written_outside(r.changes, env.workdir)
+    if reverted is not None:
+        missing = [p for p in missing if not any(inside(p, x) for x in reverted)]
+    return bool(missing)
