@@ -152,7 +152,7 @@ def hidden_tests(case: Case) -> End | None:
     r, env, j = case.rollout, case.env, case.judge
     in_place = TestRun.from_record(r.in_place_tests) if r.in_place_tests is not None else None
     if in_place is not None and named(j.venue).during_rollout and in_place.fallback is None:
-        run, mode = in_place, in_place.venue or "in_place"
+        run, mode = in_place, r.in_place_tests.venue or "in_place"
     else:
         if _state_incomplete(r, env):
             return case.reject("verifier_error",
