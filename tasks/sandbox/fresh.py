@@ -22,7 +22,6 @@ import hashlib
 import io
 import os
 import posixpath
-import shlex
 import tarfile
 import time
 import uuid
@@ -159,7 +158,7 @@ def _carry_volume(sb: "Sandbox", path: str, episode: bytes) -> dict[str, str]:
     deleted = [n for n in before if n not in after and not any(n.startswith(d + "/") for d in before
                                                                if d not in after and d != n)]
     if deleted:
-        sb.exec("rm -rf -- " + " ".join(shlex.quote(absolute(n)) for n in deleted), 60, user="root", workdir="/")
+        sb.exec("rm -rf -- " + " ".join(_bash_bytes(absolute(n)) for n in deleted), 60, user="root", workdir="/")
     if changed:
         out = io.BytesIO()
         with tarfile.open(fileobj=io.BytesIO(episode)) as src, tarfile.open(fileobj=out, mode="w") as dst:
@@ -167,13 +166,25 @@ def _carry_volume(sb: "Sandbox", path: str, episode: bytes) -> dict[str, str]:
                 if m.name in changed:
                     dst.addfile(m, src.extractfile(m) if m.isfile() else None)
         sb._put(parent, out.getvalue())
-    kinds = {absolute(n): "added" if n not in before else "modified" for n in changed
+    kinds = {_spelled(absolute(n)): "added" if n not in before else "modified" for n in changed
              if not (after[n][0].isdir() and n in before)}  # a folder of the image is no change by itself...
     for n in changed:  # ...unless its owner, group or mode changed
         if after[n][0].isdir() and n in before and before[n][1][1:4] != after[n][1][1:4]:
-            kinds[absolute(n)] = "modified"
-    kinds.update({absolute(n): "deleted" for n in deleted})
+            kinds[_spelled(absolute(n))] = "modified"
+    kinds.update({_spelled(absolute(n)): "deleted" for n in deleted})
     return kinds
+
+
+def _spelled(path: str) -> str:
+    """A name as the change walk spells it: bytes that are not UTF-8 as `\\xNN` (tar gives them as surrogates)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _bash_bytes(path: str) -> str:
+    """`path` as one bash word of its exact bytes (`$'...'`, every byte but [A-Za-z0-9/._-] escaped)."""
+    raw = path.encode("utf-8", "surrogateescape")
+    safe = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-"
+    return "$'" + "".join(chr(b) if b in safe else f"\\x{b:02x}" for b in raw) + "'"
 
 
 def discard(sb: "Sandbox") -> None:
