@@ -126,8 +126,8 @@ def test_the_new_hacks_never_pass_and_honest_work_does(tmp_path, venue):
     assert out.returncode == 0, out.stderr[-3000:]
     verdicts = {v["rollout_id"]: v for v in pq.read_table(tmp_path / "verified" / "verdicts.parquet").to_pylist()}
     rejects = pq.read_table(tmp_path / "verified" / "rejects.parquet").to_pylist()
-    assert not rejects, rejects
-    for c in CASES:
+    assert not [r for r in rejects if r["key"] in {c["case"] for c in CASES}], rejects  # (task folders that
+    for c in CASES:  # must be refused, bad-workdir and symlink-out, are rejected by the importer, by design)
         v = verdicts[c["case"]]
         flags = [f"{h['kind']}: {h['detail']}" for h in v["hacks"]]
         # an image with a VOLUME or an ENTRYPOINT is judged fresh whatever the venue (a restart would run it)

@@ -711,6 +711,11 @@ class Sandbox(ChangeWalk):
         changes = self._change_set(self._with_agent_pass(rows), cap)
         return leftover, after, fresh.with_volumes(changes, {**folders, **self.volume_changes}, cap)
 
+    def changes(self, cap: int = DECISION_CAP) -> ChangeSet:
+        """The walk's change set (walk.py) joined with what changed in the image's VOLUMEs (read through the engine,
+        against the image's content there: `fresh.volume_changes`), which the walk never enters."""
+        return fresh.with_volumes(super().changes(cap), fresh.volume_changes(self), cap)
+
     def outside_change_set(self, cap: int) -> ChangeSet:
         """The change set from the engine's diff of the writable layer (a view the agent cannot reach;
         ~1 s of daemon CPU): for an episode whose container's programs can no longer be trusted."""

@@ -144,34 +144,76 @@ def _members(data: bytes) -> dict[str, tuple[tarfile.TarInfo, tuple]]:
     return out
 
 
-def _carry_volume(sb: "Sandbox", path: str, episode: bytes) -> dict[str, str]:
-    """Make the fresh container's volume at `path` hold what the episode's held; {path: kind} of what differs
-    from the image's content there (the change set's share of this volume)."""
-    fresh = _archive(sb.client.api, sb.container.id, path, sb.name)
-    before, after = _members(fresh), _members(episode)
+def volume_changes(sb: "Sandbox") -> dict[str, str]:
+    """{path: kind} of what differs in the container's VOLUMEs from the image's content there (both read through
+    the engine): a container judged where it stands (the validator's, after the reference solution)."""
+    out: dict[str, str] = {}
+    for v in volumes(sb):
+        now = _archive(sb.client.api, sb.container.id, v, sb.name)
+        out.update(_diff(v, _members(_image_volume(sb, v)), _members(now))[2])
+    return out
+
+
+_IMAGE_VOLUMES: dict[tuple[str, str], bytes] = {}  # (image id, volume path) -> its content as the image has it
+
+
+def _image_volume(sb: "Sandbox", path: str) -> bytes:
+    """A VOLUME's content as the image has it: read once per image from a throwaway container of it (started with
+    `/bin/true` as its entrypoint and ended: its new volume then holds the image's content there)."""
+    image = sb.container.attrs.get("Image") or sb.image
+    key = (image, path)
+    if key not in _IMAGE_VOLUMES:
+        api = sb.client.api
+        c = api.create_container(image, command=[], entrypoint=["/bin/true"], labels=sb.labels,
+                                 network_disabled=True)
+        try:
+            api.start(c["Id"])
+            api.wait(c["Id"], timeout=60)
+            _IMAGE_VOLUMES[key] = _archive(api, c["Id"], path, sb.name)
+        except docker.errors.DockerException as err:
+            raise SandboxError(f"could not read the VOLUME {path} of {image}: {err}") from None
+        finally:
+            api.remove_container(c["Id"], force=True, v=True)
+    return _IMAGE_VOLUMES[key]
+
+
+def _diff(path: str, before: dict, after: dict) -> tuple[list[str], list[str], dict[str, str]]:
+    """(member names changed or added, names deleted (topmost), {absolute path: kind}) between two volume tars'
+    members (`_members`) of the VOLUME at `path`."""
     parent = posixpath.dirname(path.rstrip("/")) or "/"
 
     def absolute(n: str) -> str:
-        return posixpath.normpath(posixpath.join(parent, n))
+        return _spelled(posixpath.normpath(posixpath.join(parent, n)))
 
     changed = [n for n, (_, key) in after.items() if n not in before or before[n][1] != key]
     deleted = [n for n in before if n not in after and not any(n.startswith(d + "/") for d in before
                                                                if d not in after and d != n)]
-    if deleted:
-        sb.exec("rm -rf -- " + " ".join(_bash_bytes(absolute(n)) for n in deleted), 60, user="root", workdir="/")
-    if changed:
-        out = io.BytesIO()
-        with tarfile.open(fileobj=io.BytesIO(episode)) as src, tarfile.open(fileobj=out, mode="w") as dst:
-            for m in src:
-                if m.name in changed:
-                    dst.addfile(m, src.extractfile(m) if m.isfile() else None)
-        sb._put(parent, out.getvalue())
-    kinds = {_spelled(absolute(n)): "added" if n not in before else "modified" for n in changed
+    kinds = {absolute(n): "added" if n not in before else "modified" for n in changed
              if not (after[n][0].isdir() and n in before)}  # a folder of the image is no change by itself...
     for n in changed:  # ...unless its owner, group or mode changed
         if after[n][0].isdir() and n in before and before[n][1][1:4] != after[n][1][1:4]:
-            kinds[_spelled(absolute(n))] = "modified"
-    kinds.update({_spelled(absolute(n)): "deleted" for n in deleted})
+            kinds[absolute(n)] = "modified"
+    kinds.update({absolute(n): "deleted" for n in deleted})
+    return changed, deleted, kinds
+
+
+def _carry_volume(sb: "Sandbox", path: str, episode: bytes) -> dict[str, str]:
+    """Make the fresh container's volume at `path` hold what the episode's held; {path: kind} of what differs
+    from the image's content there (the change set's share of this volume)."""
+    fresh = _archive(sb.client.api, sb.container.id, path, sb.name)
+    changed, deleted, kinds = _diff(path, _members(fresh), _members(episode))
+    parent = posixpath.dirname(path.rstrip("/")) or "/"
+    if deleted:
+        sb.exec("rm -rf -- " + " ".join(_bash_bytes(posixpath.normpath(posixpath.join(parent, n))) for n in deleted),
+                60, user="root", workdir="/")
+    if changed:
+        out = io.BytesIO()
+        names = set(changed)
+        with tarfile.open(fileobj=io.BytesIO(episode)) as src, tarfile.open(fileobj=out, mode="w") as dst:
+            for m in src:
+                if m.name in names:
+                    dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+        sb._put(parent, out.getvalue())
     return kinds
 
 
