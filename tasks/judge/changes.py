@@ -107,19 +107,21 @@ def apply_final_state(sb: Sandbox, r: Rollout, env: EnvSpec, revert: list[str] =
     for p in revert:  # the image's version, taken before anything is restored (the engine says what exists)
         if sb.path_kind(p) is not None:
             originals[p] = sb.get_archive(p, 64 << 20)
+    modified = set(r.changes.modified) if r.changes else set()
+    # an image folder whose owner, group or mode changed gets only those back: what lies below it is judged apart
+    folders = {p: f for p in revert if p in modified and (f := _folder_entry(originals.get(p))) is not None}
+    whole = [p for p in revert if p not in folders]
     if r.final_state is not None:
         restore_state(sb, r.final_state)
     deleted = [p for p in (r.changes.deleted if r.changes else []) if not inside(p, env.workdir)]
-    gone = [p for p in deleted if not any(inside(p, x) for x in revert)]
+    gone = [p for p in deleted if not any(inside(p, x) for x in whole)]
     if gone:
         sb.exec("rm -rf -- " + " ".join(map(shlex.quote, gone)), 60, user="root", workdir="/")
     if r.outside_state:
-        sb.put_archive("/", _without(r.outside_state, revert))
-    modified = set(r.changes.modified) if r.changes else set()
+        sb.put_archive("/", _without(r.outside_state, whole))
     for p in revert:
-        folder = _folder_entry(originals.get(p)) if p in modified else None
-        if folder is not None:  # an image folder whose owner, group or mode changed: only those go back
-            sb.put_archive(posixpath.dirname(p) or "/", folder)
+        if p in folders:
+            sb.put_archive(posixpath.dirname(p) or "/", folders[p])
             continue
         sb.exec(f"rm -rf -- {shlex.quote(p)}", 30, user="root", workdir="/")
         if p in originals:
