@@ -736,18 +736,25 @@ class Sandbox(ChangeWalk):
         an option), so a name holding a newline or starting with `-` cannot add, move or rename files."""
         if not paths:
             return None
-        names = b"".join(n + b"\0" for p in paths for n in _spellings(p.lstrip("/")))
-        spool = f".tf-list.{uuid.uuid4().hex[:6]}"
+        # a folder listed with something below it (its owner or mode changed, and its content too) is carried as
+        # the folder alone: whole, it would carry its content twice (a hard link of each file to itself)
+        ordered = sorted(set(paths))
+        covering = {p for i, p in enumerate(ordered) if i + 1 < len(ordered)
+                    and ordered[i + 1].startswith(p.rstrip("/") + "/")}
+        lists = {"": [p for p in ordered if p not in covering], "n": sorted(covering)}
+        spools = {k: f".tf-list.{uuid.uuid4().hex[:6]}" for k in lists}
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as t:
-            info = tarfile.TarInfo(spool)
-            info.size, info.mode = len(names), 0o600
-            t.addfile(info, io.BytesIO(names))
+            for k, spool in spools.items():
+                names = b"".join(n + b"\0" for p in lists[k] for n in _spellings(p.lstrip("/")))
+                info = tarfile.TarInfo(spool)
+                info.size, info.mode = len(names), 0o600
+                t.addfile(info, io.BytesIO(names))
         self._put("/tmp", buf.getvalue())
-        listed = f"/tmp/{spool}"
+        listed, alone = f"/tmp/{spools['']}", f"/tmp/{spools['n']}"
         tar = self.exec("t=$(mktemp /tmp/.tf-state.XXXXXX) && "
-                        f"tar -C / --ignore-failed-read --null --verbatim-files-from -T {listed} -cf \"$t\" 2>/dev/null; "
-                        f"rm -f {listed}; echo \"$t\"",
+                        f"tar -C / --ignore-failed-read --null --verbatim-files-from -T {listed} --no-recursion "
+                        f"-T {alone} -cf \"$t\" 2>/dev/null; rm -f {listed} {alone}; echo \"$t\"",
                         120, user="root", workdir="/").output.strip().splitlines()[-1:]
         if not tar or not tar[0].startswith("/tmp/.tf-state."):
             raise SandboxError(f"could not archive the changed files in {self.name}")
