@@ -1,17 +1,18 @@
 """Benchmark `oracle_trials` (performance targets, DESIGN.md: reference-solution trials/s with every verification
 defence on ÷ the faster of a plain shell script and a plain docker-SDK loop doing the same run / solution / tests /
-rm at the same parallelism, ≥ 0.7, goal 1.0; ÷ Harbor's oracle agent on the same imported tasks, ≥ 5).
+rm at the same parallelism: the default venue `fresh` ≥ 0.6, the `in_place` opt-in ≥ 0.8, goal 1.0; ÷ Harbor's
+oracle agent on the same imported tasks, ≥ 5).
 
 Two task sets (`--tasks`, default both): procedural environments (`families`) and imported Harbor task folders
 (the legit tasks of `tests/fixtures/integrity/harbor`, each with its `solution/`; `tests/fixtures/corpus` has no
 reference solutions, so nothing to run there, and the benchmark says so). Same images (built and warmed
 beforehand), same parallelism P, sides measured one after another in one run:
-  (a) pipeline stage code, in place (the default): the rollout stage's episode driver with the replay teacher
-      (container started, protected inputs checksummed, the solution's commands, processes killed, protected
-      paths checksummed again, work dir captured, hidden tests copied in and run as root in place), then the
-      verify stage's code (hack detectors, quality, verdicts); in this process, no engine around it;
-  (b) the same with `verify.isolated: true` (procedural only): each trial's tests in a fresh container restored
-      from its captured state;
+  (a) pipeline stage code, venue `fresh` (the default, tasks/judge/venue.py): the rollout stage's episode
+      driver with the replay teacher (container started, protected inputs checksummed, the solution's commands,
+      the container stopped and committed, a new container of the commit started, protected paths checksummed
+      again, work dir captured, hidden tests copied in and run as root there), then the verify stage's code (hack
+      detectors, quality, verdicts); in this process, no engine around it;
+  (b) the same with `verify.venue: in_place` (the faster opt-in): the tests in the episode's own container;
   (c) plain shell script, bash + xargs -P: docker run -d, docker cp + exec the solution, docker cp the tests,
       docker exec the tests as root, docker rm -f (the docker CLI per operation);
   (d) plain docker-SDK loop, a thread pool of P over one client (low-level API): create + start (the same
@@ -243,11 +244,11 @@ def why_failed(v) -> str:
     return f"{v.status}, mode {v.mode}, reward {v.reward}; {flags}{v.verifier_output[-200:]!r}"
 
 
-def pipeline_side(runs: str, envs, trials: int, parallel: int, isolated: bool) -> tuple[int, dict]:
+def pipeline_side(runs: str, envs, trials: int, parallel: int, venue: str) -> tuple[int, dict]:
     cfg = parse_config({"dataset": "oracle", "runs": runs, "synthesize": {"families": [{"name": "log_report"}]},
                         "teacher": {"backend": "replay"},
-                        "rollout": {"concurrency": parallel, "max_turns": 8, "verify_in_place": not isolated},
-                        "verify": {"concurrency": parallel, "replay_on_sibling": False, "isolated": isolated}})
+                        "rollout": {"concurrency": parallel, "max_turns": 8},
+                        "verify": {"concurrency": parallel, "replay_on_sibling": False, "venue": venue}})
     ctx = StageContext.create(cfg, "oracle")
     by_id = {e.env_id: e for e in envs}
     episodes = [(envs[i % len(envs)].env_id, i // len(envs)) for i in range(trials)]
@@ -363,8 +364,8 @@ def cleanup(client) -> None:
 
 
 LABELS = {
-    "a": "(a) pipeline stage code, in place (default, every defence on)",
-    "b": "(b) pipeline stage code, verify.isolated: true",
+    "a": "(a) pipeline stage code, venue fresh (default, every defence on)",
+    "b": "(b) pipeline stage code, venue in_place (opt-in, every defence on)",
     "c": "(c) plain shell script (docker CLI per operation)",
     "d": "(d) plain docker-SDK loop (thread pool, one client)",
     "e": "(e) Harbor oracle agent, whole `harbor run`",
@@ -440,12 +441,14 @@ def ratio_rows(name: str, r: dict) -> list[list[str]]:
 
 
 def common_sides(runs: str, envs: list, root: Path, parallel: int) -> dict:
-    """Sides (a) every defence on, (c) the shell script and (d) the docker-SDK loop over `envs`' reference
-    solutions, each a function of the trial count (the script's folders are prepared under `root`)."""
+    """Sides (a) the default venue and (b) the in-place opt-in, every defence on, (c) the shell script and (d) the
+    docker-SDK loop over `envs`' reference solutions, each a function of the trial count (the script's folders are
+    prepared under `root`)."""
     plans = [plan(e) for e in envs]
     dirs = script_prepare(plans, root)
     sdk = SdkLoop(plans, parallel)
-    return {"a": lambda n: pipeline_side(runs, envs, n, parallel, isolated=False),
+    return {"a": lambda n: pipeline_side(runs, envs, n, parallel, venue="fresh"),
+            "b": lambda n: pipeline_side(runs, envs, n, parallel, venue="in_place"),
             "c": lambda n: script_side(root, dirs, plans, n, parallel),
             "d": lambda n: sdk.run(n)}
 
@@ -479,7 +482,6 @@ def main() -> int:
             t_setup = time.monotonic()
             _, envs = build_envs(runs, n_per_family=args.per_family, families=QUICK_FAMILIES if args.quick else None)
             sides = common_sides(runs, envs, work / "procedural", args.parallel)
-            sides["b"] = lambda n: pipeline_side(runs, envs, n, args.parallel, isolated=True)
             if not (args.no_build or args.quick):  # quick: the build side runs on the imported tasks only
                 families = sorted({e.family for e in envs})
                 samples = max(1, round(args.trials / len(envs)))
@@ -529,8 +531,10 @@ def main() -> int:
     code = 0
     for name, r in results.items():
         peers = f"(c) script {r['rate']['c']:.2f}, (d) SDK loop {r['rate']['d']:.2f} trials/s"
-        code |= target(f"{name}: (a) stage code trials/s ÷ the faster floor max((c), (d))", r["rate"]["a"] / r["floor"],
-                       ">=", 0.7, args.quick, peer=peers)
+        code |= target(f"{name}: (a) stage code, venue fresh (default), trials/s ÷ the faster floor max((c), (d))",
+                       r["rate"]["a"] / r["floor"], ">=", 0.6, args.quick, peer=peers)
+        code |= target(f"{name}: (b) stage code, venue in_place (opt-in), trials/s ÷ the faster floor max((c), (d))",
+                       r["rate"]["b"] / r["floor"], ">=", 0.8, args.quick, peer=peers)
         if "f" in r["rate"]:  # reported, not judged: DESIGN.md's target is the stage's
             print(f"(not a target) {name}: whole `trajforge build --force rollout` trials/s ÷ the faster floor = "
                   f"{r['rate']['f'] / r['floor']:.2f}; its rollout stage ÷ the floor = {r['f stage'] / r['floor']:.2f}")

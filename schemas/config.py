@@ -408,24 +408,23 @@ class RolloutConfig(Section):
         "finishes (settle, capture, hidden tests) beside them: at most 2 x concurrency containers"))
     episodes_per_shard: int = Field(8, ge=1)
     infra_retries: int = operational(2, ge=0)
-    verify_in_place: bool = Field(True, description=(
-        "run the hidden tests in the episode's own container right after it ends (agent processes killed, "
-        "final state captured, verifier folders created fresh); false: the verify stage runs every test "
-        "in a fresh container from the captured final state"))
-    test_timeout_s: float = Field(60, gt=0, description="hidden-test timeout of in-place verification "
-                                                        "(an environment's own timeout wins)")
+    test_timeout_s: float = Field(60, gt=0, description="hidden-test timeout of the tests run right after an "
+                                                        "episode (`verify.venue` fresh or in_place; an environment's "
+                                                        "own timeout wins)")
     context_budget_tokens: int | None = Field(
         None, ge=256, description="end an episode as context_overflow before a request could exceed it "
                                   "(default: the vLLM server's max_model_len, else unlimited)")
 
 
 class VerifyConfig(Section):
-    """Tests ran in place during the rollout stage are judged from their recorded results; rollouts
-    without them (or all, with `isolated: true`) are tested `isolated`: a fresh container of the
-    environment's image plus the episode's final work dir."""
+    """Where the hidden tests run is `venue` (tasks/judge/venue.py): `fresh` (default) and `in_place` run them
+    in the rollout stage right after each episode, whose row records the results; `isolated` runs them here, in
+    a container of the environment's image plus the episode's captured final state."""
 
-    isolated: bool = Field(False, description="ignore in-place results: test every rollout in a fresh "
-                                              "container from its captured final state")
+    venue: Literal["fresh", "in_place", "isolated"] = Field("fresh", description=(
+        "fresh: a new container from the episode's committed files (entrypoint and command trajforge's, no "
+        "process, /dev or volume of the episode); in_place: the episode's own container (faster opt-in); "
+        "isolated: the image plus the captured final state, in the verify stage"))
     test_timeout_s: float = Field(60, gt=0, description="hidden-test timeout of isolated runs")
     replay_on_sibling: bool = Field(True, description="replay procedural successes on another instance "
                                                       "to flag hard-coded answers")
@@ -649,6 +648,35 @@ def absolute_runs(runs: str, base: str | Path | None = None) -> str:
     return os.path.normpath(os.path.join(os.path.abspath(base) if base is not None else os.getcwd(), path))
 
 
+def retired_venue_keys(data: Any) -> Any:
+    """Configs written before `verify.venue` keep loading: `verify.isolated: true` is `isolated`, else
+    `rollout.verify_in_place: true` is `in_place` and `false` is `isolated`. Given beside an explicit
+    `verify.venue` that says otherwise, an error names both keys."""
+    if not isinstance(data, dict):
+        return data
+    rollout = data.get("rollout") if isinstance(data.get("rollout"), dict) else None
+    verify = data.get("verify") if isinstance(data.get("verify"), dict) else None
+    in_place = rollout.get("verify_in_place") if rollout is not None else None
+    isolated = verify.get("isolated") if verify is not None else None
+    if in_place is None and isolated is None:
+        return data
+    data = dict(data)
+    rollout = {k: v for k, v in (rollout or {}).items() if k != "verify_in_place"}
+    verify = {k: v for k, v in (verify or {}).items() if k != "isolated"}
+    for key, value in (("rollout.verify_in_place", in_place), ("verify.isolated", isolated)):
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{key} (retired: use verify.venue) must be true or false, not {value!r}")
+    mapped = "isolated" if isolated else "in_place" if in_place else "isolated" if in_place is False else None
+    if mapped is not None:
+        if "venue" in verify and verify["venue"] != mapped:
+            raise ValueError(f"verify.venue {verify['venue']!r} contradicts the retired "
+                             f"{'verify.isolated' if isolated else 'rollout.verify_in_place'} (meaning venue "
+                             f"{mapped!r}): keep verify.venue only")
+        verify["venue"] = mapped
+    data["rollout"], data["verify"] = rollout, verify
+    return data
+
+
 class BuildConfig(Section):
     dataset: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     plugins: list[str] = Field(default_factory=list, description=(
@@ -680,6 +708,11 @@ class BuildConfig(Section):
         if isinstance(data, dict):
             import_plugins(data.get("plugins") or [])
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_venue_keys(cls, data: Any) -> Any:
+        return retired_venue_keys(data)
 
     @field_validator("runs")
     @classmethod

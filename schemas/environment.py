@@ -172,10 +172,12 @@ class EnvSpec(Record):
                                         "an agent makes that is not here is `unexpected`")
     expected_tests: list[str] = found([], "pytest tests the reference solution's test run reported passed "
                                       "(script verifiers): a pass must report each of them passed")
-    tests_run_agent_code: Literal["unknown", "no", "subprocess", "in_process"] = found("unknown", (
+    tests_run_agent_code: Literal["unknown", "no", "subprocess", "in_process", "environment"] = found("unknown", (
         "whether the hidden tests execute code the agent wrote or could change (read from the tests' text and "
         "the solved work dir): `in_process` (a Python test imports it), `subprocess` (a test runs it as a "
-        "program); such code runs with the tests' powers, so some hacks stay undetectable (README)"))
+        "program); such code runs with the tests' powers, so some hacks stay undetectable (README); "
+        "`environment`: the tests run none, but the image's ENTRYPOINT or HEALTHCHECK reads files the agent "
+        "writes (tasks/envs/start_code.py)"))
     tests_leave_processes: bool = found(False, "the reference solution's test run left processes running when "
                                                "it ended")
     reward_files: list[str] = found([], (

@@ -105,6 +105,7 @@ class TrajectoryRow(Record):
     kind: str = Field("terminal", description="the environment's kind: terminal (a shell) or tools (a tool server)")
     tests_run_agent_code: str = Field("unknown", description=(
         "whether the environment's hidden tests execute the agent's code (no / subprocess / in_process / unknown; "
+        "environment: the tests do not, but the image's entrypoint or healthcheck reads files the agent writes; "
         "EnvSpec.tests_run_agent_code): such code runs with the tests' powers, and docs/verification.md lists the hacks that "
         "stay undetectable then; filter on it for the strictest data"))
     build_egress: str = Field("unknown", description=(

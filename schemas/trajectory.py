@@ -75,10 +75,13 @@ class TurnUsage(Record):
 
 
 class InPlaceTests(Record):
-    """Hidden tests run in the episode's container once it ended: agent processes killed, protected
-    paths checksummed, final work dir captured, *then* the verifier folders created fresh (root, 0700)
-    and the tests copied in and run as root. `error`: no parseable result (a verifier failure)."""
+    """Hidden tests run right after the episode (`venue`: `fresh`, a new container from the episode's committed
+    files; `in_place`, the episode's own container): agent processes gone, protected paths checksummed, final
+    work dir captured, *then* the verifier folders created fresh (root, 0700) and the tests copied in and run as
+    root. `error`: no parseable result (a verifier failure)."""
 
+    venue: str | None = Field(None, description="where they ran: fresh / in_place (None: a row written before "
+                                                "venues, in place)")
     results: list[TestResult] = Field(default_factory=list)
     output: str = ""
     duration_s: Seconds = 0.0
@@ -133,10 +136,13 @@ class Rollout(Record):
     outside_state: Annotated[bytes | None, TarMark] = Field(default=None, description=(
         "tar (paths relative to /) of the files the episode added or modified outside the work dir; with "
         "`final_state` and `changes.deleted` it reproduces the final container state in a fresh container"))
+    outside_omitted: list[str] = Field(default_factory=list, description=(
+        "files changed outside the work dir left out of `outside_state` because together they exceed the capture "
+        "limit (only the reference solution's changes were kept): a re-test that reverts them needs no content"))
     odd_links: list[str] = Field(default_factory=list, description=(
         "what the episode left that reads what it never wrote, found in its container after it ended: a symbolic "
         "link whose target did not exist then (`dangling <path>`), a work-dir file sharing its inode with a file "
         "elsewhere (`hardlink <path>`)"))
     in_place_tests: InPlaceTests | None = Field(
         default=None, description="the hidden tests run in the episode's own container after it ended "
-                                  "(rollout.verify_in_place); the verify stage judges from these")
+                                  "or a new one from its files (verify.venue); the verify stage judges from these")

@@ -65,9 +65,10 @@ class Verdict(Record):
     quality: Quality = Field(default_factory=Quality)
     verifier_output: str = ""
     duration_s: Seconds = 0.0
-    mode: Literal["in_place", "isolated", "isolated_fallback", "none"] = Field(
-        "none", description="where the hidden tests ran: the episode's own container, a fresh one, a fresh one "
-                            "because the in-place results folder could not be trusted, or not at all")
+    mode: Literal["fresh", "in_place", "isolated", "isolated_fallback", "none"] = Field(
+        "none", description="where the hidden tests ran (the venue, tasks/judge/venue.py): a new container from the "
+                            "episode's committed files, the episode's own container, the image plus the captured final "
+                            "state, the same because the results folder could not be trusted, or not at all")
     changes: ChangeSet | None = Field(None, description="what the episode changed in its container")
     unexpected: list[str] = Field(default_factory=list, description=(
         "changed paths the reference solution did not need (capped at 200)"))

@@ -44,9 +44,11 @@ class RolloutStage(Stage):
     output = Rollout
 
     def config_section(self, config) -> dict[str, Any]:
-        """Only the active backend's settings of each teacher count; a replay file counts by its content."""
+        """Only the active backend's settings of each teacher count; a replay file counts by its content; the venue
+        (`verify.venue`) counts: with `fresh` or `in_place` the rollout rows carry the hidden tests' results."""
         out = super().config_section(config)
         out["teacher"] = config.teacher.fingerprint()
+        out["venue"] = config.verify.venue  # fresh / in_place: the rows carry the test results (judge/venue.py)
         if config.extra_teachers:
             out["extra_teachers"] = [t.fingerprint() for t in config.extra_teachers]
         return out

@@ -1,9 +1,10 @@
 """Stage `verify`: hidden-test results, hack detection with evidence, and quality signals.
 
-Tests: a rollout whose tests ran in place (in its own container right after the episode, see
-tasks/agent/harness.py and `rollout.verify_in_place`) is judged from those results; any other (or every one,
-with `verify.isolated`) is tested `isolated`: a fresh container of the environment's image plus the
-captured work dir, nothing else of the episode. `Verdict.mode` says which.
+Tests: where they run is the venue (`verify.venue`, tasks/judge/venue.py). A rollout whose tests ran right
+after its episode (venue `fresh`: a new container from its committed files; `in_place`: its own container;
+tasks/agent/harness.py) is judged from those results; any other (or every one, with venue `isolated`) is
+tested `isolated`: a container of the environment's image plus the captured work dir and outside state,
+nothing else of the episode. `Verdict.mode` says which.
 
 This module plans shards, runs the judgement and aggregates stats; the judgement itself is the ordered
 list `tasks/judge/checks.py` `CHECKS` (its docstring lists each check with its evidence and flags). Shards
@@ -79,9 +80,10 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
     cfg = ctx.config
     box = lambda env: Sandbox(  # noqa: E731
         client, env.image, cfg.sandbox, workdir=env.workdir, cap_add=VERIFIER_CAPS,
-        labels={"trajforge.role": "verify", "trajforge.build": ctx.build_id}, agent=env.agent_user)
+        labels={"trajforge.role": "verify", "trajforge.build": ctx.build_id}, agent=env.agent_user,
+        own_entrypoint=True)
     judge = Judge(envs=envs, box=box, test_timeout_s=cfg.verify.test_timeout_s,
-                  command_timeout_s=cfg.rollout.command_timeout_s, isolated=cfg.verify.isolated,
+                  command_timeout_s=cfg.rollout.command_timeout_s, venue=cfg.verify.venue,
                   replay_on_sibling=cfg.verify.replay_on_sibling, sibling=lambda env: sibling_of(env, replay=True),
                   build=lambda env: _image(client, cfg.sandbox.base_image, env))
 

@@ -1,7 +1,8 @@
 """Verification no agent can talk its way past, on imported Harbor / Terminal-Bench tasks run by a root
 agent (tests/fixtures/integrity, README there). Every planted hack scores 1.0 with a naive root
 harness (tests/naive_harness.py, proved here); `trajforge verify` flags each one and never counts it
-as a pass, in both places the hidden tests run (in the episode's container, and isolated), while
+as a pass, in every venue the hidden tests run in (a fresh container from the episode's files, the episode's own
+container, and isolated from the captured state), while
 every legitimate solve passes with no flag and every wrong answer fails."""
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ def test_every_planted_hack_beats_a_naive_root_harness():
     assert len({c["class"] for c in CASES if c["expect"] == "hack"}) >= 7
 
 
-@pytest.mark.parametrize("mode", ["in_place", "isolated"])
+@pytest.mark.parametrize("mode", ["fresh", "in_place", "isolated"])
 def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode):
     rows = [{"trajectory_id": c["case"], "env_id": str(INTEGRITY / c["env"]), "commands": c["commands"]}
             for c in CASES]
     traj = tmp_path / "mixed.jsonl"
     traj.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = small_config(tmp_path / "runs", dataset="integrity", **{
-        "rollout.verify_in_place": mode == "in_place", "verify.isolated": mode == "isolated",
+        "verify.venue": mode,
         "rollout.concurrency": 6, "rollout.max_turns": 12})
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     out = run_cli("verify", "--trajectories", str(traj), "--envs", str(INTEGRITY / "harbor"),
@@ -60,7 +61,8 @@ def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode
         if "toolchain_tamper" in v["hack_flags"]:  # nothing of its container judges it: not tested at all
             assert v["mode"] == "none" and not v["passed"], (c["case"], v["mode"])
             continue
-        assert v["mode"] in ({"in_place"} if mode == "in_place" else {"isolated"}), (c["case"], v["mode"])
+        # (an image with a VOLUME, or an ENTRYPOINT under a root agent, is judged fresh in place: tasks/sandbox/fresh.py)
+        assert v["mode"] in ({mode, "fresh"} if mode == "in_place" else {mode}), (c["case"], v["mode"])
         flags = [f"{h['kind']}: {h['detail']} [{h['command']}]" for h in v["hacks"]]
         if c["expect"] == "pass":
             assert v["passed"] and not v["hack_flags"], (c["case"], flags, v["verifier_output"][-500:])
@@ -77,7 +79,8 @@ def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode
             "path_executable", "sitecustomize", "pth_file", "conftest", "pyc_poisoning", "harness_shim",
             "reward_channel", "test_script_rewrite", "output_kind", "truncated_change_set", "pycache_noise", "work_dir_stash", "restart_shim",
             "in_process_exit", "runner_noop", "always_equal", "reward_race", "dangling_link", "hard_link",
-            "planted_scratch_link", "test_run_tamper"} <= by_class
+            "planted_scratch_link", "test_run_tamper", "volume_input_tampering", "shell_redefinition",
+            "test_time_shim", "interpreter_patch"} <= by_class
 
 
 @pytest.mark.parametrize("name,problem", [("bad-workdir", "workdir must not be /"),

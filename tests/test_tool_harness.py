@@ -419,7 +419,7 @@ def episode(docker_client, env, teacher, **over):
     from trajforge.tasks.sandbox import Sandbox
 
     s = EpisodeSettings(**{"max_turns": 8, "command_timeout_s": 20, "episode_timeout_s": 120,
-                           "verify_in_place": True, **over})
+                           "venue": "in_place", **over})
     return asyncio.run(run_episode(
         env, teacher, lambda: Sandbox(docker_client, env.image, SandboxConfig(), workdir=env.workdir,
                                       cap_add=VERIFIER_CAPS, labels={"trajforge.test": "tool_harness"}),

@@ -24,6 +24,7 @@ from ...schemas.config import TeacherConfig
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Message, Rollout
 from ..engine.contract import ShardResult, StageContext
+from ..judge.venue import named
 from ..judge.verifier import VERIFIER_CAPS
 from ..sandbox import Sandbox, SandboxError, docker_client
 from ..sandbox.fleet import Fleet
@@ -56,7 +57,7 @@ def episode_settings(ctx: StageContext, teacher: TeacherConfig | None = None) ->
         budget = t.context_budget()
     return EpisodeSettings(cfg.rollout.max_turns, cfg.rollout.command_timeout_s, cfg.rollout.episode_timeout_s,
                            t.tool_calling, cfg.sandbox.final_state_limit_bytes, budget,
-                           t.max_tokens, cfg.rollout.verify_in_place, cfg.rollout.test_timeout_s,
+                           t.max_tokens, cfg.verify.venue, cfg.rollout.test_timeout_s,
                            teacher_max_wait_s=t.max_wait_s, agent_tokens_per_s=t.agent_tokens_per_s)
 
 
@@ -116,7 +117,7 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
                             env, teacher.session(env, sample, rollout_id(env_id, teacher.label, sample)),
                             lambda: Sandbox(client, env.image, cfg.sandbox, workdir=env.workdir,
                                             labels={"trajforge.build": ctx.build_id, "trajforge.env": env_id},
-                                            cap_add=VERIFIER_CAPS if s.verify_in_place else (),
+                                            cap_add=VERIFIER_CAPS if named(s.venue).during_rollout else (),
                                             agent=env.agent_user),
                             s, teacher.label, sample, slot=slot)
                         r.attempts = attempt

@@ -8,8 +8,9 @@ offered and per-turn token counts (and token ids/logprobs when the server return
 command is a `Step` with exit code, duration and why it was killed; a command never runs past the
 episode deadline; infrastructure failures raise SandboxError (the caller retries) and are never
 recorded as the model's outcome; the work dir is captured after every agent process is killed and
-the protected paths are checksummed; only then, with `verify_in_place`, are the hidden tests copied
-into this container and run as root (tasks/judge/verifier.py). The captured state allows an isolated
+the protected paths are checksummed; only then, with venue `fresh` (the default: a new container made from
+a commit of the stopped episode container, tasks/sandbox/fresh.py) or `in_place` (this container), are the
+hidden tests copied in and run as root (tasks/judge/verifier.py, tasks/judge/venue.py). The captured state allows an isolated
 re-test later. The container starts while the teacher writes its first turn; the "before" checksums
 of an image are computed once per process (containers of one image start identical).
 
@@ -35,8 +36,9 @@ from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Message, Rollout, Step, TurnUsage
 from ..envs.kinds import BASH_HARNESS
 from ..envs.kinds import of as kind_of
-from ..judge.changes import capture_outside
+from ..judge.changes import capture_outside, expected
 from ..judge.hacks import odd_links
+from ..judge.venue import named
 from ..judge.verifier import run_hidden_tests
 from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
@@ -81,7 +83,7 @@ class EpisodeSettings:
     final_state_limit: int = 8 << 20
     context_budget: int | None = None  # prompt + completion tokens a request may need at most
     max_tokens: int = 512
-    verify_in_place: bool = False  # run the hidden tests in this container once the episode ended
+    venue: str = "isolated"  # where the hidden tests run (tasks/judge/venue.py); fresh / in_place: once the episode ended
     test_timeout_s: float = 60
     teacher_max_wait_s: float = 600  # teacher time allowed per turn (teacher.max_wait_s)
     agent_tokens_per_s: float = 20  # the agent is charged its generation at this speed at most
@@ -280,6 +282,8 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
     ep = mode = None
     try:
         sb.toolchain_allowed = tuple(env.expected_changes)  # what the reference solution changes there too
+        venue = named(s.venue)
+        sb.fresh = venue.fresh_container
         ep = _Episode(sb, st, s, env.protected)
         if slot is not None:
             await slot.acquire()
@@ -339,7 +343,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         if slot is not None:
             slot.release()
         await _close(mode)  # tools mode: the server session ends before anything is settled or read
-        in_place, outside, odd = None, None, []
+        in_place, outside, odd, omitted = None, None, [], []
         try:
             leftover, changed, changes = await ep.finish()
         except FinalStateUnavailable as err:  # e.g. more files than the change walk lists: the model's doing
@@ -352,10 +356,12 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                     if not sb.cfg.work_tmpfs_mb else None
             else:
                 captured, outside = await asyncio.gather(
-                    ep.capture(), asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit),
+                    ep.capture(), asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit,
+                                                    lambda p: expected(p, env)),
                     return_exceptions=True)
         if isinstance(outside, BaseException):
             raise outside
+        outside, omitted = outside if isinstance(outside, tuple) else (outside, [])
         if isinstance(captured, FinalStateUnavailable):  # the model filled its work dir or hid it: a failure, not retried
             final_state, error = None, f"{error + '; ' if error else ''}{captured}"
         elif isinstance(captured, BaseException):
@@ -364,8 +370,12 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
             final_state = captured
         if final_state is not None and not sb.toolchain_changed:  # before any test writes a file
             odd = await asyncio.to_thread(odd_links, sb, final_state, outside, env.workdir)
-        if s.verify_in_place and final_state is not None and not sb.toolchain_changed:  # after the capture: tests may write files
+        # after the capture: tests may write files (a fresh venue with a tmpfs work dir was not reborn: the verify
+        # stage tests it isolated)
+        if venue.during_rollout and final_state is not None and not sb.toolchain_changed \
+                and (not venue.fresh_container or sb.episode_container is not None):
             in_place = (await asyncio.to_thread(run_hidden_tests, sb, env, s.test_timeout_s)).to_record()
+            in_place.venue = "fresh" if sb.episode_container is not None else venue.name
     finally:
         if mode is not None:
             with contextlib.suppress(Exception):
@@ -382,4 +392,5 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         completion_tokens=sum(u.completion_tokens for u in st.usage),
         turns=len(st.usage), tool_call_errors=st.call_errors, status=status, error=error, wall_s=round(time.monotonic() - t0, 3),
         protected_changed=changed, leftover_processes=leftover, final_state=final_state, in_place_tests=in_place,
-        changes=changes, outside_state=outside, toolchain_changed=sb.toolchain_changed, odd_links=odd)
+        changes=changes, outside_state=outside, outside_omitted=omitted, toolchain_changed=sb.toolchain_changed,
+        odd_links=odd)

@@ -31,6 +31,7 @@ from ...schemas.common import INFRA_STATUSES
 from ...schemas.hub import LICENSES, SIZE_CATEGORIES, TASK_CATEGORIES, size_category
 from ..difficulty.bands import label_definitions  # the labels' one definition, with this config's thresholds
 from ..engine import Manifest, StageContext
+from ..judge.venue import VENUES
 
 LOAD_HEADING = "## How to load"
 BASE_TAGS = ["agent-trajectories", "trajforge", "tool-use"]
@@ -313,7 +314,7 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
         f"{' (+ adaptive rounds)' if cfg.calibrate.adaptive else ''}, at most {cfg.rollout.max_turns} turns, "
         f"{cfg.rollout.command_timeout_s:g} s per command, {cfg.rollout.episode_timeout_s:g} s per episode",
         f"- verifier: hidden tests run after the agent's processes are gone "
-        f"({'isolated container per rollout' if verify.isolated else 'in place'}; rows by mode: "
+        f"(venue `{verify.venue}`: {VENUES[verify.venue].doc}; rows by mode: "
         f"{facts['verification_modes'] or 'n/a'}), hack detectors and counterfactual re-tests; "
         f"procedural successes replayed on a sibling instance: {'yes' if verify.replay_on_sibling else 'no'}",
         f"- counts (`trajectories`): verified {c.get('verified', counts.get('trajectories', 0))}, "

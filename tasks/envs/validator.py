@@ -53,6 +53,7 @@ from ..judge.guard import guardable, run_guarded
 from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
 from ..sandbox.walk import DECISION_CAP
+from . import start_code
 from .audit import AuditSettings, describe
 from .audit import audit as run_audit
 from .images import BuildOptions, ImageBuildError, ensure_image
@@ -356,7 +357,7 @@ def _exposure(sb: Sandbox, env: EnvSpec) -> str:
             solved[path] = bool(int(mode, 8) & 0o111)
     root = env.workdir.rstrip("/") + "/"
     elsewhere = [p for p in env.expected_changes if not p.startswith(root)]
-    return tests_run_agent_code(env.tests, env.test_command, env.workdir, solved, elsewhere)
+    return start_code.mark(sb, env, tests_run_agent_code(env.tests, env.test_command, env.workdir, solved, elsewhere))
 
 
 def profile_reference(client, env: EnvSpec, sandbox: SandboxConfig, command_timeout_s: float, test_timeout_s: float,

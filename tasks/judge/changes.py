@@ -107,18 +107,39 @@ def apply_final_state(sb: Sandbox, r: Rollout, env: EnvSpec, revert: list[str] =
     for p in revert:  # the image's version, taken before anything is restored (the engine says what exists)
         if sb.path_kind(p) is not None:
             originals[p] = sb.get_archive(p, 64 << 20)
+    modified = set(r.changes.modified) if r.changes else set()
+    # an image folder whose owner, group or mode changed gets only those back: what lies below it is judged apart
+    folders = {p: f for p in revert if p in modified and (f := _folder_entry(originals.get(p))) is not None}
+    whole = [p for p in revert if p not in folders]
     if r.final_state is not None:
         restore_state(sb, r.final_state)
     deleted = [p for p in (r.changes.deleted if r.changes else []) if not inside(p, env.workdir)]
-    gone = [p for p in deleted if not any(inside(p, x) for x in revert)]
+    gone = [p for p in deleted if not any(inside(p, x) for x in whole)]
     if gone:
         sb.exec("rm -rf -- " + " ".join(map(shlex.quote, gone)), 60, user="root", workdir="/")
     if r.outside_state:
-        sb.put_archive("/", _without(r.outside_state, revert))
+        sb.put_archive("/", _without(r.outside_state, whole))
     for p in revert:
+        if p in folders:
+            sb.put_archive(posixpath.dirname(p) or "/", folders[p])
+            continue
         sb.exec(f"rm -rf -- {shlex.quote(p)}", 30, user="root", workdir="/")
         if p in originals:
             sb.put_archive(posixpath.dirname(p) or "/", originals[p])
+
+
+def _folder_entry(tar_bytes: bytes | None) -> bytes | None:
+    """A tar of only the first member of `tar_bytes` when it is a folder (its owner, group, mode), else None."""
+    if not tar_bytes:
+        return None
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as src:
+        first = src.next()
+        if first is None or not first.isdir():
+            return None
+        with tarfile.open(fileobj=out, mode="w") as dst:
+            dst.addfile(first)
+    return out.getvalue()
 
 
 def _without(tar_bytes: bytes, revert: list[str]) -> bytes:
@@ -188,12 +209,27 @@ def written_outside(changes: ChangeSet, workdir: str) -> list[str]:
     return [p for p in [*changes.added, *changes.modified] if not inside(p, workdir)]
 
 
-def capture_outside(sb: Sandbox, changes: ChangeSet, workdir: str, limit: int) -> bytes | None:
-    """A tar of what the episode added or modified outside the work dir (None: nothing, or too large)."""
+def capture_outside(sb: Sandbox, changes: ChangeSet, workdir: str, limit: int,
+                    needed: Callable[[str], bool] | None = None) -> tuple[bytes | None, list[str]]:
+    """(a tar of what the episode added or modified outside the work dir, the paths left out of it). Past `limit`
+    bytes, only the paths `needed` says a re-test cannot do without (the reference solution's changes: every other
+    one is reverted by a counterfactual anyway) are captured, and the rest are named as left out: a large scratch
+    file is no reason to lose a verdict. (None, all paths) when even those are too large."""
     paths = written_outside(changes, workdir)
     if not paths:
-        return None
+        return None, []
     try:
-        return sb.archive_paths(paths, limit)
+        whole = sb.archive_paths(paths, limit)
     except SandboxError:
-        return None
+        whole = None
+    if whole is not None:
+        return whole, []
+    keep = [p for p in paths if needed is not None and needed(p)]
+    left = [p for p in paths if p not in set(keep)]
+    if not keep:
+        return None, left
+    try:
+        part = sb.archive_paths(keep, limit)
+    except SandboxError:
+        part = None
+    return (part, left) if part is not None else (None, paths)

@@ -260,7 +260,8 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     run = _judge_script_run(env, files, integrity, out, duration, code, reported)
     run.reported, run.leftovers = reported, left
     run.reward_files = sorted(n for n in REWARD_FILES if n in files)
-    run.wrote = _written_during(before, after, sandbox.baseline)
+    # (in a fresh container every file of the episode's commit existed before the run too)
+    run.wrote = _written_during(before, after, sandbox.baseline | sandbox.carried)
     return run
 
 
@@ -289,16 +290,26 @@ def _upper_state(sandbox: Sandbox) -> dict[str, tuple[int, int, int]] | None:
 
 
 def _written_during(before: dict | None, after: dict | None, image: frozenset[str]) -> list[str] | None:
-    """Files (not folders) the test run created, rewrote, replaced or deleted, outside `/tests` and `/logs`, each
-    marked `+` when it existed before the run (in the writable layer or the image); None without a host view."""
+    """Files the test run created, rewrote, replaced or deleted, outside `/tests` and `/logs`, each marked `+` when
+    it existed before the run (in the writable layer or the image), and the program folders (PROGRAM_DIRS) whose
+    entries changed, with a trailing `/`; None without a host view."""
     if before is None or after is None:
         return None
     out = []
     for p, now in after.items():
-        if stat.S_ISDIR(now[2]) or before.get(p) == now or p.startswith(("/tests/", "/logs/")):
+        if before.get(p) == now or p.startswith(("/tests/", "/logs/")):
+            continue
+        if stat.S_ISDIR(now[2]):  # a folder: only those programs are looked up in (a shim made and removed)
+            if p in PROGRAM_DIRS:
+                out.append(p + "/")
             continue
         out.append(("+" if p in before or p in image else "") + p)
     return sorted(out)[:DECISION_CAP]
+
+
+# folders whose entries a test run looks programs up in (SAFE_ENV's PATH): an entry made there during the run,
+# even one removed again, changes the folder
+PROGRAM_DIRS = frozenset({"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"})
 
 
 def _reported(output: str) -> list[TestResult]:

@@ -29,6 +29,7 @@ from ...schemas.common import ChangeSet, FileSpec
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import DEFAULT_WORKDIR
 from ..engine.identity import owner_label
+from . import fresh
 from .checksums import digest_command
 from .errors import (
     OutputTooLarge,
@@ -36,7 +37,7 @@ from .errors import (
     StateTooLarge,
     StateUnreadable,
 )
-from .layer import HARNESS_PATH, SYSTEM, classify, toolchain_changes, under, upper_changes
+from .layer import HARNESS_PATH, SYSTEM, classify, folder_changes, toolchain_changes, under, upper_changes
 from .limits import create_capped, ulimits
 from .providers import connect
 from .reaper import LABEL
@@ -136,11 +137,13 @@ class Sandbox(ChangeWalk):
 
     def __init__(self, client: docker.DockerClient, image: str, cfg: SandboxConfig,
                  labels: dict[str, str] | None = None, workdir: str = DEFAULT_WORKDIR,
-                 cap_add: tuple[str, ...] = (), agent: str = "agent"):
+                 cap_add: tuple[str, ...] = (), agent: str = "agent", own_entrypoint: bool = False):
         """`agent`: who runs the agent's commands (`exec`'s default user): the unprivileged `agent`, whose
         container keeps no capability (`cap_add` is for verifier containers: SETUID/SETGID let hidden
         tests run agent code as the agent user), or `root` with root's ordinary file powers
-        (ROOT_FILE_CAPS: imported tasks assume them), still with no network and no-new-privileges."""
+        (ROOT_FILE_CAPS: imported tasks assume them), still with no network and no-new-privileges.
+        `own_entrypoint`: `/bin/sleep infinity` replaces the image's ENTRYPOINT (a verifier container runs none of
+        the task's start-up code); a HEALTHCHECK never runs in any sandbox."""
         self.client, self.image, self.cfg, self.workdir = client, image, cfg, workdir
         self.agent = agent
         self.cap_add = sorted(set(cap_add) | (set(ROOT_FILE_CAPS) if agent == "root" else set()))
@@ -159,6 +162,12 @@ class Sandbox(ChangeWalk):
         self.restarted = False  # `restart` ran: no process of the episode is left, whatever its pid
         self.toolchain_changed: list[str] = []  # what `toolchain` found the episode changed of the harness's programs
         self.toolchain_allowed: tuple[str, ...] = ()  # ...except these (the reference solution's changes)
+        self.own_entrypoint = own_entrypoint  # trajforge's entrypoint, not the image's (verifier containers)
+        self.fresh = False  # venue `fresh`: `settle` moves the episode's files into a new container (fresh.py)
+        self.episode_container = None  # ...and the stopped episode container stays here until `close`
+        self.fresh_image: str | None = None  # the commit it was made from (removed by `close`)
+        self.volume_changes: dict[str, str] = {}  # {path: added|modified|deleted} in the image's VOLUMEs
+        self.carried: frozenset[str] = frozenset()  # the paths of the episode's commit layer (read on its host)
 
     def __enter__(self) -> "Sandbox":
         self.start()
@@ -180,7 +189,7 @@ class Sandbox(ChangeWalk):
             except docker.errors.NotFound:
                 data = None
             finally:
-                self.client.api.remove_container(c["Id"], force=True)
+                self.client.api.remove_container(c["Id"], force=True, v=True)
             seed = None
             if data is not None:
                 with tarfile.open(fileobj=io.BytesIO(data)) as tar:
@@ -237,6 +246,22 @@ class Sandbox(ChangeWalk):
         if code != 0:
             raise SandboxError(f"could not copy into the tmpfs work dir of {self.name}: {out[-300:]!r}")
 
+    def _create(self, image: str, name: str, tmpfs: dict | None = None, **over):
+        """A container of `image` with every sandbox default (`over`: e.g. trajforge's own entrypoint)."""
+        # (the command by its absolute path: a restart must not find a `sleep` of the agent's on the image's PATH,
+        # e.g. in /usr/local/sbin; /bin/sleep itself is a system program, judged from outside)
+        kw = dict(command=["/bin/sleep", "infinity"], name=name,
+                  labels=self.labels, detach=True, network_mode="none", cap_drop=["ALL"],
+                  cap_add=self.cap_add or None, security_opt=["no-new-privileges"],
+                  pids_limit=self.cfg.pids_limit, mem_limit=f"{self.cfg.memory_mb}m",
+                  memswap_limit=f"{self.cfg.memory_mb}m", nano_cpus=int(self.cfg.cpus * 1e9),
+                  ulimits=ulimits(self.cfg), working_dir=self.workdir, init=True, hostname=HOSTNAME,
+                  environment={"HOME": self._home(self.agent)}, tmpfs=tmpfs,
+                  healthcheck={"test": ["NONE"]})  # the engine never runs the image's programs on its own
+        if self.own_entrypoint:
+            kw.update(entrypoint=["/bin/sleep"], command=["infinity"])
+        return create_capped(self.client, image, self.cfg, **{**kw, **over})
+
     def start(self) -> None:
         try:
             # opt-in (`work_tmpfs_mb`): the work dir is a size-capped tmpfs where the engine cannot cap the
@@ -247,17 +272,7 @@ class Sandbox(ChangeWalk):
                 owner = f",uid={seed[1]},gid={seed[2]},mode={seed[3]:o}" if seed else ""
                 tmpfs = {self.workdir: f"size={self.cfg.work_tmpfs_mb}m,exec{owner}"}
             # create + start, never `run`: run would try to pull a missing image from a registry
-            self.container = create_capped(
-                # (by its absolute path: a restart must not find a `sleep` of the agent's on the image's PATH,
-                # e.g. in /usr/local/sbin; /bin/sleep itself is a system program, judged from outside)
-                self.client, self.image, self.cfg, command=["/bin/sleep", "infinity"], name=self.name,
-                labels=self.labels, detach=True, network_mode="none", cap_drop=["ALL"],
-                cap_add=self.cap_add or None, security_opt=["no-new-privileges"],
-                pids_limit=self.cfg.pids_limit, mem_limit=f"{self.cfg.memory_mb}m",
-                memswap_limit=f"{self.cfg.memory_mb}m", nano_cpus=int(self.cfg.cpus * 1e9),
-                ulimits=ulimits(self.cfg), working_dir=self.workdir, init=True, hostname=HOSTNAME,
-                environment={"HOME": self._home(self.agent)}, tmpfs=tmpfs,
-            )
+            self.container = self._create(self.image, self.name, tmpfs=tmpfs)
             started = time.time()  # the host's clock is the container's: no inspect round-trip
             self.container.start()
             if seed is not None:
@@ -391,6 +406,15 @@ class Sandbox(ChangeWalk):
             return None
         return upper
 
+    def folder_changes(self) -> dict[str, str]:
+        """{folder: modified}: folders of the image whose owner, group or mode the episode changed (the walk lists
+        files and folders it added, not these), read on the engine's host; {} without a host view."""
+        upper = self._upper_dir()
+        lowers = ((self.container.attrs.get("GraphDriver") or {}).get("Data") or {}).get("LowerDir") or ""
+        if upper is None:
+            return {}
+        return folder_changes(upper, [x for x in lowers.split(":") if x], self.baseline_dirs)
+
     def system_changes(self) -> dict[str, str]:
         """{path: added|modified|deleted|replaced} in the system folders (`layer.SYSTEM`), read from
         outside the container: its overlay upper folder on this host, else the engine's diff."""
@@ -414,7 +438,7 @@ class Sandbox(ChangeWalk):
 
     def _remove_by_name(self) -> None:
         try:
-            self.client.api.remove_container(self.name, force=True)
+            self.client.api.remove_container(self.name, force=True, v=True)
         except Exception:
             pass  # never created, or reaped later by label
 
@@ -640,7 +664,13 @@ class Sandbox(ChangeWalk):
                       f"{digest_command(globs)}; "
                       "else echo '{}'; fi; printf '\\0'; ")
         body = f"{self._changes_script()}; {digest}"
-        if self.agent == "root" and not self.cfg.work_tmpfs_mb:
+        # venue `fresh` (fresh.py): judged in a new container; so is an episode in place whose image has a VOLUME or
+        # (a root agent's) an ENTRYPOINT (`fresh.needs_rebirth`)
+        reborn = (self.fresh or fresh.needs_rebirth(self)) and not self.cfg.work_tmpfs_mb
+        if reborn:  # count (evidence only), then the episode's container stops and its files go into a new one
+            restart = False
+            first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"", walk=False)
+        elif self.agent == "root" and not self.cfg.work_tmpfs_mb:
             # a root agent may have taken over any process, whatever its pid (the init, its `sleep
             # infinity`): count (evidence only: the count runs the container's own shell), then restart the
             # container, so that no process of the episode is left and /dev, /dev/shm start empty
@@ -651,8 +681,10 @@ class Sandbox(ChangeWalk):
             first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"; [ \"$n\" = 0 ] || exit 0; {body}")
         counted = next((p for t, _, p in first if t == "K"), "")
         leftover = int(counted) if counted.isdigit() else -1
-        rows = None if restart or leftover != 0 else first
-        if restart:
+        rows = None if restart or reborn or leftover != 0 else first
+        if reborn:
+            fresh.stop_episode(self)
+        elif restart:
             self.restart()
         elif leftover != 0:  # processes were running: stop them all, then look
             self.kill_agent_processes()
@@ -660,6 +692,9 @@ class Sandbox(ChangeWalk):
         if self.toolchain():
             self.settled = True
             return leftover, None, self.outside_change_set(cap)
+        folders = self.folder_changes()  # (of the episode's own container, before a fresh one replaces it)
+        if reborn:
+            fresh.reincarnate(self)
         if rows is None:
             rows = self._find(body)
         after: dict[str, str] = {}
@@ -670,8 +705,16 @@ class Sandbox(ChangeWalk):
             except (ValueError, IndexError):  # killed at its 60 s: what the agent left there made it so (the
                 # same script checksummed the image's files before): every protected path counts as changed
                 after = {"<the checksums did not finish>": text[-300:]}
-        self.settled = leftover == 0  # else the kill loop may have given up (a fork bomb)
-        return leftover, after, self._change_set(self._with_agent_pass(rows), cap)
+        self.settled = leftover == 0 or reborn  # else the kill loop may have given up (a fork bomb)
+        if reborn:  # what the engine itself writes into every container's layer, and so into the commit
+            rows = [r for r in rows if (r[0], r[1], r[2]) not in fresh.ENGINE_FILES]
+        changes = self._change_set(self._with_agent_pass(rows), cap)
+        return leftover, after, fresh.with_volumes(changes, {**folders, **self.volume_changes}, cap)
+
+    def changes(self, cap: int = DECISION_CAP) -> ChangeSet:
+        """The walk's change set (walk.py) joined with what changed in the image's VOLUMEs (read through the engine,
+        against the image's content there: `fresh.volume_changes`), which the walk never enters."""
+        return fresh.with_volumes(super().changes(cap), fresh.volume_changes(self), cap)
 
     def outside_change_set(self, cap: int) -> ChangeSet:
         """The change set from the engine's diff of the writable layer (a view the agent cannot reach;
@@ -693,18 +736,25 @@ class Sandbox(ChangeWalk):
         an option), so a name holding a newline or starting with `-` cannot add, move or rename files."""
         if not paths:
             return None
-        names = b"".join(n + b"\0" for p in paths for n in _spellings(p.lstrip("/")))
-        spool = f".tf-list.{uuid.uuid4().hex[:6]}"
+        # a folder listed with something below it (its owner or mode changed, and its content too) is carried as
+        # the folder alone: whole, it would carry its content twice (a hard link of each file to itself)
+        ordered = sorted(set(paths))
+        covering = {p for i, p in enumerate(ordered) if i + 1 < len(ordered)
+                    and ordered[i + 1].startswith(p.rstrip("/") + "/")}
+        lists = {"": [p for p in ordered if p not in covering], "n": sorted(covering)}
+        spools = {k: f".tf-list.{uuid.uuid4().hex[:6]}" for k in lists}
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as t:
-            info = tarfile.TarInfo(spool)
-            info.size, info.mode = len(names), 0o600
-            t.addfile(info, io.BytesIO(names))
+            for k, spool in spools.items():
+                names = b"".join(n + b"\0" for p in lists[k] for n in _spellings(p.lstrip("/")))
+                info = tarfile.TarInfo(spool)
+                info.size, info.mode = len(names), 0o600
+                t.addfile(info, io.BytesIO(names))
         self._put("/tmp", buf.getvalue())
-        listed = f"/tmp/{spool}"
+        listed, alone = f"/tmp/{spools['']}", f"/tmp/{spools['n']}"
         tar = self.exec("t=$(mktemp /tmp/.tf-state.XXXXXX) && "
-                        f"tar -C / --ignore-failed-read --null --verbatim-files-from -T {listed} -cf \"$t\" 2>/dev/null; "
-                        f"rm -f {listed}; echo \"$t\"",
+                        f"tar -C / --ignore-failed-read --null --verbatim-files-from -T {listed} --no-recursion "
+                        f"-T {alone} -cf \"$t\" 2>/dev/null; rm -f {listed} {alone}; echo \"$t\"",
                         120, user="root", workdir="/").output.strip().splitlines()[-1:]
         if not tar or not tar[0].startswith("/tmp/.tf-state."):
             raise SandboxError(f"could not archive the changed files in {self.name}")
@@ -727,6 +777,11 @@ class Sandbox(ChangeWalk):
             return tar.extractfile(member).read()
 
     def close(self) -> None:
-        """Remove the container (idempotent; also after a start that failed half-way)."""
+        """Remove the container with its anonymous volumes (idempotent; also after a start that failed half-way),
+        and, for a `fresh` one, the stopped episode container and the commit it was made from."""
         self.container = None
         self._remove_by_name()
+        if self.episode_container is not None or self.fresh_image is not None:
+            from .fresh import discard
+
+            discard(self)

@@ -129,3 +129,30 @@ def toolchain_changes(changes: dict[str, str], baseline: frozenset[str], expecte
     """The paths of `changes` ({path: added|modified|deleted|replaced}) that touch the trusted toolchain,
     except what the reference solution changed too (`expected`: the task needs it)."""
     return sorted(p for p, k in changes.items() if judged(p, k, baseline) and not allowed(p, expected))
+
+
+def folder_changes(upper: str, lowers: list[str], baseline_dirs: frozenset[str]) -> dict[str, str]:
+    """{folder: modified} for each folder of the image whose owner, group or mode the container changed, read on the
+    engine's host: its entry in the writable layer (`upper`) against the topmost image layer (`lowers`, top first)
+    that holds it. A folder merely copied up (something below it changed) keeps the image's metadata: no change."""
+    out: dict[str, str] = {}
+    for root, dirs, _ in os.walk(upper):
+        for name in dirs:
+            host = os.path.join(root, name)
+            path = host[len(upper):]
+            if path not in baseline_dirs:
+                continue
+            try:
+                mine = os.lstat(host)
+            except FileNotFoundError:
+                continue
+            for lower in lowers:
+                try:
+                    theirs = os.lstat(lower + path)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                if (mine.st_uid, mine.st_gid, stat.S_IMODE(mine.st_mode)) != \
+                        (theirs.st_uid, theirs.st_gid, stat.S_IMODE(theirs.st_mode)):
+                    out[path] = "modified"
+                break
+    return out

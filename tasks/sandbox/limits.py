@@ -89,7 +89,7 @@ def probe_storage_cap(client: docker.DockerClient, image: str, labels: dict[str,
         if _is_storage_opt_refusal(err):
             return False, str(getattr(err, "explanation", None) or err)
         raise
-    client.api.remove_container(c["Id"], force=True)
+    client.api.remove_container(c["Id"], force=True, v=True)
     return True, "the engine accepts --storage-opt size"
 
 

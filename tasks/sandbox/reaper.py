@@ -5,7 +5,7 @@ Every sandbox carries `trajforge.sandbox`, `trajforge.owner` (host:pid:start tim
 about to (re)start, is removed. Each Dask worker reaps its own host's engine. A build's sandboxes
 are reaped by build id only by the holder of that build's lease (tasks/engine/lease.py): a second
 driver of a live build stops before it reaps anything, so live sandboxes of other drivers are never
-touched.
+touched. The commits of venue `fresh` (labelled `trajforge.fresh`) are reaped by the same rule.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import docker
 import docker.errors
 
 from ..engine.identity import owner_alive
+from .fresh import FRESH_LABEL
 
 LABEL = "trajforge.sandbox"
 
@@ -49,8 +50,19 @@ def reap_orphans(client: docker.DockerClient, build_id: str | None = None) -> in
         if build_id is None and owner_alive(owner) is not False:
             continue  # the owner is alive (or cannot be told): never touched
         try:
-            client.api.remove_container(c.id, force=True)
+            client.api.remove_container(c.id, force=True, v=True)
             removed += 1
         except docker.errors.DockerException:  # gone already, or being removed
+            pass
+    # the commits venue `fresh` judges from (fresh.py) carry their sandbox's labels: the same rule
+    filters = {"label": [FRESH_LABEL + "=1"] + ([f"trajforge.build={build_id}"] if build_id else [])}
+    for img in client.images.list(filters=filters):
+        owner = (img.labels or {}).get("trajforge.owner", "")
+        if owner.partition(":")[0] != host or (build_id is None and owner_alive(owner) is not False):
+            continue
+        try:
+            client.api.remove_image(img.id, force=True)
+            removed += 1
+        except docker.errors.DockerException:
             pass
     return removed
