@@ -155,3 +155,29 @@ def test_tests_the_episode_broke_are_its_failure_not_a_reject(tmp_path):
     assert {"tests_unrunnable", "output_kind"} <= set(v.hack_flags), v.hack_flags
     flag = next(h for h in v.hacks if h.kind == "tests_unrunnable")
     assert "timed out" in flag.detail and flag.command == "mkfifo /app/total.txt"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("blind", ["rm -rf /tmp", "rm -rf /tmp && touch /tmp", "rm -rf /tmp && ln -s /dev/null /tmp"])
+def test_an_episode_that_removes_or_replaces_tmp_does_not_blind_the_change_walk(docker_client, blind):
+    """Red team (issue 41, round 1): the change walk spooled its folder list in /tmp, so an episode that removed or
+    replaced /tmp got an empty change set reported complete, and the counterfactual that catches a planted
+    conftest.py never ran. The walk now spools elsewhere when /tmp is unusable and ends with a record a complete
+    change set must carry: it sees the planted file in both venues' settle."""
+    with Sandbox(docker_client, "trajforge/base:latest", SandboxConfig(), agent="root", workdir="/app") as sb:
+        sb.exec(f"mkdir -p /app && echo 42 > /app/answer.txt && echo 'x = 1' > /conftest.py && {blind}", 30)
+        _, _, changes = sb.settle([])
+    assert not changes.truncated, changes
+    assert {"/app/answer.txt", "/conftest.py", "/tmp"} <= set(changes.paths()), changes
+
+
+def test_a_change_walk_that_did_not_run_to_its_end_is_incomplete_never_empty():
+    """Without the walk's closing record the change set is incomplete (`truncated`: a pass is never decided on it),
+    whatever rows came before it."""
+    from trajforge.tasks.sandbox.walk import ChangeWalk
+
+    walk = ChangeWalk.__new__(ChangeWalk)
+    walk.baseline, walk.children, walk.cfg = frozenset({"/", "/app"}), {"/": {"/app"}}, SandboxConfig()
+    walk.workdir = "/app"
+    assert walk._change_set([], 100).truncated
+    assert not walk._change_set([("Z", "-", "walked")], 100).truncated

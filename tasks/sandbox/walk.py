@@ -31,7 +31,7 @@ from .users import AGENT_UID, USERS
 # is: a `.pyc` runs instead of the source it caches (unchecked-hash ones whatever the source says), so it
 # is judged like that source (changes.py: the counterfactual reverts it).
 _NOISE = re.compile(r"^/(proc|sys|dev)(/|$)"
-                    r"|^/tmp/\.tf-(out|dirs|list|state)\.[A-Za-z0-9]{6}$"
+                    r"|^/tmp/\.tf-(out|dirs|list|state)\.[A-Za-z0-9]{6}$|^/\.tf-dirs\.[A-Za-z0-9]{6}$"
                     r"|^/usr/sbin/docker-init$")
 _PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
 # image id -> (the paths of its root filesystem, their children by folder)
@@ -106,7 +106,7 @@ class ChangeWalk:
             raise SandboxError(f"could not list the files of {self.name}: {(out or b'')[:200]!r}")
         devs = {root_dev} | {d for t, d, _, _ in rows if t == "W"}
         # (a tmpfs work dir is walked from `/` and from itself: its mount point would come twice)
-        kept = {(t, k, p): None for t, d, k, p in rows if (d in devs or t in ("K", "D", "O")) and t not in ("R", "W")}
+        kept = {(t, k, p): None for t, d, k, p in rows if (d in devs or t in ("K", "D", "O", "Z")) and t not in ("R", "W")}
         return list(kept)
 
     def _listing(self) -> dict[str, str]:
@@ -181,8 +181,11 @@ class ChangeWalk:
             q = " ".join(map(shlex.quote, hidden))
             gate = _opaque_gate(q)
         second = self._find(gate + self._changes_script(f"{q} -xdev"), user=USERS["agent"])
-        # root's `U`/`O` records of the tmpfs are replaced by the agent's (what it, too, cannot list)
-        return [r for r in rows if not (r[0] in ("U", "O") and self._in_work_tmpfs(r[2]))] + second
+        # root's `U`/`O` records of the tmpfs are replaced by the agent's (what it, too, cannot list); both walks
+        # must have ended for the change set to be complete (their `Z` records)
+        both = all(any(r[0] == "Z" for r in w) for w in (rows, second))
+        kept = [r for r in rows if not (r[0] in ("U", "O") and self._in_work_tmpfs(r[2]))] + second
+        return kept if both else [r for r in kept if r[0] != "Z"]
 
     def _changes_script(self, start: str | None = None) -> str:
         since = f"-newerct @{self.started_at:.6f}"
@@ -192,9 +195,12 @@ class ChangeWalk:
         # agent's folder may be mode 700) would land inside a record and lose it
         # (`U`: a folder root cannot read or search here: what changed below it comes from the engine)
         unreadable = "\\( -type d \\( ! -readable -o ! -executable \\) -printf 'U %D %y %p\\0' -o -true \\)"
-        return (f"d=$(mktemp /tmp/.tf-dirs.XXXXXX) && find {start or self._walk} {unreadable} {since} -printf 'C %D %y %p\\0' "
+        # the spool goes to /tmp, or to / when the agent removed or replaced /tmp; the walk ends with a `Z` record, and
+        # a change set without it is incomplete (`_change_set`): a walk that could not run never reads as "no change"
+        return (f"if d=$(mktemp /tmp/.tf-dirs.XXXXXX 2>/dev/null || mktemp /.tf-dirs.XXXXXX); then "
+                f"find {start or self._walk} {unreadable} {since} -printf 'C %D %y %p\\0' "
                 "-type d -fprint0 \"$d\" 2>/dev/null; xargs -0 -r -a \"$d\" sh -c 'find \"$@\" -mindepth 1 -maxdepth 1 "
-                "-printf \"L %D %y %p\\0\"' _ 2>/dev/null; rm -f \"$d\"")
+                "-printf \"L %D %y %p\\0\"' _ 2>/dev/null; rm -f \"$d\"; printf 'Z 0 - walked\\0'; fi")
 
     def changes(self, cap: int = DECISION_CAP) -> ChangeSet:
         """What changed in the container since it started, against its image's file list: deepest
@@ -208,6 +214,7 @@ class ChangeWalk:
         return self._change_set(self._with_agent_pass(self._find(self._changes_script())), cap)
 
     def _change_set(self, rows: list[tuple[str, str, str]], cap: int) -> ChangeSet:
+        complete = any(t == "Z" for t, _, _ in rows)  # the walk ran to its end (`_changes_script`)
         changed = [(k, p) for t, k, p in rows if t == "C"]
         now = {p for t, _, p in rows if t == "L"}
         kinds = {p: k for k, p in changed if p != "/" and not _NOISE.search(p)}
@@ -259,7 +266,7 @@ class ChangeWalk:
         added = [p for i, p in enumerate(added) if not (kinds[p] == "d" and _has_child(added, p, i))]
         total = len(added) + len(modified) + len(gone)
         return ChangeSet(added=added[:cap], modified=modified[:cap], deleted=gone[:cap], total=total,
-                         truncated=max(len(added), len(modified), len(gone)) > cap)
+                         truncated=max(len(added), len(modified), len(gone)) > cap or not complete)
 
     def _engine_diff(self) -> dict[str, str]:
         """{path: added | modified | deleted} from the engine's diff of the container's writable layer
