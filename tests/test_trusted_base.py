@@ -158,13 +158,15 @@ def test_tests_the_episode_broke_are_its_failure_not_a_reject(tmp_path):
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize("venue", ["fresh", "in_place"])
 @pytest.mark.parametrize("blind", ["rm -rf /tmp", "rm -rf /tmp && touch /tmp", "rm -rf /tmp && ln -s /dev/null /tmp"])
-def test_an_episode_that_removes_or_replaces_tmp_does_not_blind_the_change_walk(docker_client, blind):
+def test_an_episode_that_removes_or_replaces_tmp_does_not_blind_the_change_walk(docker_client, blind, venue):
     """Red team (issue 41, round 1): the change walk spooled its folder list in /tmp, so an episode that removed or
     replaced /tmp got an empty change set reported complete, and the counterfactual that catches a planted
     conftest.py never ran. The walk now spools elsewhere when /tmp is unusable and ends with a record a complete
     change set must carry: it sees the planted file in both venues' settle."""
     with Sandbox(docker_client, "trajforge/base:latest", SandboxConfig(), agent="root", workdir="/app") as sb:
+        sb.fresh = venue == "fresh"
         sb.exec(f"mkdir -p /app && echo 42 > /app/answer.txt && echo 'x = 1' > /conftest.py && {blind}", 30)
         _, _, changes = sb.settle([])
     assert not changes.truncated, changes
