@@ -250,7 +250,7 @@ def _task(root: Path, name: str, run: str) -> Path:
     (task / "environment" / "Dockerfile").write_text(f"FROM debian:bookworm\nWORKDIR /app\n{run}\n")
     (task / "tests" / "test.sh").write_text(
         "#!/bin/bash\nmkdir -p /logs/verifier\n"
-        "if grep -qx done /app/out.txt; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n")
+        "if [ \"$(cat /app/out.txt)\" = done ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n")
     (task / "solution").mkdir()
     (task / "solution" / "solve.sh").write_text("#!/bin/bash\necho done > /app/out.txt\n")
     return task

@@ -218,7 +218,10 @@ def test_a_tmpfs_work_dir_hides_nothing_behind_the_agents_chmod(docker_client, s
         with Sandbox(docker_client, sandbox_cfg.base_image, capped) as sb:
             assert sb.exec(script, 20).exit_code == 0
             for changes in (sb.settle([])[2], sb.changes()):
-                assert (changes.added, changes.modified) == (added, modified), script
+                # (settle also lists an image folder whose own owner or mode changed, read on the engine's host
+                # since issue 41: here the agent's home after its chmod 000)
+                meta = ["/home/agent"] if "000 /home/agent" in script and "/home/agent" in changes.modified else []
+                assert (changes.added, changes.modified) == (added, sorted(meta + modified)), script
             if "000" not in script:  # everything in it is readable by its owner
                 assert sb.get_archive(w, 1 << 20)
                 continue
