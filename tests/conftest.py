@@ -17,12 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_collection_modifyitems(config, items):
     """A test marked `ends_module_fixture` (it stops what its module's tests share: the stack it takes down) runs
-    last in its module, whatever order the others run in (pytest-randomly shuffles before this hook runs)."""
-    for item in [i for i in items if i.get_closest_marker("ends_module_fixture")]:
-        items.remove(item)
-        module = getattr(item, "module", None)
-        same = [j for j, other in enumerate(items) if getattr(other, "module", None) is module]
-        items.insert(same[-1] + 1 if same else len(items), item)
+    last in its module, whatever order the others run in (pytest-randomly shuffles before this hook runs); one
+    marked `late_in_module` (it changes a fixture the others read as it was made) runs after the unmarked ones."""
+    for marker in ("late_in_module", "ends_module_fixture"):
+        for item in [i for i in items if i.get_closest_marker(marker)]:
+            items.remove(item)
+            module = getattr(item, "module", None)
+            same = [j for j, other in enumerate(items) if getattr(other, "module", None) is module]
+            items.insert(same[-1] + 1 if same else len(items), item)
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -347,6 +347,7 @@ def test_interval_schedule_runs_a_build_and_a_second_fire_is_cancelled(stack, fi
     assert all(x["parameters"]["config"] == str(path) for x in runs())
 
 
+@pytest.mark.late_in_module  # it commits the module's shared build again (statuses, artifacts, a committed event)
 def test_stage_deployment_reruns_one_stage_and_reuses_the_others(stack, first_build):
     run, store, build_id = first_build
     run_id = _create_run(stack, "trajforge-stage/stage", build_id=build_id, stage="verify", dataset="tiny",
