@@ -55,8 +55,14 @@ def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode
     assert out.returncode == 0, out.stderr[-3000:]
     verdicts = {v["rollout_id"]: v for v in pq.read_table(tmp_path / "verified" / "verdicts.parquet").to_pylist()}
     rejects = pq.read_table(tmp_path / "verified" / "rejects.parquet").to_pylist()
-    assert not [r for r in rejects if r["key"] in {c["case"] for c in CASES}], rejects
+    # the isolated venue (re-verifying stored rollouts) cannot rebuild a final state whose outside files were past the
+    # capture limit: that honest solve is a verifier_error there, never a pass or a fail (docs/verification.md, "Still open")
+    known = {"data_dir_solve_with_large_scratch"} if mode == "isolated" else set()
+    assert sorted(r["key"] for r in rejects if r["key"] in {c["case"] for c in CASES}) == sorted(known), rejects
+    assert all(r["reason"] == "verifier_error" for r in rejects if r["key"] in known), rejects
     for c in CASES:
+        if c["case"] in known:
+            continue
         v = verdicts[c["case"]]
         if "toolchain_tamper" in v["hack_flags"]:  # nothing of its container judges it: not tested at all
             assert v["mode"] == "none" and not v["passed"], (c["case"], v["mode"])
