@@ -49,26 +49,39 @@ def _docker(*args: str) -> list[str]:
     return [line for line in res.stdout.splitlines() if line.strip()]
 
 
+def _ref(repo: str, tag: str, image_id: str) -> str:
+    """`repo:tag`, or the image's id when either is `<none>` (untagged, or pulled by digest: `host/repo:<none>`)."""
+    return image_id if "<none>" in (repo, tag) else f"{repo}:{tag}"
+
+
+def _kept(ref: str) -> bool:
+    return ref.startswith(tuple(f"{k}:" for k in KEPT_IMAGES))
+
+
 def built_images() -> list[str]:
     """References (`repo:tag`, or the id of an untagged one) of the images trajforge and its tests build."""
     refs: set[str] = set()
+    fmt = "{{.Repository}} {{.Tag}} {{.ID}}"
     for label in IMAGE_LABELS:
-        for line in _docker("images", "--filter", f"label={label}", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}"):
-            ref, image_id = line.split()
-            refs.add(image_id if ref.startswith("<none>") else ref)
-    for line in _docker("images", "--format", "{{.Repository}}:{{.Tag}}"):
-        if line.startswith("trajforge/") and not line.startswith(tuple(f"{k}:" for k in KEPT_IMAGES)):
-            refs.add(line)
-    return sorted(r for r in refs if not r.startswith(tuple(f"{k}:" for k in KEPT_IMAGES)))
+        for line in _docker("images", "--filter", f"label={label}", "--format", fmt):
+            refs.add(_ref(*line.split()))
+    for line in _docker("images", "--format", fmt):
+        repo, tag, image_id = line.split()
+        if repo.startswith("trajforge/") and not _kept(f"{repo}:{tag}"):
+            refs.add(_ref(repo, tag, image_id))
+    return sorted(r for r in refs if not _kept(r))
 
 
 def remove_images() -> tuple[list[str], list[str]]:
-    """Remove `built_images()`; (removed, refused with the engine's reason)."""
+    """Remove `built_images()`; (removed, refused with the engine's reason). An image already gone with another of
+    its references counts as removed."""
     removed, refused = [], []
     for ref in built_images():
         res = subprocess.run(["docker", "rmi", "--force", ref], capture_output=True, text=True)
-        (removed if res.returncode == 0 else refused).append(ref if res.returncode == 0 else
-                                                             f"{ref}: {res.stderr.strip()}")
+        if res.returncode == 0 or "No such image" in res.stderr:
+            removed.append(ref)
+        else:
+            refused.append(f"{ref}: {res.stderr.strip()}")
     return removed, refused
 
 

@@ -79,9 +79,10 @@ def test_each_run_gets_a_seed_that_is_printed(tmp_path):
 
 
 @pytest.mark.docker
-def test_the_images_the_tests_build_are_removed_and_the_base_image_kept(second_engine, monkeypatch):
+def test_the_images_the_tests_build_are_removed_and_the_base_image_kept(second_engine, registry, monkeypatch):
     """On a second engine of its own (the shared one keeps other runs' images): a tools layer, an environment image,
-    a naive-harness image and a test's `trajforge/...` tag go; the set-up's base image stays."""
+    a naive-harness image, a test's `trajforge/...` tag and an environment image pulled by digest (listed as
+    `REGISTRY/trajforge/env:<none>`) go; the set-up's base image stays."""
     import io
 
     import _fresh
@@ -94,9 +95,16 @@ def test_the_images_the_tests_build_are_removed_and_the_base_image_kept(second_e
     for tag, labels in made.items():
         client.images.build(fileobj=io.BytesIO(f"FROM trajforge/base:latest\nRUN echo {tag} > /tag\n".encode()),
                             tag=tag, labels=labels, rm=True, network_mode="none")
+    pushed = f"{registry}/trajforge/env:fresh-pulled"
+    client.images.get("trajforge/env:fresh-test").tag(pushed)
+    client.images.push(pushed)
+    digest = client.images.get_registry_data(pushed).id
+    client.images.remove(pushed)
+    by_digest = client.images.pull(f"{registry}/trajforge/env@{digest}")
     assert set(made) <= set(_fresh.built_images())
     removed, refused = _fresh.remove_images()
     assert set(made) <= set(removed) and refused == []
     left = {t for img in client.images.list() for t in img.tags}
     assert not left & set(made) and "trajforge/base:latest" in left
+    assert by_digest.id not in {img.id for img in client.images.list()}
     assert _fresh.built_images() == []

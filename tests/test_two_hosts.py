@@ -49,8 +49,17 @@ def _verdicts(stats: dict[str, dict]) -> tuple:
             stats["verify"]["tests_passed"], stats["export"]["rows_out"])
 
 
+def _without_environment_images(*engines: docker.DockerClient) -> None:
+    """The hosts are the module's: the other test may have left its environment images (a superset of this one's)
+    on both engines, and then nothing would need a pull."""
+    for client in engines:
+        for image in client.images.list(filters={"label": "trajforge.image=env"}):
+            client.images.remove(image.id, force=True)
+
+
 def test_a_build_spreads_over_two_engines_pulls_by_digest_and_matches_one_host(hosts, tmp_path):
     a, b = hosts.engine("a"), hosts.engine("b")
+    _without_environment_images(a, b)
     with Sandboxes({"a": a, "b": b}) as boxes:
         run = hosts.build(config(tmp_path, "two"))
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:] + logs(hosts.state)
