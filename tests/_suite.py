@@ -3,9 +3,13 @@
 1. The fast tier (the tests `make test-fast` runs: no Docker engine, no Prefect server, no teacher) on
    `-n WORKERS --dist worksteal`, as `make test-fast` runs it every day. Serially it takes ~3 min on 2 cores
    (a third of it waiting on real timeouts), on 3 workers ~1.
-2. Every other test (marker `docker`, `slow`, `vllm` or `teacher`) serially, in one process, as before:
-   they share one Docker engine, session fixtures (the Prefect server, a second engine, a registry) and
-   count containers and processes, so they are never run side by side.
+2. Every other test (marker `docker`, `slow`, `vllm` or `teacher`) on `SLOW_WORKERS` workers (2) with
+   `--dist loadgroup`: a whole module on one worker (its module fixtures set up once), the modules that start the
+   embedded vLLM teacher in one group, one after the other (tests/conftest.py `suite_group`). These tests
+   mostly wait (on containers, builds, servers): serially they left the two cores ~3/4 idle and took 76 min.
+   What they share across workers is scoped by what they made (build ids, container names, labels, pids);
+   each worker has its own session fixtures (a Prefect server, a second engine, a registry). `SLOW_WORKERS=1`
+   runs the tier serially in one process, as before.
 
 The two selections are complements (`-m M` and `-m "not (M)"`): every collected test runs exactly once.
 The extra arguments (`make test PYTEST_ARGS=...`) go to both runs. An argument that selects by marker, sets
@@ -114,6 +118,8 @@ def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest"]
     if own_selection(argv):
         return subprocess.call([*pytest, *argv], cwd=ROOT)
+    slow_workers = os.environ.get("SLOW_WORKERS", "2")
+    slow_dist = ["-n", slow_workers, "--dist", "loadgroup"] if slow_workers not in ("0", "1") else []
     seed = order_seed(argv)
     if seed is not None:
         argv = [*argv, f"--randomly-seed={seed}"]
@@ -123,8 +129,8 @@ def main(argv: list[str]) -> int:
         reports = [Path(tmp) / "fast.xml", Path(tmp) / "serial.xml"]
         tiers = [(f"fast tier ({workers} workers)",
                   [*pytest, f"--junitxml={reports[0]}", "-n", workers, "--dist", "worksteal", "-m", FAST, *argv]),
-                 ("Docker / Prefect / teacher tier (serial)",
-                  [*pytest, f"--junitxml={reports[1]}", "-m", f"not ({FAST})", *argv])]
+                 (f"Docker / Prefect / teacher tier ({slow_workers} workers)",
+                  [*pytest, f"--junitxml={reports[1]}", *slow_dist, "-m", f"not ({FAST})", *argv])]
         results = [run(label, cmd) for label, cmd in tiers]
         code = combine([c for c, _ in results])
         total = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}

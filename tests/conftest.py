@@ -13,6 +13,38 @@ import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 ROOT = Path(__file__).resolve().parent.parent
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # each xdist worker's Prefect servers (its session server, its builds' own) on a database of their own: the
+    # other worker's deployments, flow runs and SQLite locks are not this one's (before Prefect is imported)
+    _home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect")
+    os.environ["PREFECT_HOME"] = str(_home / f"xdist-{os.environ['PYTEST_XDIST_WORKER']}")
+
+
+SLOW_TIER = ("docker", "slow", "vllm", "teacher")  # the markers of `make test`'s second tier (tests/_suite.py)
+MODEL_GROUP = "model"  # every module with a test that starts or reads the embedded teacher: one worker, in turn
+
+
+def suite_group(item) -> str | None:
+    """The `xdist_group` of a test of the second tier, which runs on two workers with `--dist loadgroup`
+    (tests/_suite.py): whole modules go to one worker (module fixtures are set up once); the modules that start the
+    embedded vLLM teacher or read its files share one group (one model in memory at a time, its CPU-bound start
+    never beside another); a module may name its group in `SUITE_GROUP` (tests that clean up what another
+    module of the group builds: the naive harness's images)."""
+    if not any(item.get_closest_marker(m) for m in SLOW_TIER):
+        return None
+    module = getattr(item, "module", None)
+    named = getattr(module, "SUITE_GROUP", None)
+    if named:
+        return named
+    if any(item.get_closest_marker(m) for m in ("vllm", "teacher")):
+        return MODEL_GROUP
+    return item.nodeid.split("::")[0]
+
+
+def pytest_itemcollected(item):
+    group = suite_group(item)
+    if group and not item.get_closest_marker("xdist_group"):
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_modifyitems(config, items):

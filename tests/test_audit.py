@@ -17,6 +17,8 @@ from trajforge.tasks.envs.formats import import_task
 from trajforge.tasks.envs.mutants import DELETE, MUTATORS, Inputs, Mutator, equivalent, output_class, register
 from trajforge.tasks.envs.validator import validate_env
 
+SUITE_GROUP = "naive-harness"  # its cleanup removes every naive-harness image: one worker (tests/conftest.py)
+
 WEAK = Path(__file__).parent / "fixtures" / "weak"
 CASES = [json.loads(line) for line in (WEAK / "cases.jsonl").read_text().splitlines()]
 NO_INPUTS = Inputs("Write the answer.", {})

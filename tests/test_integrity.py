@@ -19,6 +19,7 @@ from helpers import run_cli, small_config
 from trajforge.tasks.envs.formats import TaskFormatError, import_task
 
 pytestmark = [pytest.mark.docker]
+SUITE_GROUP = "naive-harness"  # its cleanup removes every naive-harness image: one worker (tests/conftest.py)
 INTEGRITY = Path(__file__).parent / "fixtures" / "integrity"
 CASES = [json.loads(line) for line in (INTEGRITY / "trajectories.jsonl").read_text().splitlines() if line.strip()]
 LEGIT_TASKS = sorted({c["env"] for c in CASES})

@@ -30,6 +30,8 @@ from trajforge.tasks.teachers import TeacherError
 from trajforge.tasks.teachers.openai import OpenAITeacher
 from trajforge.tasks.teachers.vllm_server import VLLMServer, free_port, reap_orphans
 
+SUITE_GROUP = "model"  # reaps orphaned teacher servers: never beside another module's (tests/conftest.py)
+
 HERE = Path(__file__).resolve().parent
 
 

@@ -16,6 +16,8 @@ from helpers import run_cli, small_config
 
 from trajforge.schemas.config import BuildConfig
 
+SUITE_GROUP = "naive-harness"  # its cleanup removes every naive-harness image: one worker (tests/conftest.py)
+
 INTEGRITY = Path(__file__).parent / "fixtures" / "integrity"
 NEW_ENVS = {"harbor/entrypoint-env", "harbor/volume-data", "harbor/sourced-config"}
 CASES = [c for c in (json.loads(line) for line in (INTEGRITY / "trajectories.jsonl").read_text().splitlines()
