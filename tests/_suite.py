@@ -4,8 +4,8 @@
    `-n WORKERS --dist worksteal`, as `make test-fast` runs it every day. Serially it takes ~3 min on 2 cores
    (a third of it waiting on real timeouts), on 3 workers ~1.
 2. Every other test (marker `docker`, `slow`, `vllm` or `teacher`) on `SLOW_WORKERS` workers (2) with
-   `--dist loadgroup`: a whole module on one worker (its module fixtures set up once), the modules that start the
-   embedded vLLM teacher in one group, one after the other (tests/conftest.py `suite_group`). These tests
+   `--dist loadscope`, scheduled by group (tests/conftest.py `suite_group`): a whole module on one worker (its
+   module fixtures set up once), the modules that start the embedded vLLM teacher in one group, one after the other. These tests
    mostly wait (on containers, builds, servers): serially they left the two cores ~3/4 idle and took 76 min.
    What they share across workers is scoped by what they made (build ids, container names, labels, pids);
    each worker has its own session fixtures (a Prefect server, a second engine, a registry). `SLOW_WORKERS=1`
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     if own_selection(argv):
         return subprocess.call([*pytest, *argv], cwd=ROOT)
     slow_workers = os.environ.get("SLOW_WORKERS", "2")
-    slow_dist = ["-n", slow_workers, "--dist", "loadgroup"] if slow_workers not in ("0", "1") else []
+    slow_dist = ["-n", slow_workers, "--dist", "loadscope"] if slow_workers not in ("0", "1") else []
     seed = order_seed(argv)
     if seed is not None:
         argv = [*argv, f"--randomly-seed={seed}"]

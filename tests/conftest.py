@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -20,31 +21,40 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["PREFECT_HOME"] = str(_home / f"xdist-{os.environ['PYTEST_XDIST_WORKER']}")
 
 
-SLOW_TIER = ("docker", "slow", "vllm", "teacher")  # the markers of `make test`'s second tier (tests/_suite.py)
 MODEL_GROUP = "model"  # every module with a test that starts or reads the embedded teacher: one worker, in turn
 
 
-def suite_group(item) -> str | None:
-    """The `xdist_group` of a test of the second tier, which runs on two workers with `--dist loadgroup`
-    (tests/_suite.py): whole modules go to one worker (module fixtures are set up once); the modules that start the
-    embedded vLLM teacher or read its files share one group (one model in memory at a time, its CPU-bound start
-    never beside another); a module may name its group in `SUITE_GROUP` (tests that clean up what another
-    module of the group builds: the naive harness's images)."""
-    if not any(item.get_closest_marker(m) for m in SLOW_TIER):
-        return None
-    module = getattr(item, "module", None)
-    named = getattr(module, "SUITE_GROUP", None)
+def suite_group(module: Path) -> str:
+    """The group of a test module in `make test`'s second tier, which runs on two workers with `--dist loadscope`
+    (tests/_suite.py) and this grouping (`pytest_xdist_make_scheduler`): a group runs whole on one worker, its tests
+    in turn (its module fixtures are set up once). A module is its own group, except: the modules marking a test
+    `vllm` or `teacher` share `MODEL_GROUP` (one model in memory at a time, its CPU-bound start never beside
+    another); a module may name its group in `SUITE_GROUP = "..."` (tests that clean up what another module of
+    the group builds: the naive harness's images). Read from the module's text: xdist's controller schedules
+    node ids, it never imports the tests (and pytest 9 ignores `xdist_group` marks: xdist 3.8 renames a node id
+    through an attribute pytest 9 no longer reads)."""
+    text = module.read_text(errors="replace")
+    named = re.search(r'^SUITE_GROUP = "([^"]+)"', text, re.M)
     if named:
-        return named
-    if any(item.get_closest_marker(m) for m in ("vllm", "teacher")):
+        return named.group(1)
+    if re.search(r"pytest\.mark\.(vllm|teacher)\b", text):
         return MODEL_GROUP
-    return item.nodeid.split("::")[0]
+    return module.name
 
 
-def pytest_itemcollected(item):
-    group = suite_group(item)
-    if group and not item.get_closest_marker("xdist_group"):
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` schedules by `suite_group` (module for most). Other `--dist` modes are xdist's own."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = Path(str(config.rootpath))
+
+    class SuiteGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return suite_group(root / nodeid.split("::")[0])
+
+    return SuiteGroups(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
