@@ -122,6 +122,12 @@ def part_digest(store: Any, path: str, model: type[BaseModel]) -> str:
     return table_digest(store.read_table([path], model), model)
 
 
+def parts_digest(store: Any, base: str, parts: Iterable[tuple[str, str | None]], model: type[BaseModel]) -> str:
+    """The content digest of a stage's output: its parts (paths relative to `base`, in shard order), each by the
+    digest its marker recorded, or computed from its file when none was (markers written before digests)."""
+    return combine((rel, known or part_digest(store, f"{base.rstrip('/')}/{rel}", model)) for rel, known in parts)
+
+
 def modified_parts(store: Any, manifest: Any) -> list[str]:
     """The parts of a committed output whose bytes are not those committed (`manifest.files`), each as
     `path (sha256 a… -> b…)` or `path (missing)`. Empty for an intact output, or one committed before

@@ -29,7 +29,7 @@ from ...schemas.arrow import arrow_schema, to_table
 from ...schemas.common import Reject
 from .codeversion import modules_digest
 from .contract import GateFailed, Manifest, Shard, Stage, StageContext
-from .digest import combine, modified_parts, part_digest, table_digest
+from .digest import modified_parts, parts_digest, table_digest
 from .lease import RUNTIME_KEY, fence
 from .progress import ProgressWriter, progress_path
 from .retry import FIRST_ERRORS, infra_failure, marker_path, needs_run, reopen, rerun_retryable, revision
@@ -144,7 +144,7 @@ def intact_committed(ctx: StageContext, stage: Stage, fp: str) -> tuple[Manifest
                          f"({', '.join(changed[:3])}{', …' if len(changed) > 3 else ''}): not reused")
             continue
         if not m.digest:
-            m.digest = combine((posixpath.relpath(p, m.dir), part_digest(ctx.store, p, stage.output)) for p in m.parts)
+            m.digest = parts_digest(ctx.store, m.dir, ((posixpath.relpath(p, m.dir), None) for p in m.parts), stage.output)
         return m, "; ".join(notes) or None
     return None, "; ".join(notes) or None
 
@@ -211,7 +211,7 @@ def commit(stage: Stage, ctx: StageContext, plan: StagePlan, upstream: dict[str,
             raise RuntimeError(f"stage {stage.name}: shard {s.name} has no completion marker")
         infos.append(store.read_json(marker))
     parts = [posixpath.join(plan.dir, i["part"]) for i in infos]
-    digest = combine((i["part"], i.get("digest") or part_digest(store, p, stage.output)) for i, p in zip(infos, parts))
+    digest = parts_digest(store, plan.dir, ((i["part"], i.get("digest")) for i in infos), stage.output)
     reject_parts = [posixpath.join(plan.dir, "_rejects", f"{i['shard']}.parquet") for i in infos if i["rejects"]]
     rejects = store.read_table(reject_parts, Reject)
     store.write_table(posixpath.join(plan.dir, "rejects.parquet"), rejects)
