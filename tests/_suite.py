@@ -3,15 +3,18 @@
 1. The fast tier (the tests `make test-fast` runs: no Docker engine, no Prefect server, no teacher) on
    `-n WORKERS --dist worksteal`, as `make test-fast` runs it every day. Serially it takes ~3 min on 2 cores
    (a third of it waiting on real timeouts), on 3 workers ~1.
-2. Every other test (marker `docker`, `slow`, `vllm` or `teacher`) on `SLOW_WORKERS` workers (2) with
-   `--dist loadscope`, scheduled by group (tests/conftest.py `suite_group`): a whole module on one worker (its
-   module fixtures set up once), the modules that start the embedded vLLM teacher in one group, one after the other. These tests
-   mostly wait (on containers, builds, servers): serially they left the two cores ~3/4 idle and took 76 min.
-   What they share across workers is scoped by what they made (build ids, container names, labels, pids);
-   each worker has its own session fixtures (a Prefect server, a second engine, a registry). `SLOW_WORKERS=1`
-   runs the tier serially in one process, as before.
+2. Every other test (marker `docker`, `slow`, `vllm` or `teacher`) but the embedded teacher's, on `SLOW_WORKERS`
+   workers (2) with `--dist loadscope`, scheduled by group (tests/conftest.py `suite_group`): a whole module on one
+   worker (its module fixtures set up once), the longest pending group first (tests/suite_durations.json).
+   These tests mostly wait on containers, builds and servers. What they share across workers is scoped by what
+   they made (build ids, container names, labels, pids); each worker has its own Prefect home and session
+   servers. `SLOW_WORKERS=1` runs them serially in one process.
+3. The embedded teacher's tests (`suite_group` "model": the modules that start vLLM or read its files, and the
+   teacher-fault tests) serially, alone: vLLM's start is CPU-bound, and beside other tests on two cores it and
+   they took twice as long (measured: 464 s instead of 183 s for one test).
 
-The two selections are complements (`-m M` and `-m "not (M)"`): every collected test runs exactly once.
+The selections are complements (`-m M` and `-m "not (M)"`, the latter split by `TRAJFORGE_SUITE_PART`): every collected
+test runs exactly once.
 The extra arguments (`make test PYTEST_ARGS=...`) go to both runs. An argument that selects by marker, sets
 the workers or names a JUnit report itself (`-m`, `-n`, `--dist`, `--junitxml`) makes it one plain serial
 `pytest ARGS` run instead, as `make test` was. A run that collects nothing (arguments naming tests of one tier only: pytest exit code 5)
@@ -26,6 +29,9 @@ with its reason (from each run's JUnit XML). Exit code: 0 when both runs passed 
 collect), else the first failing run's code.
 
 Usage: python tests/_suite.py [--workers N] [PYTEST ARGS ...]
+       python tests/_suite.py --record-durations SERIAL_XML   # tests/suite_durations.json from a run's report
+With `TRAJFORGE_SUITE_REPORTS=DIR` both runs' JUnit reports are copied into DIR at the end (they are otherwise
+temporary). The second tier's scheduler starts the longest groups first by tests/suite_durations.json.
 """
 
 from __future__ import annotations
@@ -93,7 +99,7 @@ def order_seed(args: list[str]) -> int | None:
 INTERRUPTED: list[bool] = []
 
 
-def run(label: str, cmd: list[str]) -> tuple[int, float]:
+def run(label: str, cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, float]:
     """The run's exit code and wall seconds. Ctrl-C reaches pytest too (one process group): it is waited for,
     so it can stop its servers and containers, and the next run is not started."""
     if INTERRUPTED:
@@ -101,7 +107,7 @@ def run(label: str, cmd: list[str]) -> tuple[int, float]:
         return 2, 0.0
     print(f"\n=== make test, {label}: {shlex.join(cmd[2:])}", flush=True)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})})
     while True:
         try:
             code = proc.wait()
@@ -111,7 +117,27 @@ def run(label: str, cmd: list[str]) -> tuple[int, float]:
     return code, time.monotonic() - t0
 
 
+def record_durations(xml: Path, out: Path) -> dict[str, float]:
+    """Seconds per test module (setup, call and teardown, as JUnit reports them) of a second-tier run, written
+    to `out` sorted by module: what the scheduler in tests/conftest.py orders groups by."""
+    import json
+
+    seconds: dict[str, float] = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        module = case.get("classname", "").split(".")
+        path = "/".join(module[: next((i + 1 for i, part in enumerate(module) if part.startswith("test_")),
+                                      len(module))]) + ".py"
+        seconds[path] = seconds.get(path, 0.0) + float(case.get("time") or 0.0)
+    table = {k: round(v, 1) for k, v in sorted(seconds.items())}
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    return table
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--record-durations"] and len(argv) == 2:
+        table = record_durations(Path(argv[1]), ROOT / "tests" / "suite_durations.json")
+        print(f"tests/suite_durations.json: {len(table)} modules, {sum(table.values()):.0f} s")
+        return 0
     workers = str((os.cpu_count() or 1) + 1)
     if argv[:1] == ["--workers"]:
         workers, argv = argv[1], argv[2:]
@@ -126,17 +152,20 @@ def main(argv: list[str]) -> int:
         print(f"=== make test: test order seed {seed} (replay: make test PYTEST_ARGS=\"-p randomly "
               f"--randomly-seed={seed}\")", flush=True)
     with tempfile.TemporaryDirectory(prefix="trajforge-suite-") as tmp:
-        reports = [Path(tmp) / "fast.xml", Path(tmp) / "serial.xml"]
+        reports = [Path(tmp) / "fast.xml", Path(tmp) / "serial.xml", Path(tmp) / "model.xml"]
+        slow = f"not ({FAST})"
         tiers = [(f"fast tier ({workers} workers)",
-                  [*pytest, f"--junitxml={reports[0]}", "-n", workers, "--dist", "worksteal", "-m", FAST, *argv]),
-                 (f"Docker / Prefect / teacher tier ({slow_workers} workers)",
-                  [*pytest, f"--junitxml={reports[1]}", *slow_dist, "-m", f"not ({FAST})", *argv])]
-        results = [run(label, cmd) for label, cmd in tiers]
+                  [*pytest, f"--junitxml={reports[0]}", "-n", workers, "--dist", "worksteal", "-m", FAST, *argv], {}),
+                 (f"Docker / Prefect tier ({slow_workers} workers)",
+                  [*pytest, f"--junitxml={reports[1]}", *slow_dist, "-m", slow, *argv], {"TRAJFORGE_SUITE_PART": "shared"}),
+                 ("embedded-teacher tier (serial)",
+                  [*pytest, f"--junitxml={reports[2]}", "-m", slow, *argv], {"TRAJFORGE_SUITE_PART": "model"})]
+        results = [run(label, cmd, env) for label, cmd, env in tiers]
         code = combine([c for c, _ in results])
         total = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
         problems: list[str] = []
         print("\n=== make test: summary of both runs", flush=True)
-        for (label, _), (c, wall), xml in zip(tiers, results, reports):
+        for (label, _, _), (c, wall), xml in zip(tiers, results, reports):
             counts, lines = outcomes(xml)
             for k, v in counts.items():
                 total[k] += v
@@ -150,6 +179,14 @@ def main(argv: list[str]) -> int:
         if given:
             print(f"test order: {given} (replay: make test PYTEST_ARGS=\"-p randomly {given}\")")
         print(f"=== {shown} in {sum(w for _, w in results):.1f} s (exit code {code})", flush=True)
+        keep = os.environ.get("TRAJFORGE_SUITE_REPORTS")
+        if keep:
+            import shutil
+
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            for xml in reports:
+                if xml.exists():
+                    shutil.copy(xml, Path(keep) / xml.name)
         return code
 
 

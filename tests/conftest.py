@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 MODEL_GROUP = "model"  # every module with a test that starts or reads the embedded teacher: one worker, in turn
 
 
+@functools.lru_cache(maxsize=None)
 def suite_group(module: Path) -> str:
     """The group of a test module in `make test`'s second tier, which runs on two workers with `--dist loadscope`
     (tests/_suite.py) and this grouping (`pytest_xdist_make_scheduler`): a group runs whole on one worker, its tests
@@ -42,22 +44,68 @@ def suite_group(module: Path) -> str:
     return module.name
 
 
+SUITE_DURATIONS = ROOT / "tests" / "suite_durations.json"  # seconds per module of the second tier, as last measured
+UNMEASURED_SECONDS = 15.0  # a test of a module not in that file (written by `tests/_suite.py --record-durations`)
+
+
+def module_weights(nodeids: list[str], measured: dict[str, float]) -> dict[str, float]:
+    """Seconds per module of these node ids: as measured, else `UNMEASURED_SECONDS` per test."""
+    counts: dict[str, int] = {}
+    for nodeid in nodeids:
+        module = nodeid.split("::")[0]
+        counts[module] = counts.get(module, 0) + 1
+    return {m: float(measured.get(m, UNMEASURED_SECONDS * n)) for m, n in counts.items()}
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadscope` schedules by `suite_group` (module for most). Other `--dist` modes are xdist's own."""
+    """`--dist loadscope` schedules by `suite_group` (module for most), the longest pending group first (its
+    modules' seconds in `SUITE_DURATIONS`): a long module drawn last would run alone at the end while the other
+    worker idles. Other `--dist` modes are xdist's own."""
     if config.getvalue("dist") != "loadscope":
         return None
+    import json
+
     from xdist.scheduler import LoadScopeScheduling
 
     root = Path(str(config.rootpath))
+    try:
+        measured = json.loads(SUITE_DURATIONS.read_text())
+    except (OSError, ValueError):
+        measured = {}
 
     class SuiteGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return suite_group(root / nodeid.split("::")[0])
 
+        def _assign_work_unit(self, node) -> None:
+            def seconds(group: str) -> float:
+                return sum(module_weights(list(self.workqueue[group]), measured).values())
+
+            heaviest = max(self.workqueue, key=seconds)
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
+
     return SuiteGroups(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
+    """`TRAJFORGE_SUITE_PART` (set by tests/_suite.py): `model` keeps only the second tier's `MODEL_GROUP` tests,
+    `shared` only the others (they run side by side on two workers; the embedded teacher's CPU-bound tests run
+    after them, alone). Then: """
+    part = os.environ.get("TRAJFORGE_SUITE_PART")
+    if part in ("model", "shared"):
+        def in_model(item) -> bool:
+            return (any(item.get_closest_marker(m) for m in ("docker", "slow", "vllm", "teacher"))
+                    and suite_group(Path(str(item.path))) == MODEL_GROUP)
+        keep = [i for i in items if in_model(i) == (part == "model")]
+        dropped = [i for i in items if in_model(i) != (part == "model")]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+    _order_markers(items)
+
+
+def _order_markers(items) -> None:
     """A test marked `ends_module_fixture` (it stops what its module's tests share: the stack it takes down) runs
     last in its module, whatever order the others run in (pytest-randomly shuffles before this hook runs); one
     marked `late_in_module` (it changes a fixture the others read as it was made) runs after the unmarked ones."""
