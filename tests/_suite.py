@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
         slow = f"not ({FAST})"
         tiers = [(f"fast tier ({workers} workers)",
                   [*pytest, f"--junitxml={reports[0]}", "-n", workers, "--dist", "worksteal", "-m", FAST, *argv], {}),
-                 (f"Docker / Prefect tier ({slow_workers} workers)",
+                 (f"Docker / Prefect tier ({slow_workers + ' workers' if slow_dist else 'serial'})",
                   [*pytest, f"--junitxml={reports[1]}", *slow_dist, "-m", slow, *argv], {"TRAJFORGE_SUITE_PART": "shared"}),
                  ("embedded-teacher tier (serial)",
                   [*pytest, f"--junitxml={reports[2]}", "-m", slow, *argv], {"TRAJFORGE_SUITE_PART": "model"})]
@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
         code = combine([c for c, _ in results])
         total = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
         problems: list[str] = []
-        print("\n=== make test: summary of both runs", flush=True)
+        print("\n=== make test: summary of the runs", flush=True)
         for (label, _, _), (c, wall), xml in zip(tiers, results, reports):
             counts, lines = outcomes(xml)
             for k, v in counts.items():
