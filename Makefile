@@ -42,9 +42,9 @@ demo-tools: setup
 demo-tools-model: setup teacher
 	$(VENV)/bin/trajforge build configs/tools-smollm2.yaml
 
-# The whole suite, as two pytest runs with one exit code and one summary (tests/_suite.py): the fast tier below
-# on FAST_WORKERS workers (~1 min instead of ~3 serially), then every docker / slow / vllm / teacher test
-# serially, as before. `-m`, `-n`, `--dist` or `--junitxml` in PYTEST_ARGS: one plain serial run instead.
+# The whole suite, as three pytest runs with one exit code and one summary (tests/_suite.py): the fast tier below
+# on FAST_WORKERS workers (~2 min instead of ~4 serially), then every docker / slow test serially (SLOW_WORKERS=2:
+# on two workers, by module group), then the embedded teacher's tests alone. `-m`, `-n`, `--dist` or `--junitxml` in PYTEST_ARGS: one plain serial run instead.
 test: setup teacher
 	$(PY) tests/_suite.py --workers $(FAST_WORKERS) $(PYTEST_ARGS)
 

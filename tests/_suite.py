@@ -16,22 +16,22 @@
 
 The selections are complements (`-m M` and `-m "not (M)"`, the latter split by `TRAJFORGE_SUITE_PART`): every collected
 test runs exactly once.
-The extra arguments (`make test PYTEST_ARGS=...`) go to both runs. An argument that selects by marker, sets
+The extra arguments (`make test PYTEST_ARGS=...`) go to every run. An argument that selects by marker, sets
 the workers or names a JUnit report itself (`-m`, `-n`, `--dist`, `--junitxml`) makes it one plain serial
 `pytest ARGS` run instead, as `make test` was. A run that collects nothing (arguments naming tests of one tier only: pytest exit code 5)
 counts as nothing to do while the other tier ran tests.
 
 Order: with pytest-randomly installed (the dev extra) each run shuffles its modules, and the tests within each
-module, from one seed; both runs get the same seed, printed first and last (`--randomly-seed=N` in the arguments
+module, from one seed; every run gets the same seed, printed first and last (`--randomly-seed=N` in the arguments
 replays it, `-p no:randomly` keeps file order).
 
 At the end: each run's outcome, the combined counts and every test that failed, errored or was skipped,
-with its reason (from each run's JUnit XML). Exit code: 0 when both runs passed (or one had nothing to
+with its reason (from each run's JUnit XML). Exit code: 0 when every run passed (or one had nothing to
 collect), else the first failing run's code.
 
 Usage: python tests/_suite.py [--workers N] [PYTEST ARGS ...]
        python tests/_suite.py --record-durations SERIAL_XML   # tests/suite_durations.json from a run's report
-With `TRAJFORGE_SUITE_REPORTS=DIR` both runs' JUnit reports are copied into DIR at the end (they are otherwise
+With `TRAJFORGE_SUITE_REPORTS=DIR` every run's JUnit report is copied into DIR at the end (they are otherwise
 temporary). The second tier's scheduler starts the longest groups first by tests/suite_durations.json.
 """
 
@@ -86,7 +86,7 @@ def outcomes(xml: Path) -> tuple[dict[str, int], list[str]]:
 
 
 def order_seed(args: list[str]) -> int | None:
-    """A seed for both runs' order when pytest-randomly is installed and the arguments neither give one nor turn
+    """A seed for every run's order when pytest-randomly is installed and the arguments neither give one nor turn
     it off (the two runs then shuffle alike, and one number replays both)."""
     import importlib.util
     import random
@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest"]
     if own_selection(argv):
         return subprocess.call([*pytest, *argv], cwd=ROOT)
-    slow_workers = os.environ.get("SLOW_WORKERS", "1")
+    slow_workers = os.environ.get("SLOW_WORKERS") or "1"
     slow_dist = ["-n", slow_workers, "--dist", "loadscope"] if slow_workers not in ("0", "1") else []
     seed = order_seed(argv)
     if seed is not None:

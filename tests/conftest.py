@@ -57,6 +57,7 @@ def module_weights(nodeids: list[str], measured: dict[str, float]) -> dict[str, 
     return {m: float(measured.get(m, UNMEASURED_SECONDS * n)) for m, n in counts.items()}
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown (and an error) under `-p no:xdist`
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadscope` schedules by `suite_group` (module for most), the longest pending group first (its
     modules' seconds in `SUITE_DURATIONS`): a long module drawn last would run alone at the end while the other

@@ -27,12 +27,12 @@ SEEDS = (0, 1, 2, 3)
 def netns_unavailable() -> str | None:
     """Why this machine cannot create network namespaces (None: it can)."""
     try:
-        probe = subprocess.run(["ip", "netns", "add", "tft-probe"], capture_output=True, text=True)
+        probe = subprocess.run(["ip", "netns", "add", f"tft-probe-{os.getpid()}"], capture_output=True, text=True)
     except FileNotFoundError:
         return "no `ip` command (iproute2; make setup installs it)"
     if probe.returncode != 0:
         return f"`ip netns add`: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", "tft-probe"], check=True)
+    subprocess.run(["ip", "netns", "del", f"tft-probe-{os.getpid()}"], check=True)
     return None
 
 
