@@ -34,6 +34,7 @@ import json
 import re
 import shlex
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,10 @@ from ....schemas.common import FileSpec
 from ....schemas.environment import EnvSpec
 from ..families.base import tests_module
 from .checks import PRELUDE, SCHEMA_CHECK, SCHEMA_SQL, UNCHANGED_CHECK
+
+# CPython 3.11 (before 3.11.9, gh-106905): `ast.parse` in two threads at once can raise "SystemError: AST constructor
+# recursion depth mismatch" (seen when families are generated in a thread pool): tool code is parsed one at a time
+_AST_LOCK = threading.Lock()
 
 SERVER_SOURCE = Path(__file__).with_name("server.py")
 CALL_SOURCE = Path(__file__).with_name("call.py")  # a brought server's one-shot client (formats/mcp_server.py)
@@ -120,7 +125,8 @@ class ToolDef(_Model):
     @model_validator(mode="after")
     def _defines_itself(self) -> "ToolDef":
         try:
-            tree = ast.parse(self.code)
+            with _AST_LOCK:
+                tree = ast.parse(self.code)
         except SyntaxError as err:
             raise ValueError(f"code of tool {self.name!r} does not parse: {err.msg} (line {err.lineno})") from None
         if not any(isinstance(n, ast.FunctionDef) and n.name == self.name for n in tree.body):
