@@ -47,7 +47,7 @@ from ....schemas.environment import EnvSpec
 from ..families.base import tests_module
 from .checks import PRELUDE, SCHEMA_CHECK, SCHEMA_SQL, UNCHANGED_CHECK
 
-# CPython 3.11 (before 3.11.9, gh-106905): `ast.parse` in two threads at once can raise "SystemError: AST constructor
+# CPython 3.11.7 (gh-106905, as we read it): `ast.parse` in two threads at once can raise "SystemError: AST constructor
 # recursion depth mismatch" (seen when families are generated in a thread pool): tool code is parsed one at a time
 _AST_LOCK = threading.Lock()
 
