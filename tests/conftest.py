@@ -23,12 +23,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 MODEL_GROUP = "model"  # every module with a test that starts or reads the embedded teacher: one worker, in turn
+SLOW_MARKERS = ("docker", "slow", "vllm", "teacher")  # a test with one of these is in `make test`'s second tier
 
 
 @functools.lru_cache(maxsize=None)
 def suite_group(module: Path) -> str:
-    """The group of a test module in `make test`'s second tier, which runs on two workers with `--dist loadscope`
-    (tests/_suite.py) and this grouping (`pytest_xdist_make_scheduler`): a group runs whole on one worker, its tests
+    """The group of a test module in `make test`'s second tier: the embedded teacher's run (`MODEL_GROUP`) and,
+    with `SLOW_WORKERS=2`, the scheduling on two workers with `--dist loadscope` (tests/_suite.py) and this grouping (`pytest_xdist_make_scheduler`): a group runs whole on one worker, its tests
     in turn (its module fixtures are set up once). A module is its own group, except: the modules marking a test
     `vllm` or `teacher` share `MODEL_GROUP` (one model in memory at a time, its CPU-bound start never beside
     another); a module may name its group in `SUITE_GROUP = "..."` (tests that clean up what another module of
@@ -95,11 +96,11 @@ def pytest_collection_modifyitems(config, items):
     after them, alone). Then: """
     part = os.environ.get("TRAJFORGE_SUITE_PART")
     if part in ("model", "shared"):
-        def in_model(item) -> bool:
-            return (any(item.get_closest_marker(m) for m in ("docker", "slow", "vllm", "teacher"))
-                    and suite_group(Path(str(item.path))) == MODEL_GROUP)
-        keep = [i for i in items if in_model(i) == (part == "model")]
-        dropped = [i for i in items if in_model(i) != (part == "model")]
+        keep, dropped = [], []
+        for item in items:
+            in_model = (any(item.get_closest_marker(m) for m in SLOW_MARKERS)
+                        and suite_group(Path(str(item.path))) == MODEL_GROUP)
+            (keep if in_model == (part == "model") else dropped).append(item)
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
