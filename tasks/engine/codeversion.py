@@ -26,6 +26,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable
 
+from ...schemas.pysource import parse as parse_python
+
 PACKAGE = __package__.split(".")[0]  # "trajforge"
 
 OPERATIONAL: dict[str, str] = {
@@ -64,7 +66,7 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 def source_digest(source: str) -> str:
     """Digest of the meaning of Python `source` (see module docstring)."""
-    return _tree_digest(ast.parse(source))
+    return _tree_digest(parse_python(source))
 
 
 def _tree_digest(tree: ast.Module) -> str:
@@ -105,7 +107,7 @@ def imported_modules(name: str, source: str) -> set[str]:
     """The package's modules that running module `name` (whose code is `source`) imports, anywhere in
     it, with the parent packages each import runs, and the sibling modules it names as a file (a
     source shipped as data: `Path(__file__).with_name("server.py")`). Other packages are left out."""
-    return _imports_in(name, ast.parse(source))
+    return _imports_in(name, parse_python(source))
 
 
 def _imports_in(name: str, tree: ast.Module) -> set[str]:
@@ -143,7 +145,7 @@ def _imports_in(name: str, tree: ast.Module) -> set[str]:
 @lru_cache(maxsize=None)
 def _file_facts(name: str) -> tuple[frozenset[str], str]:
     """(what it imports, its digest) of a module of the package with a file: one parse for both."""
-    tree = ast.parse(module_file(name).read_text())
+    tree = parse_python(module_file(name).read_text())
     imports = frozenset(_imports_in(name, tree))  # (before the digest strips the tree's docstrings)
     return imports, _tree_digest(tree)
 

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from ...schemas.pysource import parse as parse_python
+
 DELETE = object()  # the mutated "content" of a removed file
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.(\d+))?(?![\w.])")
 ORDER_FREE = re.compile(r"\b(in )?(any|arbitrary|no particular) order\b|\border (does not|doesn't|do not|don't) "
@@ -221,7 +223,7 @@ class _Stub(ast.NodeTransformer):
 
 def _stubbed(text: str, body: Callable[[], list[ast.stmt]]) -> str | None:
     try:
-        tree = ast.parse(text)
+        tree = parse_python(text)
     except (SyntaxError, ValueError):
         return None
     if not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(tree)):

@@ -20,25 +20,19 @@ from __future__ import annotations
 import ast
 import posixpath
 import re
-import threading
 from collections.abc import Iterable
 
 from ...schemas.common import FileSpec
+from ...schemas.pysource import parse as parse_python
 
 SCRIPT_SUFFIXES = (".sh", ".bash", ".py", ".pl", ".rb", ".js", ".mjs", ".php", ".lua", ".tcl", ".awk", ".R", ".r")
 LOADS_CODE = re.compile(r"\b(runpy\.|importlib\.|exec\s*\(\s*open\s*\(|__import__\s*\(|SourceFileLoader|spec_from_file)")
 
 
-# CPython 3.11's parser keeps its recursion depth in shared state: `ast.parse` from several threads at once (the
-# validator runs in a thread pool) can fail with "AST constructor recursion depth mismatch"
-_PARSE = threading.Lock()
-
-
 def _imports(source: str) -> set[str]:
     """Top-level module names a Python file imports (syntax tree; a regex when it does not parse)."""
     try:
-        with _PARSE:
-            tree = ast.parse(source)
+        tree = parse_python(source)  # (one parse at a time in the process: schemas/pysource.py)
     except (SyntaxError, ValueError):
         return set(re.findall(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", source, re.M))
     names: set[str] = set()

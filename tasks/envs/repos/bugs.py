@@ -35,6 +35,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, NamedTuple, Sequence
 
+from ....schemas.pysource import parse as parse_python
+
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 SKIPPED_FIELDS = {"annotation", "returns", "decorator_list", "type_comment", "type_params"}
 COMMUTATIVE = {"max", "min"}  # calls whose swapped arguments mean the same
@@ -426,7 +428,7 @@ def _parse(source: str, path: str) -> ast.Module:
     if (cr := re.search(r"\r(?!\n)", source)) is not None:
         raise BugPlantingError(path, source.count("\n", 0, cr.start()) + 1, "a carriage return without a line feed")
     try:
-        return ast.parse(source, filename=path)
+        return parse_python(source, filename=path)
     except SyntaxError as e:
         line = e.lineno or (source.count("\n", 0, source.index("\0")) + 1 if "\0" in source else None)
         raise BugPlantingError(path, line, f"does not parse: {e.msg}") from e
@@ -440,7 +442,7 @@ def _apply(text: str, edits: Sequence[Edit]) -> str:
 
 def _dump(code: str) -> str | None:
     try:
-        return ast.dump(ast.parse(code))
+        return ast.dump(parse_python(code))
     except (SyntaxError, ValueError):
         return None
 
@@ -516,7 +518,7 @@ def combine(plants: Sequence[Plant]) -> BugSet:
             lines[start:end] = new
         mutated = "".join(lines)
         try:
-            ast.parse(mutated)
+            parse_python(mutated)
         except (SyntaxError, ValueError) as e:
             raise BugPlantingError(path, e.lineno, "the combined plants do not parse: "
                                    + "; ".join(p.description for p in mine)) from e

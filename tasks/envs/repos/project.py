@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
+from ....schemas.pysource import parse as parse_python
+
 PYTHON = "python"  # the image's interpreter as commands name it; a caller that names it otherwise replaces argv[0]
 TEST_EXTRAS = ("test", "tests", "testing")
 DEV = "dev"  # the fallback extra, requirement file or dependency group when no test one is declared
@@ -137,7 +139,7 @@ def _setup_py(tree: Path) -> dict[str, object]:
     if text is None:
         return {}
     try:
-        module = ast.parse(text, "setup.py")
+        module = parse_python(text, "setup.py")
     except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
         raise ProjectError(tree / "setup.py", getattr(e, "lineno", None), f"does not parse: {e}") from e
     constants: dict[str, object] = {}

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 
+from ....schemas.pysource import parse as parse_python
+
 # What hidden tests written by a model may import: reading and checking, nothing that runs code.
 SAFE_IMPORTS = {"json", "os", "pathlib", "re", "math", "csv", "hashlib", "collections", "itertools", "datetime",
                 "string", "textwrap", "statistics", "fractions", "decimal", "functools", "operator", "sqlite3",
@@ -26,7 +28,7 @@ def unsafe_tests(src: str) -> str | None:
     """Why model-written hidden tests could run agent-controlled code as root, or None. They run in
     the root test runner: the agent's programs must go through `run_as_agent`, and nothing the agent
     wrote may be imported (module names are looked up from the work dir the agent owns)."""
-    tree = ast.parse(src)
+    tree = parse_python(src)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or "."]
@@ -66,7 +68,7 @@ TOOL_UNSAFE_NAMES = {"os", "sys", "subprocess", "builtins", "__builtins__", "imp
 
 def unsafe_tool_code(src: str) -> str | None:
     """Why model-written tool code is more than data manipulation over `db`, or None."""
-    tree = ast.parse(src)
+    tree = parse_python(src)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             if isinstance(node, ast.ImportFrom) and node.level:

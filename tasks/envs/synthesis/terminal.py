@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ....schemas.common import FileSpec, Reject
 from ....schemas.config import safe_name
 from ....schemas.environment import EnvSpec
+from ....schemas.pysource import compile_code
 from ..families.base import tests_module
 from .reply import propose_with, synthesized, validated
 from .safety import unsafe_tests
@@ -63,7 +64,7 @@ class Candidate(BaseModel):
     def _has_tests(cls, v: str) -> str:
         if not re.search(r"^def test_\w+\(", v, re.M):
             raise ValueError("defines no test_* function")
-        compile(v, "<tests>", "exec")
+        compile_code(v, "<tests>")
         return v
 
 

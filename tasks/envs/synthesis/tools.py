@@ -41,6 +41,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from ....schemas.common import Reject
 from ....schemas.config import safe_name
 from ....schemas.environment import EnvSpec
+from ....schemas.pysource import parse as parse_python
 from ..tools.spec import SCHEMA_KEYWORDS, SeedError, ToolTask, compiled_fields, load_seed, seed_script
 from .reply import propose_with, synthesized, validated
 from .safety import TOOL_IMPORTS, unsafe_tests, unsafe_tool_code
@@ -122,7 +123,7 @@ class ToolCandidate(ToolTask):
     @classmethod
     def _checks_parse(cls, v: str) -> str:
         try:
-            tree = ast.parse(v)
+            tree = parse_python(v)
         except SyntaxError as err:
             raise ValueError(f"does not parse: {err.msg} (line {err.lineno})") from None
         if not any(isinstance(n, ast.FunctionDef) and n.name.startswith("test_") for n in tree.body):
@@ -133,7 +134,7 @@ class ToolCandidate(ToolTask):
     @classmethod
     def _helpers_parse(cls, v: str) -> str:
         try:
-            ast.parse(v)
+            parse_python(v)
         except SyntaxError as err:
             raise ValueError(f"does not parse: {err.msg} (line {err.lineno})") from None
         return v

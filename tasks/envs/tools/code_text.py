@@ -16,6 +16,8 @@ import inspect
 from types import ModuleType
 from typing import Callable
 
+from ....schemas.pysource import parse as parse_python
+
 
 def source(fn: Callable) -> str:
     """The lines of `fn` as written in its module (ending with a newline)."""
@@ -36,7 +38,7 @@ def statements(module: ModuleType, first: str, last: str) -> str:
     """A newline, then the lines of `module`'s top-level statements from the one defining `first` to the
     one defining `last`, as written (blank lines and comments between them included)."""
     text = inspect.getsource(module)
-    body = ast.parse(text).body
+    body = parse_python(text).body
     names = [_name(s) for s in body]
     try:
         i, j = names.index(first), names.index(last)

@@ -34,7 +34,6 @@ import json
 import re
 import shlex
 import sqlite3
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +43,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ....schemas.common import FileSpec
 from ....schemas.environment import EnvSpec
+from ....schemas.pysource import parse as parse_python
 from ..families.base import tests_module
 from .checks import PRELUDE, SCHEMA_CHECK, SCHEMA_SQL, UNCHANGED_CHECK
-
-# CPython 3.11.7 (gh-106905, as we read it): `ast.parse` in two threads at once can raise "SystemError: AST constructor
-# recursion depth mismatch" (seen when families are generated in a thread pool): tool code is parsed one at a time
-_AST_LOCK = threading.Lock()
 
 SERVER_SOURCE = Path(__file__).with_name("server.py")
 CALL_SOURCE = Path(__file__).with_name("call.py")  # a brought server's one-shot client (formats/mcp_server.py)
@@ -125,8 +121,7 @@ class ToolDef(_Model):
     @model_validator(mode="after")
     def _defines_itself(self) -> "ToolDef":
         try:
-            with _AST_LOCK:
-                tree = ast.parse(self.code)
+            tree = parse_python(self.code)  # (one parse at a time in the process: schemas/pysource.py)
         except SyntaxError as err:
             raise ValueError(f"code of tool {self.name!r} does not parse: {err.msg} (line {err.lineno})") from None
         if not any(isinstance(n, ast.FunctionDef) and n.name == self.name for n in tree.body):
