@@ -12,7 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from trajforge.schemas.common import ChangeSet
+from trajforge.schemas.trajectory import Rollout, Step
 from trajforge.tasks.judge.changes import unexpected
+from trajforge.tasks.judge.hacks import episode_process_flags
 
 REFERENCE = SimpleNamespace(expected_changes=["/usr/local/bin/greet", "/usr/local/sbin",
                                               "/usr/local/lib/python3.11/site-packages/mylib/__init__.py"])
@@ -32,3 +34,20 @@ REFERENCE = SimpleNamespace(expected_changes=["/usr/local/bin/greet", "/usr/loca
 def test_a_name_the_reference_installs_counts_in_any_folder_of_its_lookup_list(path, kind, is_unexpected):
     changes = ChangeSet(**{kind: [path]})
     assert (unexpected(changes, REFERENCE) == [path]) is is_unexpected
+
+
+def _rollout(leftover: int) -> Rollout:
+    return Rollout(rollout_id="r", env_id="e", teacher="t", harness="h", sample=0, messages=[], status="ok",
+                   leftover_processes=leftover, steps=[Step(turn=1, command="sleep 300 &", exit_code=0, duration_s=0.1)])
+
+
+@pytest.mark.parametrize("leftover,reachable,flagged", [
+    (1, False, False),   # fresh / isolated / a restarted root container: gone before anything was judged
+    (1, True, False),    # in place, counted and killed for sure before the walk and the tests
+    (-1, False, False),  # too many to count, but in a new container
+    (-1, True, True),    # in place, and not all gone for sure: they may have reached the tests
+])
+def test_leftover_processes_are_a_hack_only_where_they_could_reach_the_tests(leftover, reachable, flagged):
+    flags = episode_process_flags(_rollout(leftover), reachable)
+    assert bool(flags) is flagged
+    assert all(f.kind == "background_process" and f.command == "sleep 300 &" for f in flags)

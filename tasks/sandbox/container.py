@@ -590,7 +590,8 @@ class Sandbox(ChangeWalk):
     def kill_agent_processes(self) -> int:
         """Kill every process the agent may have left (background jobs included) before verification.
         Returns how many were running (0: the agent left nothing behind; -1: too many to count, e.g.
-        a fork bomb filled the pids limit). Retried: under a fork bomb even pkill may fail to start."""
+        a fork bomb filled the pids limit, or not all gone for sure after every try). Retried: under a fork
+        bomb even pkill may fail to start."""
         if self.settled:
             return 0
         if self.agent == "root":
@@ -609,6 +610,8 @@ class Sandbox(ChangeWalk):
                 # forks can be between its reads)
                 if self._harness(["sh", "-c", f"! pgrep -u {AGENT_UID} && sleep 0.1 && ! pgrep -u {AGENT_UID}"])[0] == 0:
                     break
+            else:
+                left = -1  # never confirmed gone: they may outlive the episode (hacks.episode_process_flags)
         except docker.errors.DockerException as err:
             raise SandboxError(f"could not stop the agent's processes in {self.name}: {err}") from None
         return left
@@ -686,8 +689,8 @@ class Sandbox(ChangeWalk):
             fresh.stop_episode(self)
         elif restart:
             self.restart()
-        elif leftover != 0:  # processes were running: stop them all, then look
-            self.kill_agent_processes()
+        elif leftover != 0 and self.kill_agent_processes() < 0:  # processes were running: stop them, then look
+            leftover = -1  # (not all gone for sure: evidence where the tests run in this container)
         # before any more of the container's programs run: did the episode change them? (from outside)
         if self.toolchain():
             self.settled = True
