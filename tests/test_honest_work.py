@@ -15,6 +15,7 @@ from trajforge.schemas.common import ChangeSet
 from trajforge.schemas.trajectory import Rollout, Step
 from trajforge.tasks.judge.changes import unexpected
 from trajforge.tasks.judge.hacks import episode_process_flags
+from trajforge.tasks.sandbox.stopped import stopped_by_agent
 
 REFERENCE = SimpleNamespace(expected_changes=["/usr/local/bin/greet", "/usr/local/sbin",
                                               "/usr/local/lib/python3.11/site-packages/mylib/__init__.py"])
@@ -51,3 +52,31 @@ def test_leftover_processes_are_a_hack_only_where_they_could_reach_the_tests(lef
     flags = episode_process_flags(_rollout(leftover), reachable)
     assert bool(flags) is flagged
     assert all(f.kind == "background_process" and f.command == "sleep 300 &" for f in flags)
+
+
+class _Api:
+    def __init__(self, state: dict, events: list[dict]):
+        self.state, self.events_seen, self.asked = state, events, []
+
+    def inspect_container(self, _):
+        return {"State": self.state}
+
+    def events(self, **kw):
+        self.asked.append(kw)
+        return iter(self.events_seen)
+
+
+@pytest.mark.parametrize("state,events,agents", [
+    ({"Running": False, "ExitCode": 143}, [], True),                       # `pkill sleep`: the init's child ended
+    ({"Running": True}, [], False),                                        # still running: another exec failure
+    ({"Running": False, "OOMKilled": True, "ExitCode": 137}, [], False),   # the kernel's doing
+    ({"Running": False, "ExitCode": 137}, [{"Action": "kill"}], False),   # the engine was asked to kill it
+])
+def test_a_stopped_container_is_the_agents_doing_only_when_the_engine_says_nobody_else_stopped_it(state, events, agents):
+    api = _Api(state, events)
+    sb = SimpleNamespace(client=SimpleNamespace(api=api), container=SimpleNamespace(id="c1"), started_at=100.0)
+    why = stopped_by_agent(sb)
+    assert bool(why) is agents
+    if agents:
+        assert "exit code 143" in why and api.asked[0]["filters"] == {
+            "container": "c1", "event": ["kill", "stop", "restart", "pause", "oom"]}
