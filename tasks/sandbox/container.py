@@ -459,7 +459,8 @@ class Sandbox(ChangeWalk):
         root process's environment is readable by root only). A command with an explicit `user` is the
         harness's own: it runs with HARNESS_PATH (the image's system folders, never the agent's PATH or
         /usr/local, where a root agent may have put a `python3` of its own)."""
-        path = {} if user is None else {"PATH": HARNESS_PATH}
+        agents = user is None  # the agent's own command (not a harness command as the same user)
+        path = {} if agents else {"PATH": HARNESS_PATH}
         user = user or self.agent
         if user == self.agent:
             self.settled = False
@@ -475,7 +476,7 @@ class Sandbox(ChangeWalk):
         except ExecHung as hung:
             return self._unhang(user, hung.partial, time.monotonic() - t0)
         except docker.errors.DockerException as err:
-            if user == self.agent and (why := stopped_by_agent(self)):
+            if agents and (why := stopped_by_agent(self)):
                 self.stopped = why  # (the model's doing: the episode ends, its files are judged)
                 raise SandboxStopped(why) from None
             raise SandboxError(f"exec failed in {self.name}: {err}") from None
