@@ -7,9 +7,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-# The failure taxonomy (docs/teachers.md). The first five are the model's outcome on the task; the last two
-# are infrastructure: retried, never counted as the teacher failing, excluded from difficulty stats.
-Status = Literal["ok", "max_turns", "agent_timeout", "context_overflow", "format_error",
+# The failure taxonomy (docs/teachers.md). The first six are the model's outcome on the task (`agent_killed_sandbox`:
+# its own command stopped its container, e.g. `pkill sleep` as root; its files are judged, never a pass); the last
+# two are infrastructure: retried, never counted as the teacher failing, excluded from difficulty stats.
+Status = Literal["ok", "max_turns", "agent_timeout", "context_overflow", "format_error", "agent_killed_sandbox",
                  "infra_error", "teacher_error"]
 INFRA_STATUSES: frozenset[str] = frozenset({"infra_error", "teacher_error"})
 

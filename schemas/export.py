@@ -87,6 +87,8 @@ class TrajectoryRow(Record):
     repeated_commands: int
     failed_commands: int
     recoveries: int
+    leftover_processes: int = Field(0, description="processes the agent left running when its episode ended (-1: too "
+                                                   "many to count); gone before judging: a habit, not a hack")
     turns: int
     prompt_tokens: int
     completion_tokens: int

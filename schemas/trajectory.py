@@ -127,7 +127,8 @@ class Rollout(Record):
     attempts: int = 1
     protected_changed: list[str] = Field(default_factory=list,
                                          description="protected paths whose content changed during the episode")
-    leftover_processes: int = Field(0, description="agent processes still running at the end (-1: too many)")
+    leftover_processes: int = Field(0, description="agent processes still running at the end (-1: too many to count, "
+                                                   "or not all confirmed gone by the kill)")
     final_state: Annotated[bytes | None, TarMark] = Field(default=None, description="tar of the work dir after the episode")
     changes: ChangeSet | None = Field(default=None, description="the episode's change set (see ChangeSet)")
     toolchain_changed: list[str] = Field(default_factory=list, description=(

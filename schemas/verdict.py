@@ -40,6 +40,10 @@ class Quality(Record):
     repeated_commands: int = 0
     failed_commands: int = 0
     recoveries: int = 0
+    leftover_processes: int = Field(0, description=(
+        "processes the agent left running when its episode ended (-1: too many to count, or not all confirmed gone); "
+        "gone before judging wherever it cannot reach the tests, a count is a habit worth knowing, not a hack "
+        "(tasks/judge/hacks.py)"))
     turns: int = 0
     completion_tokens: int = 0
     wall_s: Seconds = 0.0

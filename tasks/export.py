@@ -248,7 +248,8 @@ class ExportStage(Stage):
                  "changed_paths": pc.fill_null(pc.struct_field(v.column("changes").combine_chunks(), "total"), 0),
                  "counterfactual": v.column("counterfactual"),
                  **{n: q.field(n) for n in ("inspect_before_act", "act_verify_share", "ends_with_verify",
-                                            "repeated_commands", "failed_commands", "recoveries")},
+                                            "repeated_commands", "failed_commands", "recoveries",
+                                            "leftover_processes")},
                  "content_hash": content_hashes(out.column("messages")), **teacher_columns(ctx, teachers),
                  "created_at": created_at(store, shard.payload["part"], out.num_rows), "source": e.column("source"),
                  "license": (pc.fill_null(e.column("license"), "") if "license" in ENV_COLUMNS

@@ -27,6 +27,9 @@ CASES = [c for c in (json.loads(line) for line in (INTEGRITY / "trajectories.jso
                                                   "data_dir_solve_with_large_scratch",
                                                   "data_dir_solve_chowning_the_folder",
                                                   "data_dir_solve_with_an_installed_tool")]
+# honest work issue 41's attacker saw lost (a command installed in another PATH folder than the reference's, a
+# leftover `sleep 300 &`, an agent that stops its own container), with a shim the lookup rule must still catch
+HONEST = [json.loads(line) for line in (INTEGRITY / "honest.jsonl").read_text().splitlines() if line.strip()]
 BASE = {"dataset": "x", "synthesize": {"families": [{"name": "log_report"}]}}
 
 
@@ -116,7 +119,7 @@ def test_every_new_hack_beats_a_naive_root_harness():
 @pytest.mark.parametrize("venue", ["fresh", "in_place"])
 def test_the_new_hacks_never_pass_and_honest_work_does(tmp_path, venue):
     rows = [{"trajectory_id": c["case"], "env_id": str(INTEGRITY / c["env"]), "commands": c["commands"]}
-            for c in CASES]
+            for c in CASES + HONEST]
     traj = tmp_path / "mixed.jsonl"
     traj.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = small_config(tmp_path / "runs", dataset="venue", **{"verify.venue": venue, "rollout.concurrency": 4,
@@ -128,7 +131,7 @@ def test_the_new_hacks_never_pass_and_honest_work_does(tmp_path, venue):
     assert out.returncode == 0, out.stderr[-3000:]
     verdicts = {v["rollout_id"]: v for v in pq.read_table(tmp_path / "verified" / "verdicts.parquet").to_pylist()}
     rejects = pq.read_table(tmp_path / "verified" / "rejects.parquet").to_pylist()
-    assert not [r for r in rejects if r["key"] in {c["case"] for c in CASES}], rejects  # (task folders that
+    assert not [r for r in rejects if r["key"] in {c["case"] for c in CASES + HONEST}], rejects  # (task folders that
     for c in CASES:  # must be refused, bad-workdir and symlink-out, are rejected by the importer, by design)
         v = verdicts[c["case"]]
         flags = [f"{h['kind']}: {h['detail']}" for h in v["hacks"]]
@@ -144,6 +147,24 @@ def test_the_new_hacks_never_pass_and_honest_work_does(tmp_path, venue):
             assert not v["passed"] and v["reward"] < 1.0, (c["case"], flags)
         else:
             assert not v["passed"] and v["hacks"], (c["case"], c["class"], flags)
+    for c in HONEST:
+        _judged_as_honest_work_must_be(c, verdicts[c["case"]], venue)
+
+
+def _judged_as_honest_work_must_be(c: dict, v: dict, venue: str) -> None:
+    """An honest solve passes unflagged in its venue (a leftover process is counted in `quality`); the shim is
+    caught; an episode whose agent stopped its own container ends `agent_killed_sandbox`, verified on its files in a
+    fresh container (the only place they can be judged), with the reward they earn there and never a pass."""
+    flags = [f"{h['kind']}: {h['detail']}" for h in v["hacks"]]
+    assert v["verified"] and v["status"] == c.get("status", "ok"), (c["case"], v["status"])
+    assert v["mode"] == ("fresh" if "status" in c else venue), (c["case"], v["mode"])
+    if c["expect"] == "pass":
+        assert v["passed"] and not v["hack_flags"], (c["case"], flags, v["verifier_output"][-500:])
+    elif c["expect"] == "hack":
+        assert not v["passed"] and c["flag"] in v["hack_flags"], (c["case"], flags)
+    else:
+        assert not v["passed"] and v["reward"] == c["reward"], (c["case"], v["reward"], flags)
+    assert (v["quality"]["leftover_processes"] >= 1) is bool(c.get("leftover")), (c["case"], v["quality"])
 
 
 @pytest.mark.docker

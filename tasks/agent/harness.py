@@ -7,9 +7,11 @@ observations as `tool` messages, or `user` messages in fenced-bash mode), with t
 offered and per-turn token counts (and token ids/logprobs when the server returns them); every
 command is a `Step` with exit code, duration and why it was killed; a command never runs past the
 episode deadline; infrastructure failures raise SandboxError (the caller retries) and are never
-recorded as the model's outcome; the work dir is captured after every agent process is killed and
-the protected paths are checksummed; only then, with venue `fresh` (the default: a new container made from
-a commit of the stopped episode container, tasks/sandbox/fresh.py) or `in_place` (this container), are the
+recorded as the model's outcome, while a container the agent's own processes stopped ends the episode as
+`agent_killed_sandbox` (tasks/sandbox/stopped.py: the engine was asked for no stop) and is judged on its
+files; the work dir is captured after every agent process is killed and the protected paths are
+checksummed; only then, with venue `fresh` (the default: a new container made from a commit of the stopped
+episode container, tasks/sandbox/fresh.py) or `in_place` (this container), are the
 hidden tests copied in and run as root (tasks/judge/verifier.py, tasks/judge/venue.py). The captured state allows an isolated
 re-test later. The container starts while the teacher writes its first turn; the "before" checksums
 of an image are computed once per process (containers of one image start identical).
@@ -40,7 +42,7 @@ from ..judge.changes import capture_outside, expected
 from ..judge.hacks import odd_links
 from ..judge.venue import named
 from ..judge.verifier import run_hidden_tests
-from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox
+from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox, SandboxStopped
 from ..teachers import ContextOverflow, TeacherError, TeacherSession
 from ..teachers.tokens import split_prompt
 from .mcp_relay import SURROGATE, ToolMode, declared_tools, launch_of, parse_arguments, recorded_tools
@@ -327,10 +329,13 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                                       finish_reason=out.finish_reason, endpoint=out.endpoint,
                                       completion_token_ids=out.completion_token_ids, logprobs=out.logprobs,
                                       **st.prompt_delta(out.prompt_token_ids, out.completion_token_ids)))
-            if out.message.tool_calls:
-                await mode.handle_tool_calls(turn, out.message)
-            else:
-                await mode.handle_text(turn, out.message, cut=out.finish_reason == "length")
+            try:
+                if out.message.tool_calls:
+                    await mode.handle_tool_calls(turn, out.message)
+                else:
+                    await mode.handle_text(turn, out.message, cut=out.finish_reason == "length")
+            except SandboxStopped:  # the agent's own processes stopped its container: the episode ends there
+                break
             if st.submitted:
                 status = "ok"
                 break
@@ -359,6 +364,8 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                     ep.capture(), asyncio.to_thread(capture_outside, sb, changes, env.workdir, s.final_state_limit,
                                                     lambda p: expected(p, env)),
                     return_exceptions=True)
+        if sb.stopped:  # (found by a command or by the settle): a named outcome of the model's, judged on its files
+            status, error = "agent_killed_sandbox", sb.stopped
         if isinstance(outside, BaseException):
             raise outside
         outside, omitted = outside if isinstance(outside, tuple) else (outside, [])

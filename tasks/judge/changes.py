@@ -4,7 +4,8 @@ The evidence base of verification (issue: "the verifier knows everything the age
 - an episode's `ChangeSet` is what changed in its container against the image (the change walk,
   walk.py), taken after every agent process was gone and before any test ran (`Sandbox.settle`);
 - the reference solution's change set is recorded by the validator (`EnvSpec.expected_changes`);
-  an agent's change that the oracle did not make is **unexpected**;
+  an agent's change that the oracle did not make is **unexpected** (a name the agent added to another
+  folder of the same lookup list, PATH or Python's path, counts as the oracle's: `unexpected`);
 - **sensitive** changes are those that can change how the hidden tests run rather than what they
   check: anything importable from a `sys.path` entry the tests use (site/dist-packages, the tests'
   cwd = the work dir), executables on PATH, interpreter start-up hooks (`sitecustomize`, `.pth`),
@@ -49,6 +50,8 @@ SHELL = re.compile(r"^/etc/(profile|bash\.bashrc|environment|ld\.so\.preload|ld\
 VERIFIER = re.compile(r"^/(tests|logs|verifier)(/|$)|(^|/)reward\.(txt|json)$")
 BYTECODE = re.compile(r"(^|/)__pycache__(/|$)|\.py[co]$")
 TEST_CONFIG = re.compile(r"(^|/)(conftest\.py|pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml|\.pytest_cache)$")
+# a module's file below one of Python's import folders (`rel`: what `import` finds, whichever folder holds it)
+IMPORT_DIR = re.compile(r"^/usr(/local)?/lib/python3[^/]*/(site|dist)-packages/(?P<rel>.+)$")
 # Top-level names the test machinery imports (besides the standard library).
 TEST_MODULES = {"pytest", "_pytest", "pluggy", "iniconfig", "py", "packaging", "conftest", "unittest"}
 
@@ -84,8 +87,27 @@ def expected(path: str, env: EnvSpec) -> bool:
     return allowed(path, tuple(env.expected_changes))
 
 
+def looked_up(path: str) -> tuple[str, str] | None:
+    """(lookup list, name) of a path in a folder that is searched for a name in order: a command on PATH
+    (`PATH_DIRS`), a module or package file on Python's path (site/dist-packages); None elsewhere. Whoever
+    looks the name up gets the same thing from any folder of the list."""
+    parent, name = posixpath.split(path)
+    if parent in PATH_DIRS:
+        return "PATH", name
+    found = IMPORT_DIR.match(path)
+    return ("python", found["rel"]) if found else None
+
+
 def unexpected(changes: ChangeSet, env: EnvSpec) -> list[str]:
-    return [p for p in changes.paths() if not expected(p, env)]
+    """The changes the reference solution did not make. A path the episode *added* in a lookup folder is the
+    reference's own change when the reference changed the same name in another folder of that list
+    (`/usr/bin/hello` for its `/usr/local/bin/hello`): the tests find and judge it the same way. Exact names
+    only (a folder the reference made does not stand for every name in its list's other folders), and never a
+    modified or deleted file (changing an image's program is `toolchain_tamper`, or a change like any other)."""
+    names = {key for p in env.expected_changes if (key := looked_up(p)) is not None}
+    added = set(changes.added)
+    return [p for p in changes.paths()
+            if not expected(p, env) and not (p in added and looked_up(p) in names)]
 
 
 def revert_plan(changes: ChangeSet, env: EnvSpec) -> list[str]:

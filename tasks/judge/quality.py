@@ -10,7 +10,7 @@ Every command is labelled:
 Signals (all computed from the stored steps, no container needed): inspect before the first act, the
 share of acts followed by a verify before the next act, ending with a verification, repeated
 commands, failed commands and recoveries (a failed command followed later by a succeeding one of the
-same program).
+same program), and the processes the agent left running (killed before any judging).
 Labels and every other shell-pattern reading look only at `shell_steps`: the steps of a tool episode
 are tool calls whose arguments are domain data, not shell text (no labels; the counts stay).
 """
@@ -109,5 +109,5 @@ def assess(r: Rollout) -> Quality:
         act_verify_share=round(verified / len(acts), 4) if acts else 0.0,
         ends_with_verify=bool(labels) and labels[-1] == "verify",
         repeated_commands=sum(n - 1 for n in seen.values()),
-        failed_commands=len(errors), recoveries=recoveries,
+        failed_commands=len(errors), recoveries=recoveries, leftover_processes=r.leftover_processes,
         turns=r.turns, completion_tokens=r.completion_tokens, wall_s=r.wall_s)

@@ -4,9 +4,9 @@ only: judging (tests, hack detectors, quality) lives in `tasks/judge`, which imp
 the reverse."""
 
 from .container import ExecResult, Sandbox, docker_client
-from .errors import DockerUnavailable, FinalStateUnavailable, SandboxError, StateTooLarge
+from .errors import DockerUnavailable, FinalStateUnavailable, SandboxError, SandboxStopped, StateTooLarge
 from .reaper import LABEL, reap_here, reap_orphans
 from .users import AGENT_UID, USERS, WORKDIR
 
 __all__ = ["AGENT_UID", "USERS", "WORKDIR", "DockerUnavailable", "ExecResult", "FinalStateUnavailable", "Sandbox", "SandboxError",
-           "StateTooLarge", "docker_client", "LABEL", "reap_here", "reap_orphans"]
+           "SandboxStopped", "StateTooLarge", "docker_client", "LABEL", "reap_here", "reap_orphans"]

@@ -32,8 +32,10 @@ from ..engine.identity import owner_label
 from . import fresh
 from .checksums import digest_command
 from .errors import (
+    FinalStateUnavailable,
     OutputTooLarge,
     SandboxError,
+    SandboxStopped,
     StateTooLarge,
     StateUnreadable,
 )
@@ -41,6 +43,7 @@ from .layer import HARNESS_PATH, SYSTEM, classify, folder_changes, toolchain_cha
 from .limits import create_capped, ulimits
 from .providers import connect
 from .reaper import LABEL
+from .stopped import stopped_by_agent
 from .streams import META, ExecHung, capture_argv, run_exec
 from .users import AGENT_UID, ROOT_FILE_CAPS, USERS
 from .walk import _AGENT_ROOTS, _BASELINES, _NOISE, DECISION_CAP, ChangeWalk, _has_child
@@ -160,6 +163,7 @@ class Sandbox(ChangeWalk):
         self.agent_roots: tuple[str, ...] | None = None  # where the agent can change files (None: anywhere)
         self.others_wrote = False  # something other than the unprivileged agent may have written since start
         self.restarted = False  # `restart` ran: no process of the episode is left, whatever its pid
+        self.stopped: str | None = None  # why the agent's own processes stopped the container (stopped.py), if they did
         self.toolchain_changed: list[str] = []  # what `toolchain` found the episode changed of the harness's programs
         self.toolchain_allowed: tuple[str, ...] = ()  # ...except these (the reference solution's changes)
         self.own_entrypoint = own_entrypoint  # trajforge's entrypoint, not the image's (verifier containers)
@@ -455,7 +459,8 @@ class Sandbox(ChangeWalk):
         root process's environment is readable by root only). A command with an explicit `user` is the
         harness's own: it runs with HARNESS_PATH (the image's system folders, never the agent's PATH or
         /usr/local, where a root agent may have put a `python3` of its own)."""
-        path = {} if user is None else {"PATH": HARNESS_PATH}
+        agents = user is None  # the agent's own command (not a harness command as the same user)
+        path = {} if agents else {"PATH": HARNESS_PATH}
         user = user or self.agent
         if user == self.agent:
             self.settled = False
@@ -471,6 +476,9 @@ class Sandbox(ChangeWalk):
         except ExecHung as hung:
             return self._unhang(user, hung.partial, time.monotonic() - t0)
         except docker.errors.DockerException as err:
+            if agents and (why := stopped_by_agent(self)):
+                self.stopped = why  # (the model's doing: the episode ends, its files are judged)
+                raise SandboxStopped(why) from None
             raise SandboxError(f"exec failed in {self.name}: {err}") from None
         duration = time.monotonic() - t0
         if not raw and code == 0:  # the capture always ends with META: the engine lost this exec's output
@@ -590,7 +598,8 @@ class Sandbox(ChangeWalk):
     def kill_agent_processes(self) -> int:
         """Kill every process the agent may have left (background jobs included) before verification.
         Returns how many were running (0: the agent left nothing behind; -1: too many to count, e.g.
-        a fork bomb filled the pids limit). Retried: under a fork bomb even pkill may fail to start."""
+        a fork bomb filled the pids limit, or not all gone for sure after every try). Retried: under a fork
+        bomb even pkill may fail to start."""
         if self.settled:
             return 0
         if self.agent == "root":
@@ -609,6 +618,8 @@ class Sandbox(ChangeWalk):
                 # forks can be between its reads)
                 if self._harness(["sh", "-c", f"! pgrep -u {AGENT_UID} && sleep 0.1 && ! pgrep -u {AGENT_UID}"])[0] == 0:
                     break
+            else:
+                left = -1  # never confirmed gone: they may outlive the episode (hacks.episode_process_flags)
         except docker.errors.DockerException as err:
             raise SandboxError(f"could not stop the agent's processes in {self.name}: {err}") from None
         return left
@@ -669,16 +680,18 @@ class Sandbox(ChangeWalk):
         reborn = (self.fresh or fresh.needs_rebirth(self)) and not self.cfg.work_tmpfs_mb
         if reborn:  # count (evidence only), then the episode's container stops and its files go into a new one
             restart = False
-            first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"", walk=False)
+            first = self._first_look(f"{count}; printf 'K 0 - %s\\0' \"$n\"", walk=False)
         elif self.agent == "root" and not self.cfg.work_tmpfs_mb:
             # a root agent may have taken over any process, whatever its pid (the init, its `sleep
             # infinity`): count (evidence only: the count runs the container's own shell), then restart the
             # container, so that no process of the episode is left and /dev, /dev/shm start empty
             restart = True
-            first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"", walk=False)
+            first = self._first_look(f"{count}; printf 'K 0 - %s\\0' \"$n\"", walk=False)
         else:
             restart = False
-            first = self._find(f"{count}; printf 'K 0 - %s\\0' \"$n\"; [ \"$n\" = 0 ] || exit 0; {body}")
+            first = self._first_look(f"{count}; printf 'K 0 - %s\\0' \"$n\"; [ \"$n\" = 0 ] || exit 0; {body}")
+        if first is None:  # the agent stopped its own container: nothing runs in it; its files go into a new one
+            reborn, restart, first = True, False, [("K", "-", "0")]
         counted = next((p for t, _, p in first if t == "K"), "")
         leftover = int(counted) if counted.isdigit() else -1
         rows = None if restart or reborn or leftover != 0 else first
@@ -686,8 +699,8 @@ class Sandbox(ChangeWalk):
             fresh.stop_episode(self)
         elif restart:
             self.restart()
-        elif leftover != 0:  # processes were running: stop them all, then look
-            self.kill_agent_processes()
+        elif leftover != 0 and self.kill_agent_processes() < 0:  # processes were running: stop them, then look
+            leftover = -1  # (not all gone for sure: evidence where the tests run in this container)
         # before any more of the container's programs run: did the episode change them? (from outside)
         if self.toolchain():
             self.settled = True
@@ -710,6 +723,21 @@ class Sandbox(ChangeWalk):
             rows = [r for r in rows if (r[0], r[1], r[2]) not in fresh.ENGINE_FILES]
         changes = self._change_set(self._with_agent_pass(rows), cap)
         return leftover, after, fresh.with_volumes(changes, {**folders, **self.volume_changes}, cap)
+
+    def _first_look(self, script: str, walk: bool = True) -> list[tuple[str, str, str]] | None:
+        """`settle`'s first exec (`_find(script)`); None when the agent's own processes had stopped the container
+        (`stopped`, stopped.py): the model's doing, judged from its files. A stopped tmpfs work dir went with its
+        container: the final state is gone by the model's doing (FinalStateUnavailable)."""
+        if self.stopped is None:
+            try:
+                return self._find(script, walk=walk)
+            except SandboxError:
+                self.stopped = stopped_by_agent(self)
+                if self.stopped is None:
+                    raise
+        if self.cfg.work_tmpfs_mb:
+            raise FinalStateUnavailable(f"{self.stopped}: its tmpfs work dir {self.workdir} went with it")
+        return None
 
     def changes(self, cap: int = DECISION_CAP) -> ChangeSet:
         """The walk's change set (walk.py) joined with what changed in the image's VOLUMEs (read through the engine,

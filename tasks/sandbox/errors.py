@@ -31,3 +31,9 @@ class ChangesTooLarge(FinalStateUnavailable):
 
 class StateUnreadable(FinalStateUnavailable):
     """The agent left (part of) a tmpfs work dir that its owner cannot read (e.g. `chmod 000`)."""
+
+
+class SandboxStopped(SandboxError):
+    """The episode's container stopped by its own processes' doing (`stopped.stopped_by_agent`: e.g. a root agent's
+    `pkill sleep` or `kill -9 -1` ended the init's only child). The model's doing, never infrastructure: the
+    episode ends as `agent_killed_sandbox` and its files are judged in a fresh container."""
