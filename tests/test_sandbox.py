@@ -151,6 +151,17 @@ def test_change_set_is_exact_in_every_container_of_an_image(docker_client, sandb
             assert (ch.added, ch.modified, ch.deleted) == want and ch.total == sum(map(len, want))
 
 
+def test_a_work_dir_the_engine_made_for_one_container_is_not_in_another_ones_baseline(docker_client, sandbox_cfg):
+    """The image's file list is read once per process, from its first container: the engine makes a work dir the
+    image lacks (`/app` here), so a later container of another work dir must not see `/app` as deleted (it did
+    when a test with `workdir="/app"` ran first in the same process)."""
+    with Sandbox(docker_client, "trajforge/base:latest", sandbox_cfg, agent="root", workdir="/app") as sb:
+        assert sb.changes().total == 0
+    with Sandbox(docker_client, "trajforge/base:latest", sandbox_cfg, agent="root") as sb:
+        ch = sb.changes()
+        assert ch.total == 0, (ch.added, ch.modified, ch.deleted)
+
+
 AGENT_WRITES = (
     "cd /home/agent/work && echo a > new.txt && mkdir -p d/e && echo b > d/e/f && mv new.txt moved.txt && "
     "chmod 600 moved.txt && ln moved.txt hard && ln -s /etc/passwd link && echo c > /tmp/t && "

@@ -287,14 +287,17 @@ class Sandbox(ChangeWalk):
             # what changes after the start (ctime, which no process here can set back) is the episode's
             self.started_at = started
             image_id = self.container.attrs.get("Image") or self.image  # (`.image` would inspect the image)
-            if image_id not in _BASELINES:  # the image's own file list, before anything ran in it
+            # the image's own file list, before anything ran in it, as a container of this work dir sees it (the
+            # engine makes a work dir the image lacks: another work dir's container must not inherit it)
+            base_key = (image_id, self.workdir, bool(self.cfg.work_tmpfs_mb))
+            if base_key not in _BASELINES:
                 listing = self._listing()
                 children: dict[str, set[str]] = {}
                 for q in listing:
                     children.setdefault(posixpath.dirname(q), set()).add(q)
-                _BASELINES[image_id] = (frozenset(listing), children,
+                _BASELINES[base_key] = (frozenset(listing), children,
                                         frozenset(q for q, k in listing.items() if k == "d"))
-            self.baseline, self.children, self.baseline_dirs = _BASELINES[image_id]
+            self.baseline, self.children, self.baseline_dirs = _BASELINES[base_key]
             if self.agent != "root":
                 key = (image_id, self.cfg.work_tmpfs_mb, tuple(self.cap_add))
                 if key not in _AGENT_ROOTS:

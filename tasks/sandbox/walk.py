@@ -34,8 +34,8 @@ _NOISE = re.compile(r"^/(proc|sys|dev)(/|$)"
                     r"|^/tmp/\.tf-(out|dirs|list|state)\.[A-Za-z0-9]{6}$|^/\.tf-dirs\.[A-Za-z0-9]{6}$"
                     r"|^/usr/sbin/docker-init$")
 _PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
-# image id -> (the paths of its root filesystem, their children by folder)
-_BASELINES: dict[str, tuple[frozenset[str], dict[str, set[str]], frozenset[str]]] = {}  # (+ its folders)
+# (image id, work dir, tmpfs work dir) -> (the paths of its root filesystem, their children by folder, its folders)
+_BASELINES: dict[tuple[str, str, bool], tuple[frozenset[str], dict[str, set[str]], frozenset[str]]] = {}
 # (image id, work dir mount) -> where the unprivileged agent can change anything (`_agent_roots`);
 # None: anywhere (a full walk)
 _AGENT_ROOTS: dict[tuple[str, int, tuple[str, ...]], tuple[str, ...] | None] = {}
