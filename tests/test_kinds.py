@@ -118,6 +118,7 @@ def test_the_harness_runs_the_mode_the_kind_names(toy_kind, monkeypatch):
     class _Box:
         toolchain_changed, image, container = [], "toy", type("C", (), {"attrs": {}})()
         cfg = SandboxConfig()
+        stopped = None  # (the agent never stopped it: Sandbox.stopped)
 
         def start(self):
             return None
