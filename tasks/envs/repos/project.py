@@ -2,7 +2,8 @@
 `Project`, `test_command(project, report, node_ids)` the argument list that runs its tests into a JUnit report.
 
 Invariants:
-- Reading only: nothing in the tree is run or written. TOML is read with `tomllib`, ini files with `configparser`
+- Reading only: nothing in the tree is run or written, and nothing outside it is read: a link leading out of the
+  tree (or in a loop) is not a file of the project (`inside`), never followed. TOML is read with `tomllib`, ini files with `configparser`
   (no interpolation), `setup.py` with `ast`: a `setup(...)` keyword (`name`, `version`, `install_requires`,
   `extras_require`, `python_requires`) counts only as a literal or a module-level name bound to one; anything
   computed is unknown (None), never guessed.
@@ -88,9 +89,18 @@ class Project:
 
 
 # -- reading files ------------------------------------------------------------------------------------------------
+def inside(tree: Path, path: Path) -> bool:
+    """Whether `path`, links followed, stays in `tree` (an untrusted tree's link may lead anywhere on the host)."""
+    try:
+        path.resolve().relative_to(tree.resolve())
+    except (ValueError, OSError, RuntimeError):  # outside, unreadable, or a loop of links
+        return False
+    return True
+
+
 def _read(tree: Path, name: str) -> str | None:
     path = tree / name
-    if not path.is_file():
+    if not path.is_file() or not inside(tree, path):  # a link out of the tree is never read
         return None
     try:
         return path.read_bytes().decode("utf-8-sig")
@@ -172,7 +182,7 @@ def _files(tree: Path) -> list[str]:
         dirs[:] = sorted(d for d in dirs if not any(fnmatchcase(d, p) for p in NORECURSE)
                          and not (Path(top) / d / "pyvenv.cfg").exists())
         rel = PurePosixPath(Path(top).relative_to(tree).as_posix())
-        found += [str(rel / n) if str(rel) != "." else n for n in names]
+        found += [str(rel / n) if str(rel) != "." else n for n in names if inside(tree, Path(top) / n)]
     return sorted(found)
 
 
