@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
+from ....schemas.config import PROJECT_KEYS
+
 PYTHON = "python"  # the image's interpreter as commands name it; a caller that names it otherwise replaces argv[0]
 TEST_EXTRAS = ("test", "tests", "testing")
 DEV = "dev"  # the fallback extra, requirement file or dependency group when no test one is declared
@@ -53,7 +55,7 @@ NORECURSE = ("*.egg", "*.egg-info", ".*", "_darcs", "build", "CVS", "dist", "nod
              "__pycache__", "site-packages")
 PYTEST_CONFIGS = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini",
                   "setup.cfg")
-OVERRIDE_KEYS = ("install", "test_command", "test_paths")
+OVERRIDE_KEYS = PROJECT_KEYS
 SETUP_FIELDS = frozenset({"name", "version", "install_requires", "extras_require", "python_requires"})
 KEPT_WITH_VALUE = ("--import-mode", "-p", "--ignore", "--ignore-glob", "--deselect", "-m", "-W", "--pythonwarnings",
                    "--doctest-glob")
@@ -86,6 +88,7 @@ class Project:
     addopts: tuple[str, ...] = ()  # the options of the project's `addopts` that `test_command` keeps
     test_command: tuple[str, ...] | None = None  # from `override`: replaces pytest's own invocation
     runner: str = "pytest"
+    test_requires: tuple[str, ...] = ()  # the requirements of the chosen extras and dependency groups
 
 
 # -- reading files ------------------------------------------------------------------------------------------------
@@ -235,7 +238,7 @@ def _file_kind(path: str) -> str | None:
     return "runtime" if words <= RUNTIME_WORDS else None
 
 
-def _file_requirements(tree: Path, path: str) -> list[str]:
+def file_requirements(tree: Path, path: str) -> list[str]:
     """The requirement lines of a requirements file (not its options nor `-r` includes: pip follows those, and a
     `pytest` added when the file does not name it is only redundant)."""
     lines = (raw.split(" #", 1)[0].strip() for raw in (_read(tree, path) or "").splitlines())
@@ -391,7 +394,7 @@ def detect(tree: str | Path, override: dict | None = None) -> Project:
     runtime_files = [f for f, k in kinds.items() if k == "runtime"]
     test_files_req = [f for f, k in kinds.items() if k == "test"] or [f for f, k in kinds.items() if k == DEV]
     groups = _groups(doc, _choose(doc.get("dependency-groups") or {}))
-    test_requirements = [r for f in test_files_req for r in _file_requirements(tree, f)] + groups \
+    test_requirements = [r for f in test_files_req for r in file_requirements(tree, f)] + groups \
         + [r for e in extras for r in extras_req[e]]
     pytest_declared = "pytest" in _names(test_requirements)
 
@@ -434,7 +437,8 @@ def detect(tree: str | Path, override: dict | None = None) -> Project:
         installable=installable, extras=extras, requirement_files=tuple(runtime_files + test_files_req),
         install=given.get("install", (tuple(pip),)), evidence=tuple(evidence),
         pytest_config=found[0] if found else None, test_paths=test_paths,
-        addopts=kept_addopts(_args(options.get("addopts"), where)), test_command=given.get("test_command"))
+        addopts=kept_addopts(_args(options.get("addopts"), where)), test_command=given.get("test_command"),
+        test_requires=tuple(groups + [r for e in extras for r in extras_req[e]]))
 
 
 def test_command(project: Project, report: str, node_ids: list[str] | None = None, *,
