@@ -74,6 +74,11 @@ class ProposeStage(Stage):
             out["repos"] = repo_fingerprint(config)
         return out
 
+    def progress_text(self, totals: dict[str, Any], elapsed_s: float) -> str:
+        if not totals.get("repo_tasks"):
+            return ""
+        return f"repository tasks {totals.get('repo_done', 0)}/{totals['repo_tasks']} · kept {totals.get('repo_kept', 0)}"
+
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
         cfg = ctx.config.synthesize
         items = procedural_items(ctx.config) + import_items(ctx.config) + repo_items(ctx.config)
