@@ -14,7 +14,9 @@ import of test modules that import after the fix), `no_fail_to_pass` (a commit w
 `bug_not_seen` (a planted bug no test sees). Docker failing raises `SandboxError` (infrastructure: the caller's).
 
 Invariants: the instruction is written from the commit's message, the changed code files' names and the failing
-tests' names and first error lines, never from the tests' code; the env id hashes the environment's content.
+tests' names and first error lines, never from the tests' code; the env id hashes the environment's content. Rows
+name where they come from: `source` is `repo:<repository>@<revision>`, `family` `repo:commit` or
+`repo:planted_bug`, and `knobs_json` holds both with the lists' sizes and the planted bugs.
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
     knobs = {"repo": cfg.label, "revision": revision, "task_kind": task["kind"], "fail_to_pass": len(lists.fail_to_pass),
              "pass_to_pass": len(lists.pass_to_pass), **({"bugs": task["bugs"]} if "bugs" in task else {})}
     env = env.model_copy(update={
+        "source": f"repo:{safe_name(cfg.label)}@{revision[:12]}", "family": f"repo:{task['kind']}",
         "tests": hidden_tests(tests, spec, workdir), "knobs_json": json.dumps(knobs, sort_keys=True),
         "instruction": instruction(task, name, workdir, _failing(seen.before.outcomes, seen.before.messages,
                                                                  lists.fail_to_pass))})
