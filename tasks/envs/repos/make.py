@@ -9,7 +9,8 @@ SWE-style (all of them pass), with per-test results.
 Reasons (the first that applies): `repo_unusable` (the revision cannot be read, the tree is no testable Python
 project), `binary_test_file`, `image_build_failed` (`[cause] log tail`: a dependency that cannot install is
 `package_not_found` or `build_step_failed`), `solution_fails` (the reference does not apply), `tests_do_not_run`
-(the solved state runs no test: the output's tail), `flaky_suite`, `does_not_import` (a planted bug breaks the
+(the solved state runs no test: the output's tail), `tests_hang` (the suite runs past `test_timeout_s` on the
+starting state), `flaky_suite`, `does_not_import` (a planted bug breaks the
 import of test modules that import after the fix), `no_fail_to_pass` (a commit whose tests never fail before it),
 `bug_not_seen` (a planted bug no test sees). Docker failing raises `SandboxError` (infrastructure: the caller's).
 
@@ -148,6 +149,9 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
     if seen.solution_error:
         return Reject(key=key, reason="solution_fails", detail=seen.solution_error)
     after = seen.after
+    if seen.before.error:  # e.g. a planted bug that makes a test loop forever: no outcome to compare with
+        return Reject(key=key, reason="tests_hang" if seen.before.error == "timed out" else "tests_do_not_run",
+                      detail=f"before the reference solution: {seen.before.error}: {seen.before.tail[-1500:]}")
     if any(r.error for r in after) or not any(o == "passed" for o in after[0].outcomes.values()):
         bad = next((r for r in after if r.error), after[0])
         return Reject(key=key, reason="tests_do_not_run", detail=f"{bad.error or 'no test passed'}: {bad.tail[-1500:]}")

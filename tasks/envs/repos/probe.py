@@ -49,7 +49,10 @@ def _parse(output: str, timed_out: bool) -> Run:
         data = json.loads(tail.strip().splitlines()[0])
     except (ValueError, IndexError) as e:
         return Run(error=f"unparseable result: {e}", tail=output[-3000:])
-    return Run(data["outcomes"], data["messages"], data["exit"], data["tail"])
+    run = Run(data["outcomes"], data["messages"], data["exit"], data["tail"])
+    if data["exit"] == -9:  # the grader's own timeout killed the suite
+        run.error = "timed out"
+    return run
 
 
 def probe(client, image: str, cfg: SandboxConfig, workdir: str, tests: list[FileSpec], solution: list[str],
