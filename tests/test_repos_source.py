@@ -66,12 +66,13 @@ def test_the_grader_runs_the_suite_and_the_lists_on_the_host(tmp_path, monkeypat
             "paths": list(project.test_paths), "timeout_s": 60, "fail_to_pass": ["tests/test_calc.py::test_sub"],
             "pass_to_pass": ["tests/test_calc.py::test_add"]}
     here = tmp_path / "verifier"
-    here.mkdir()
-    for f in hidden_tests({}, spec, "/w"):
+    for f in hidden_tests(split(tree)[1], spec, "/w"):  # the test files in `tree/`, the code where it is
+        (here / f.path).parent.mkdir(parents=True, exist_ok=True)
         (here / f.path).write_text(f.content)
+    monkeypatch.syspath_prepend(str(tree))  # the image's .pth: the code importable from anywhere
     monkeypatch.setattr(grade, "HERE", str(here))
     monkeypatch.setattr(grade, "REWARD", str(tmp_path / "logs" / "reward.json"))
-    monkeypatch.chdir(tree)
+    monkeypatch.setenv("PYTHONPATH", str(tree))
     monkeypatch.syspath_prepend(str(here))
     assert grade.main("outcomes") == 0
     assert grade.main("reward") == 0

@@ -9,7 +9,9 @@ container from the project's work dir.
   `{"reward": 1.0 or 0.0, "tests": [{"name", "passed", "message"}]}` (SWE-style: every listed test passed; a test
   the run did not report is `missing`).
 The test command is `lists.json`'s `command` (the project's own, `project.test_command`) with `REPORT` replaced by
-the JUnit report's path and the selection appended; `PYTEST_ADDOPTS` is emptied.
+the JUnit report's path and the selection appended, run from `tree/` beside this file (the project's test files as
+they are in its tree: node ids are the project's), `PYTEST_ADDOPTS` emptied; the project's code is imported from the
+work dir (on `sys.path` through the image's `.pth`), so nothing is written into the agent's files.
 """
 
 import json
@@ -43,7 +45,7 @@ def _run(spec: dict, selection: list) -> tuple:
             for a in spec["command"]] + list(selection)
     env = dict(os.environ, PYTEST_ADDOPTS="", PYTHONDONTWRITEBYTECODE="1")
     try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.run(argv, cwd=os.path.join(HERE, "tree"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               env=env, timeout=spec.get("timeout_s", 600))
         code, out = proc.returncode, proc.stdout.decode("utf-8", "replace")
     except subprocess.TimeoutExpired as e:

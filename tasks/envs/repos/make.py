@@ -61,9 +61,9 @@ def hidden_tests(tests: dict[str, bytes], spec: dict[str, Any], workdir: str) ->
             files.append(FileSpec(path=f"tree/{rel}", content=data.decode("utf-8")))
         except UnicodeDecodeError:
             return None
-    script = (f"#!/bin/bash\n# trajforge repository task: the hidden test files back in the work dir, then the "
-              f"listed tests, graded SWE-style into /logs/verifier/reward.json\ncp -a /tests/tree/. {workdir}/ || "
-              f"exit 1\nexec /usr/bin/python3 -I /tests/grade.py reward\n")
+    script = ("#!/bin/bash\n# trajforge repository task: the listed tests (test files in /tests/tree, the project's "
+              f"code from {workdir}), graded SWE-style into /logs/verifier/reward.json\n"
+              "exec /usr/bin/python3 -I /tests/grade.py reward\n")
     return files + [FileSpec(path="grade.py", content=(HERE / "grade.py").read_text()),
                     FileSpec(path="testlists.py", content=(HERE / "testlists.py").read_text()),
                     FileSpec(path="lists.json", content=json.dumps(spec, indent=1, sort_keys=True) + "\n"),

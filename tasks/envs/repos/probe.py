@@ -12,7 +12,6 @@ written into the image; the container is removed whatever happens. Docker failin
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 
 from ....schemas.common import FileSpec
@@ -61,11 +60,10 @@ def probe(client, image: str, cfg: SandboxConfig, workdir: str, tests: list[File
     with Sandbox(client, image, cfg, workdir=workdir, labels={"trajforge.role": "repo-probe", **(labels or {})}) as sb:
         sb.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in tests], parent="/",
                      root=TESTS.strip("/"), uid=0, dir_mode=0o700)
-        place = f"cp -a {TESTS}/tree/. {shlex.quote(workdir)}/ 2>/dev/null; "
         run = f"/usr/bin/python3 -I {TESTS}/grade.py outcomes"
 
         def suite() -> Run:
-            res = sb.exec(place + run, timeout_s=timeout_s + 30, user="root", output_limit=8 << 20)
+            res = sb.exec(run, timeout_s=timeout_s + 30, user="root", output_limit=8 << 20)
             return _parse(res.output, res.timed_out)
 
         before = suite()
