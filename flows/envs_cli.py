@@ -11,16 +11,16 @@ run the same validator as a build (settings from `--config`, else the defaults).
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table
 
-from ..schemas.config import ConfigError, SandboxConfig, SynthesizeConfig, load_config
 from ..schemas.environment import EnvSpec
 from .console import console, err_console, fail
+from .envs_repo import envs_from_repo
+from .envs_settings import _settings, _validate_all
 
 envs_app = typer.Typer(no_args_is_help=True, help="Environment families and environments.")
 images_app = typer.Typer(no_args_is_help=True, help="Content-addressed environment images.")
@@ -59,16 +59,6 @@ def envs_sample(family: str, level: int = typer.Option(1, "--level"), seed: int 
     console.print_json(env.model_dump_json(exclude=None if tests else {"tests"}))
 
 
-def _settings(config: Optional[Path]) -> tuple[SynthesizeConfig, SandboxConfig]:
-    if config is None:
-        return SynthesizeConfig(families=[{"name": "log_report"}]), SandboxConfig()
-    try:
-        cfg = load_config(config)
-    except ConfigError as err:
-        fail(str(err))
-    return cfg.synthesize, cfg.sandbox
-
-
 def _resolve(ref: str, runs: str) -> list[EnvSpec]:
     """Task folder(s), a procedural id, or an env_id committed in a build under `runs`."""
     from ..tasks.envs.catalogue import EnvNotFound, from_folder, resolve
@@ -84,28 +74,6 @@ def _resolve(ref: str, runs: str) -> list[EnvSpec]:
         return resolve(ref, runs=runs)
     except (EnvNotFound, TaskFormatError) as err:
         fail(str(err))
-
-
-def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs: int):
-    from ..tasks.envs.audit import AuditSettings
-    from ..tasks.envs.catalogue import sibling_of
-    from ..tasks.envs.validator import validate_env
-    from ..tasks.sandbox import docker_client
-
-    try:
-        client = docker_client(pool_size=2 * jobs + 4, sandbox=sandbox)
-    except Exception as err:
-        fail(str(err), 1)
-
-    from ..tasks.synthesize import build_options
-
-    def one(env: EnvSpec):
-        return env, validate_env(client, env, sandbox, sandbox.base_image, s.image_aliases, s.solution_timeout_s,
-                                 s.test_timeout_s, sibling=sibling_of, build=build_options(s),
-                                 audit=AuditSettings(s.audit, s.audit_mutants))
-
-    with ThreadPoolExecutor(jobs) as pool:
-        return list(pool.map(one, envs))
 
 
 def _report(results, title: str) -> int:
@@ -371,3 +339,6 @@ def images_prune(runs: str = typer.Option("./runs"),
     keep: set[str] = set() if all_ else images_in_use(runs)
     removed = prune_images(docker_client(), keep)
     console.print(json.dumps({"removed": len(removed), "kept_in_use": len(keep)}))
+
+
+envs_app.command("from-repo")(envs_from_repo)

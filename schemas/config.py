@@ -234,6 +234,57 @@ class BuildImagesConfig(Section):
         return tuple(pairs + [(k.upper(), v) for k, v in pairs])
 
 
+PROJECT_KEYS = ("install", "test_command", "test_paths")  # what a repository's `project` may override
+
+
+class RepoSourceConfig(Section):
+    """One repository of `synthesize.repos` (tasks/envs/repos/source.py): a local git repository or project
+    folder (`path`), or a PyPI project whose consecutive released sdists (`pypi` + `versions`, fetched with
+    `pip download --no-binary :all:`) become its history; tasks from its commits and from bugs planted at
+    `bug_revision`."""
+
+    path: str | None = Field(None, description="a local git repository, or a project folder (one revision)")
+    pypi: str | None = Field(None, description="a PyPI project name: its released sdists are the history")
+    versions: list[str] = Field(default_factory=list, description="with `pypi`: released versions, oldest first")
+    revisions: str | None = Field(None, description="a git revision range of commit candidates (default: all)")
+    commits: int = Field(10, ge=0, description="the most commit tasks tried (a seeded sample of the candidates)")
+    max_code_lines: int = Field(500, ge=1, description=(
+        "a commit changing more non-test lines is skipped (`too_large`); a release's diff counts its docs too"))
+    bugs: int = Field(10, ge=0, description="the most planted-bug tasks tried (a seeded sample of the plants)")
+    bugs_per_task: int = Field(1, ge=1, le=5, description="plants combined in one planted-bug task")
+    bug_revision: str = Field("HEAD", description="the revision bugs are planted in")
+    bug_paths: list[str] = Field(default_factory=list, description=(
+        "source files to plant in (relative paths); default: every non-test .py file of the tree"))
+    max_per_repo: int = Field(100, ge=1, description="cap on the tasks tried from this repository")
+    seed: int = 0
+    pass_to_pass_cap: int | None = Field(50, ge=0, description="the most pass-to-pass tests kept (a seeded sample)")
+    max_flaky_share: float = Field(0.1, ge=0, le=1, description="above it a suite is `flaky_suite`")
+    test_timeout_s: float = Field(600, gt=0, description="one run of the suite in a candidate's container")
+    project: dict[str, Any] = Field(default_factory=dict, description=(
+        "replaces what is detected of the project: `install` (commands, `[]` installs nothing), "
+        "`test_command`, `test_paths` (tasks/envs/repos/project.py)"))
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> "RepoSourceConfig":
+        if (self.path is None) == (self.pypi is None):
+            raise ValueError("give exactly one of `path` (a local repository) or `pypi` (a PyPI project)")
+        if self.pypi is not None and len(self.versions) < 1:
+            raise ValueError("`versions`: a `pypi` project needs at least one released version")
+        if self.pypi is None and self.versions:
+            raise ValueError("`versions` is for `pypi` projects only")
+        if len(set(self.versions)) != len(self.versions):
+            raise ValueError(f"`versions` repeats a version: {self.versions}")
+        unknown = sorted(set(self.project) - set(PROJECT_KEYS))
+        if unknown:
+            raise ValueError(f"`project`: unknown keys {unknown}; known: {list(PROJECT_KEYS)}")
+        return self
+
+    @property
+    def label(self) -> str:
+        """How rows name the repository: `pypi:NAME` or the folder's name."""
+        return f"pypi:{self.pypi}" if self.pypi else Path(self.path or ".").name
+
+
 MAX_DEDUP_THRESHOLD = 0.98  # datasketch's MinHashLSH(num_perm=128) finds no bands above it
 
 
@@ -244,6 +295,8 @@ class SynthesizeConfig(Section):
     families: list[FamilyConfig] = Field(default_factory=list)
     imports: list[str] = Field(default_factory=list, description="Harbor / Terminal-Bench task folders")
     llm: LLMSynthesisConfig | None = None
+    repos: list[RepoSourceConfig] = Field(default_factory=list, description=(
+        "repositories: software-engineering tasks from their commits and from bugs planted in their code"))
     image_aliases: dict[str, str] = Field(
         default_factory=lambda: dict(DEFAULT_ALIASES),
         description="FROM images that cannot be pulled offline (fnmatch pattern -> local image; {base} = base image)")
@@ -277,8 +330,8 @@ class SynthesizeConfig(Section):
 
     @model_validator(mode="after")
     def _some_source(self) -> "SynthesizeConfig":
-        if not (self.families or self.imports or self.llm):
-            raise ValueError("give at least one source: `families`, `imports` or `llm`")
+        if not (self.families or self.imports or self.llm or self.repos):
+            raise ValueError("give at least one source: `families`, `imports`, `llm` or `repos`")
         return self
 
 

@@ -24,6 +24,7 @@ from .engine import Manifest, Shard, ShardResult, Stage, StageContext
 from .envs.catalogue import merge_candidates
 from .envs.families import get_family
 from .envs.formats import TaskFormatError, find_tasks, folder_digest, import_task, markers
+from .envs.repos.source import repo_fingerprint, repo_items, run_repo_items
 
 
 def procedural_items(config: BuildConfig) -> list[dict[str, Any]]:
@@ -57,7 +58,7 @@ class ProposeStage(Stage):
     output = EnvSpec
 
     def services_for(self, config: BuildConfig) -> tuple[str, ...]:
-        return ("teacher",) if config.synthesize.llm else ()
+        return (("teacher",) if config.synthesize.llm else ()) + (("sandboxes",) if config.synthesize.repos else ())
 
     def config_section(self, config: BuildConfig) -> dict[str, Any]:
         s = config.synthesize
@@ -69,11 +70,18 @@ class ProposeStage(Stage):
                                "envs_per_shard": s.envs_per_shard}
         if s.llm:
             out["teacher"] = config.teacher.fingerprint()
+        if s.repos:  # left out when empty: configs written before it keep their fingerprint
+            out["repos"] = repo_fingerprint(config)
         return out
+
+    def progress_text(self, totals: dict[str, Any], elapsed_s: float) -> str:
+        if not totals.get("repo_tasks"):
+            return ""
+        return f"repository tasks {totals.get('repo_done', 0)}/{totals['repo_tasks']} · kept {totals.get('repo_kept', 0)}"
 
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
         cfg = ctx.config.synthesize
-        items = procedural_items(ctx.config) + import_items(ctx.config)
+        items = procedural_items(ctx.config) + import_items(ctx.config) + repo_items(ctx.config)
         if cfg.llm:
             items += [{"kind": "llm", "theme": t, "index": i}
                       for t in cfg.llm.themes for i in range(cfg.llm.candidates_per_theme)]
@@ -86,7 +94,12 @@ class ProposeStage(Stage):
         rows: list[EnvSpec] = []
         rejects: list[Reject] = []
         llm_items = []
+        repo_rows, repo_rejects = run_repo_items(ctx, [it for it in shard.payload["items"] if it["kind"] == "repo"])
+        rows += repo_rows
+        rejects += repo_rejects
         for it in shard.payload["items"]:
+            if it["kind"] == "repo":
+                continue
             if it["kind"] == "family":
                 rows.append(get_family(it["family"]).generate(it["level"], it["seed"]))
             elif it["kind"] == "import":

@@ -365,11 +365,7 @@ def test_every_module_is_fingerprinted_or_named():
                       "trajforge.tasks.dataset.atif",  # `trajforge export --format atif`, after a build
                       "trajforge.tasks.dataset.chat",  # a trainer's chat-template render of exported rows
                       "trajforge.tasks.dataset.env_tree",  # `trajforge publish --environments`, after a build
-                      "trajforge.schemas.value_sets",  # value sets of the gate's suites
-                      # repositories as a source (issue 43): machinery that no stage runs yet
-                      "trajforge.tasks.envs.repos", "trajforge.tasks.envs.repos.bugs",
-                      "trajforge.tasks.envs.repos.history", "trajforge.tasks.envs.repos.project",
-                      "trajforge.tasks.envs.repos.testlists"}
+                      "trajforge.schemas.value_sets"}  # value sets of the gate's suites
     covered = set().union(*(s.code_module_names() for s in STAGES))
     modules = {m.name for m in pkgutil.walk_packages(trajforge.__path__, "trajforge.")
                if not m.name.startswith("trajforge.flows")}

@@ -277,3 +277,18 @@ class TestCase:
     chosen = [f"{base}::TestCase::test_param[a[b]]", f"{base}::TestCase::test_param[x::y]"]
     assert run(chosen) == dict.fromkeys(chosen, "passed")
     assert not (tree / ".pytest_cache").exists()
+
+
+def test_links_leading_out_of_the_tree_are_never_read(tmp_path):
+    outside = make(tmp_path / "host", {"secret.txt": "leaked-package==1\n", "pyproject.toml": "[project\n"})
+    tree = make(tmp_path / "tree", {"pkg/__init__.py": "", "tests/test_a.py": "def test_a():\n    pass\n",
+                                    "requirements/base.txt": "inside==1\n"})
+    (tree / "requirements.txt").symlink_to(outside / "secret.txt")
+    (tree / "requirements" / "test.txt").symlink_to("../../host/secret.txt")
+    (tree / "pyproject.toml").symlink_to(outside / "pyproject.toml")  # would not parse if it were read
+    (tree / "loop.txt").symlink_to(tree / "loop.txt")
+    (tree / "tests" / "test_b.py").symlink_to(tree / "tests" / "test_a.py")  # inside: still a file of the tree
+    project = detect(tree)
+    assert project.requirement_files == ("requirements/base.txt",)
+    assert all("secret" not in " ".join(c) for c in project.install)
+    assert project.install == ((*PIP, "-r", "requirements/base.txt", "pytest"),)

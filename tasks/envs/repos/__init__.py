@@ -11,6 +11,11 @@ and from bugs planted in its code.
 - `testlists`: the hidden test lists from runs before and after (fail-to-pass, a pass-to-pass sample,
   flaky tests excluded) and the SWE-style reward of a run against them.
 
-Machinery only: nothing here runs a container. The stage that turns candidates into validated environments
-(the project's image, fail-to-pass and pass-to-pass lists from running its tests) builds on these.
+The source built on them (`synthesize.repos`, `trajforge envs from-repo`):
+- `fetch`: the repository (a git repository, a folder, a git URL, or a PyPI project's released sdists as history);
+- `plan`: the items a repository tries (commits, planted bugs; deduplicated, seeded, capped);
+- `image`: the task's image (the tree without tests, dependencies installed under the build egress rules);
+- `probe`: one container per candidate: the suite before and after the reference solution;
+- `grade`: the verifier's runner shipped with the hidden tests (SWE-style reward, per-test results);
+- `make`: an item made an environment, or a reject with its reason; `source`: what the `propose` stage calls.
 """

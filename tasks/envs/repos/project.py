@@ -2,7 +2,8 @@
 `Project`, `test_command(project, report, node_ids)` the argument list that runs its tests into a JUnit report.
 
 Invariants:
-- Reading only: nothing in the tree is run or written. TOML is read with `tomllib`, ini files with `configparser`
+- Reading only: nothing in the tree is run or written, and nothing outside it is read: a link leading out of the
+  tree (or in a loop) is not a file of the project (`inside`), never followed. TOML is read with `tomllib`, ini files with `configparser`
   (no interpolation), `setup.py` with `ast`: a `setup(...)` keyword (`name`, `version`, `install_requires`,
   `extras_require`, `python_requires`) counts only as a literal or a module-level name bound to one; anything
   computed is unknown (None), never guessed.
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
+from ....schemas.config import PROJECT_KEYS
 from ....schemas.pysource import parse as parse_python
 
 PYTHON = "python"  # the image's interpreter as commands name it; a caller that names it otherwise replaces argv[0]
@@ -54,7 +56,7 @@ NORECURSE = ("*.egg", "*.egg-info", ".*", "_darcs", "build", "CVS", "dist", "nod
              "__pycache__", "site-packages")
 PYTEST_CONFIGS = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini",
                   "setup.cfg")
-OVERRIDE_KEYS = ("install", "test_command", "test_paths")
+OVERRIDE_KEYS = PROJECT_KEYS
 SETUP_FIELDS = frozenset({"name", "version", "install_requires", "extras_require", "python_requires"})
 KEPT_WITH_VALUE = ("--import-mode", "-p", "--ignore", "--ignore-glob", "--deselect", "-m", "-W", "--pythonwarnings",
                    "--doctest-glob")
@@ -87,12 +89,22 @@ class Project:
     addopts: tuple[str, ...] = ()  # the options of the project's `addopts` that `test_command` keeps
     test_command: tuple[str, ...] | None = None  # from `override`: replaces pytest's own invocation
     runner: str = "pytest"
+    test_requires: tuple[str, ...] = ()  # the requirements of the chosen extras and dependency groups
 
 
 # -- reading files ------------------------------------------------------------------------------------------------
+def inside(tree: Path, path: Path) -> bool:
+    """Whether `path`, links followed, stays in `tree` (an untrusted tree's link may lead anywhere on the host)."""
+    try:
+        path.resolve().relative_to(tree.resolve())
+    except (ValueError, OSError, RuntimeError):  # outside, unreadable, or a loop of links
+        return False
+    return True
+
+
 def _read(tree: Path, name: str) -> str | None:
     path = tree / name
-    if not path.is_file():
+    if not path.is_file() or not inside(tree, path):  # a link out of the tree is never read
         return None
     try:
         return path.read_bytes().decode("utf-8-sig")
@@ -174,7 +186,7 @@ def _files(tree: Path) -> list[str]:
         dirs[:] = sorted(d for d in dirs if not any(fnmatchcase(d, p) for p in NORECURSE)
                          and not (Path(top) / d / "pyvenv.cfg").exists())
         rel = PurePosixPath(Path(top).relative_to(tree).as_posix())
-        found += [str(rel / n) if str(rel) != "." else n for n in names]
+        found += [str(rel / n) if str(rel) != "." else n for n in names if inside(tree, Path(top) / n)]
     return sorted(found)
 
 
@@ -227,7 +239,7 @@ def _file_kind(path: str) -> str | None:
     return "runtime" if words <= RUNTIME_WORDS else None
 
 
-def _file_requirements(tree: Path, path: str) -> list[str]:
+def file_requirements(tree: Path, path: str) -> list[str]:
     """The requirement lines of a requirements file (not its options nor `-r` includes: pip follows those, and a
     `pytest` added when the file does not name it is only redundant)."""
     lines = (raw.split(" #", 1)[0].strip() for raw in (_read(tree, path) or "").splitlines())
@@ -383,7 +395,7 @@ def detect(tree: str | Path, override: dict | None = None) -> Project:
     runtime_files = [f for f, k in kinds.items() if k == "runtime"]
     test_files_req = [f for f, k in kinds.items() if k == "test"] or [f for f, k in kinds.items() if k == DEV]
     groups = _groups(doc, _choose(doc.get("dependency-groups") or {}))
-    test_requirements = [r for f in test_files_req for r in _file_requirements(tree, f)] + groups \
+    test_requirements = [r for f in test_files_req for r in file_requirements(tree, f)] + groups \
         + [r for e in extras for r in extras_req[e]]
     pytest_declared = "pytest" in _names(test_requirements)
 
@@ -426,7 +438,8 @@ def detect(tree: str | Path, override: dict | None = None) -> Project:
         installable=installable, extras=extras, requirement_files=tuple(runtime_files + test_files_req),
         install=given.get("install", (tuple(pip),)), evidence=tuple(evidence),
         pytest_config=found[0] if found else None, test_paths=test_paths,
-        addopts=kept_addopts(_args(options.get("addopts"), where)), test_command=given.get("test_command"))
+        addopts=kept_addopts(_args(options.get("addopts"), where)), test_command=given.get("test_command"),
+        test_requires=tuple(groups + [r for e in extras for r in extras_req[e]]))
 
 
 def test_command(project: Project, report: str, node_ids: list[str] | None = None, *,

@@ -1,0 +1,179 @@
+"""A repository task item (`plan.items`) made an environment, or rejected with its reason (issue 43).
+
+The task's starting state is the commit's parent (commit tasks) or the tree with the bugs planted (planted-bug
+tasks); its reference solution is the commit's code diff or the bugs' inverse patch, applied with `git apply`;
+its hidden tests are the project's test files at the solved revision, put back in the work dir by `test.sh`, and
+`grade.py` runs the fail-to-pass and pass-to-pass lists with the project's own test command: the reward is
+SWE-style (all of them pass), with per-test results.
+
+Reasons (the first that applies): `repo_unusable` (the revision cannot be read, the tree is no testable Python
+project), `binary_test_file`, `image_build_failed` (`[cause] log tail`: a dependency that cannot install is
+`package_not_found` or `build_step_failed`), `solution_fails` (the reference does not apply), `tests_do_not_run`
+(the solved state runs no test: the output's tail), `tests_hang` (the suite runs past `test_timeout_s` on the
+starting state), `flaky_suite`, `does_not_import` (a planted bug breaks the
+import of test modules that import after the fix), `no_fail_to_pass` (a commit whose tests never fail before it),
+`bug_not_seen` (a planted bug no test sees). Docker failing raises `SandboxError` (infrastructure: the caller's).
+
+Invariants: the instruction is written from the commit's message, the changed code files' names and the failing
+tests' names and first error lines, never from the tests' code; the env id hashes the environment's content. Rows
+name where they come from: `source` is `repo:<repository>@<revision>`, `family` `repo:commit` or
+`repo:planted_bug`, and `knobs_json` holds both with the lists' sizes and the planted bugs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from ....schemas.common import FileSpec, Reject
+from ....schemas.config import RepoSourceConfig, SandboxConfig, safe_name
+from ....schemas.environment import DEFAULT_WORKDIR, EnvSpec
+from ..images import BuildOptions, ImageBuildError, ensure_image
+from ..tools.layer import lock_text, pip_wheel, wheelhouse
+from . import testlists
+from .bugs import BugPlantingError, combine, inverse_patch, plant
+from .fetch import repository_path
+from .history import RepositoryError, checkout, open_repository, scan
+from .image import recipe, split
+from .probe import probe
+from .project import ProjectError, detect, test_command
+
+HERE = Path(__file__).parent
+REPORT = "@REPORT@"
+SHOWN_TESTS = 10  # failing tests named in an instruction
+
+
+def solution(patch: str) -> list[str]:
+    """The reference solution: one command applying `patch` in the work dir (a quoted here-document)."""
+    marker = "TF_PATCH_" + hashlib.sha256(patch.encode()).hexdigest()[:12]
+    return [f"git apply --whitespace=nowarn - <<'{marker}'\n{patch.rstrip(chr(10))}\n{marker}"]
+
+
+def hidden_tests(tests: dict[str, bytes], spec: dict[str, Any], workdir: str) -> list[FileSpec] | None:
+    """The verifier's files: the test files (`tree/`), the grader, its `testlists.py`, `lists.json`, `test.sh`;
+    None when a test file is not UTF-8 text (it could not travel as a hidden test)."""
+    files = []
+    for rel, data in tests.items():
+        try:
+            files.append(FileSpec(path=f"tree/{rel}", content=data.decode("utf-8")))
+        except UnicodeDecodeError:
+            return None
+    script = ("#!/bin/bash\n# trajforge repository task: the listed tests (test files in /tests/tree, the project's "
+              f"code from {workdir}), graded SWE-style into /logs/verifier/reward.json\n"
+              "exec /usr/bin/python3 -I /tests/grade.py reward\n")
+    return files + [FileSpec(path="grade.py", content=(HERE / "grade.py").read_text()),
+                    FileSpec(path="testlists.py", content=(HERE / "testlists.py").read_text()),
+                    FileSpec(path="lists.json", content=json.dumps(spec, indent=1, sort_keys=True) + "\n"),
+                    FileSpec(path="test.sh", content=script, mode=0o755)]
+
+
+def _failing(before: dict[str, str], messages: dict[str, str], f2p: tuple[str, ...]) -> str:
+    lines = [f"- `{t}`: {messages.get(t) or before.get(t, 'not collected')}" for t in f2p[:SHOWN_TESTS]]
+    more = f"\n- ... and {len(f2p) - SHOWN_TESTS} more" if len(f2p) > SHOWN_TESTS else ""
+    return "\n".join(lines) + more
+
+
+def instruction(task: dict[str, Any], name: str, workdir: str, failing: str) -> str:
+    """What the agent reads: the change asked for (the commit's message and files, or a bug report) and the tests
+    that fail, with their first error lines."""
+    if task["kind"] == "commit":
+        head = (f"The Python project `{name}` in {workdir} needs a change: {task['subject'].strip()}"
+                + (f"\n\n{task['body'].strip()}" if task["body"].strip() else "")
+                + f"\n\nThe change belongs in: {', '.join(task['files'])}.")
+    else:
+        head = (f"The Python project `{name}` in {workdir} has a bug: some of its tests fail. Find it and fix it in "
+                "the project's code.")
+    return (f"{head}\n\nThese tests fail now and must pass (the project's test files are not in the work dir: they "
+            f"are run after you finish, with the project's own test command):\n{failing}\n\n"
+            "Every test that passes now must keep passing. Do not edit test files.")
+
+
+def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sandbox: SandboxConfig,
+             options: BuildOptions, aliases: dict[str, str], log_sink: Callable[[str, str], None] | None = None,
+             labels: dict[str, str] | None = None) -> EnvSpec | Reject:
+    """The environment of one item, or the reject saying why there is none (see the module's reasons)."""
+    key = f"repo:{cfg.label}:{item['task']}:{item.get('sha') or item['rev'][:12] + ':' + json.dumps(item['plants'])}"
+    workdir = DEFAULT_WORKDIR
+    with tempfile.TemporaryDirectory(prefix="trajforge-repo-") as tmp:
+        try:
+            repo = open_repository(repository_path(cfg.path, cfg.pypi, cfg.versions))
+            if item["task"] == "commit":
+                kept, skipped = scan(repo, f"{item['sha']}^!", max_code_lines=cfg.max_code_lines)
+                if not kept:
+                    return Reject(key=key, reason="repo_unusable", detail=f"not a candidate: {skipped[0].reason}")
+                c = kept[0]
+                solved, start = checkout(repo, c.sha, Path(tmp) / "solved"), checkout(repo, c.parent, Path(tmp) / "p")
+                patch, revision = c.code_diff, c.sha
+                task = {"kind": "commit", "subject": c.subject, "body": c.body,
+                        "files": [f.path for f in c.code_files if f.path.endswith(".py")]}
+                code, _ = split(start)
+            else:
+                solved, revision = checkout(repo, item["rev"], Path(tmp) / "solved"), item["rev"]
+                chosen = []
+                for path, i in item["plants"]:
+                    chosen.append(plant((solved / path).read_bytes().decode("utf-8").lstrip("\ufeff"), path)[i])
+                bug = combine(chosen) if len(chosen) > 1 else chosen[0]
+                patch = inverse_patch(bug)
+                task = {"kind": "planted_bug", "bugs": [p.description for p in chosen]}
+                code, _ = split(solved)
+                for change in bug.changes:
+                    code[change.path] = change.mutated.encode("utf-8")
+            project = detect(solved, cfg.project or None)
+            _, tests = split(solved)
+        except (RepositoryError, ProjectError, BugPlantingError, OSError, UnicodeDecodeError, IndexError) as e:
+            return Reject(key=key, reason="repo_unusable", detail=str(e)[:1500])
+        lock = lock_text()
+        wheel = pip_wheel(lock)
+        dockerfile, context, blobs = recipe(sandbox.base_image, workdir, project, solved, code,
+                                            (wheelhouse(lock) / wheel).read_bytes(), wheel, "install" in cfg.project)
+    prefix = test_command(project, REPORT, ["x"], python="python3")[:-1]
+    spec: dict[str, Any] = {"command": prefix, "paths": list(project.test_paths), "timeout_s": cfg.test_timeout_s,
+                            "fail_to_pass": [], "pass_to_pass": []}
+    files = hidden_tests(tests, spec, workdir)
+    if files is None:
+        return Reject(key=key, reason="binary_test_file", detail="a test file is not UTF-8 text")
+    name = project.name or cfg.label
+    env = EnvSpec(env_id="pending", family=f"repo:{safe_name(cfg.label)}", level=len(item.get("plants", [])) or 2,
+                  seed=cfg.seed, source="repo", instruction="(probe)", dockerfile=dockerfile, context=context,
+                  blobs=blobs, workdir=workdir, tests=files, verifier="script", test_command="bash /tests/test.sh",
+                  solution=solution(patch), agent_user="agent", test_timeout_s=min(cfg.test_timeout_s, 3600))
+    try:
+        env.image, _ = ensure_image(client, sandbox.base_image, env, aliases, limits=sandbox, options=options,
+                                    log_sink=log_sink)
+    except ImageBuildError as err:
+        return Reject(key=key, reason="image_build_failed", detail=f"[{err.cause}] {err.log_tail[-1500:]}")
+    seen = probe(client, env.image, sandbox, workdir, files, env.solution, cfg.test_timeout_s, labels)
+    if seen.solution_error:
+        return Reject(key=key, reason="solution_fails", detail=seen.solution_error)
+    after = seen.after
+    if seen.before.error:  # e.g. a planted bug that makes a test loop forever: no outcome to compare with
+        return Reject(key=key, reason="tests_hang" if seen.before.error == "timed out" else "tests_do_not_run",
+                      detail=f"before the reference solution: {seen.before.error}: {seen.before.tail[-1500:]}")
+    if any(r.error for r in after) or not any(o == "passed" for o in after[0].outcomes.values()):
+        bad = next((r for r in after if r.error), after[0])
+        return Reject(key=key, reason="tests_do_not_run", detail=f"{bad.error or 'no test passed'}: {bad.tail[-1500:]}")
+    flaky = testlists.flaky([r.outcomes for r in after])
+    lists = testlists.lists(seen.before.outcomes, after[0].outcomes, cfg.pass_to_pass_cap, cfg.seed, flaky=flaky)
+    reason = testlists.rejection(lists, cfg.max_flaky_share)
+    broken = [t for t, o in seen.before.outcomes.items() if "::" not in t and o == "error"
+              and any(n.startswith(t + "::") for n in after[0].outcomes)]
+    if reason is None and task["kind"] == "planted_bug" and broken:
+        reason = "does_not_import"
+    if reason == "no_fail_to_pass" and task["kind"] == "planted_bug":
+        reason = "bug_not_seen"
+    if reason is not None:
+        return Reject(key=key, reason=reason, detail=f"{len(lists.fail_to_pass)} fail-to-pass, {len(lists.flaky)} "
+                                                     f"flaky of {lists.seen}; {'; '.join(task.get('bugs', []))}"[:1500])
+    spec.update(fail_to_pass=list(lists.fail_to_pass), pass_to_pass=list(lists.pass_to_pass))
+    knobs = {"repo": cfg.label, "revision": revision, "task_kind": task["kind"], "fail_to_pass": len(lists.fail_to_pass),
+             "pass_to_pass": len(lists.pass_to_pass), **({"bugs": task["bugs"]} if "bugs" in task else {})}
+    env = env.model_copy(update={
+        "source": f"repo:{safe_name(cfg.label)}@{revision[:12]}", "family": f"repo:{task['kind']}",
+        "tests": hidden_tests(tests, spec, workdir), "knobs_json": json.dumps(knobs, sort_keys=True),
+        "instruction": instruction(task, name, workdir, _failing(seen.before.outcomes, seen.before.messages,
+                                                                 lists.fail_to_pass))})
+    env.env_id = f"repo-{safe_name(cfg.label)}-{task['kind'].replace('_', '-')}-{env.content_hash()[:16]}"
+    return env

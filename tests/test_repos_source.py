@@ -1,0 +1,115 @@
+"""The repository source without Docker (tasks/envs/repos: plan, image, grade, make's pieces, config): what a build
+plans from a small git repository, what its image holds (never a test file), the grader's runs on the host, and the
+config's errors naming the bad field."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from repos_kit import calc_repo
+
+from trajforge.schemas.config import ConfigError, RepoSourceConfig, parse_config
+from trajforge.tasks.envs.repos import grade
+from trajforge.tasks.envs.repos.history import checkout, open_repository
+from trajforge.tasks.envs.repos.image import recipe, requirements, split
+from trajforge.tasks.envs.repos.make import REPORT, hidden_tests, instruction, solution
+from trajforge.tasks.envs.repos.plan import items
+from trajforge.tasks.envs.repos.project import detect, test_command
+
+PIP = b"not really a wheel"
+
+
+def test_plan_is_deterministic_deduplicated_and_capped(tmp_path):
+    shas = calc_repo(tmp_path / "calc")
+    cfg = RepoSourceConfig(path=str(tmp_path / "calc"), commits=5, bugs=6, seed=3)
+    first, skipped = items(0, cfg)
+    assert first == items(0, cfg)[0]  # the same repository, config and seed: the same items
+    commits = [i["sha"] for i in first if i["task"] == "commit"]
+    assert commits == [shas["sub"], shas["refactor"]] and skipped == {"commit_root_commit": 1}
+    bugs = [i for i in first if i["task"] == "planted_bug"]
+    assert len(bugs) == 6 and all(i["rev"] == shas["refactor"] and len(i["plants"]) == 1 for i in bugs)
+    assert len({json.dumps(i["plants"]) for i in bugs}) == 6
+    other = items(0, cfg.model_copy(update={"seed": 4}))[0]
+    assert [i for i in other if i["task"] == "planted_bug"] != bugs  # another seed, another sample
+    capped, why = items(0, cfg.model_copy(update={"max_per_repo": 3}))
+    assert capped == first[:3] and why["over_cap"] == len(first) - 3
+    pairs = items(0, cfg.model_copy(update={"bugs": 2, "bugs_per_task": 2, "commits": 0}))[0]
+    assert [len(i["plants"]) for i in pairs] == [2, 2]
+
+
+def test_the_image_holds_the_code_and_never_a_test_file(tmp_path):
+    shas = calc_repo(tmp_path / "calc", extra={"requirements.txt": "calc\n-e .\nrequests>=2\n./local\n",
+                                               "data/logo.bin": "\x00\x01"})
+    tree = checkout(open_repository(tmp_path / "calc"), shas["init"], tmp_path / "tree")
+    (tree / "data" / "logo.bin").write_bytes(b"\x00\x01\xff")
+    code, tests = split(tree)
+    assert sorted(tests) == ["tests/test_calc.py"] and "calc/__init__.py" in code
+    project = detect(tree)
+    assert requirements(project, tree) == ["requests>=2"]  # not the project itself, nor a path
+    dockerfile, context, blobs = recipe("trajforge/base:latest", "/home/agent/work", project, tree, code, PIP,
+                                        "pip-1-py3-none-any.whl", False)
+    assert not any("test" in f.path for f in context) and not any("test_calc" in f.content for f in context)
+    assert [b.path for b in blobs] == [".tf-pip/pip-1-py3-none-any.whl", "project/data/logo.bin"]
+    assert "-r /opt/trajforge/requirements.txt" in dockerfile and "COPY project/ /home/agent/work/" in dockerfile
+    assert "echo /home/agent/work > /usr/lib/python3/dist-packages/zz-trajforge-project.pth" in dockerfile
+    none = recipe("b", "/w", detect(tree, {"install": []}), tree, code, PIP, "pip.whl", True)[0]
+    assert "requirements.txt\n" not in none.split("COPY project/")[1] and "pip.whl/pip install" not in none
+
+
+def test_the_grader_runs_the_suite_and_the_lists_on_the_host(tmp_path, monkeypatch):
+    shas = calc_repo(tmp_path / "calc")
+    tree = checkout(open_repository(tmp_path / "calc"), shas["sub"], tmp_path / "tree")
+    project = detect(tree)
+    spec = {"command": test_command(project, REPORT, ["x"], python=sys.executable)[:-1],
+            "paths": list(project.test_paths), "timeout_s": 60, "fail_to_pass": ["tests/test_calc.py::test_sub"],
+            "pass_to_pass": ["tests/test_calc.py::test_add"]}
+    here = tmp_path / "verifier"
+    for f in hidden_tests(split(tree)[1], spec, "/w"):  # the test files in `tree/`, the code where it is
+        (here / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (here / f.path).write_text(f.content)
+    monkeypatch.syspath_prepend(str(tree))  # the image's .pth: the code importable from anywhere
+    monkeypatch.setattr(grade, "HERE", str(here))
+    monkeypatch.setattr(grade, "REWARD", str(tmp_path / "logs" / "reward.json"))
+    monkeypatch.setenv("PYTHONPATH", str(tree))
+    monkeypatch.syspath_prepend(str(here))
+    assert grade.main("outcomes") == 0
+    assert grade.main("reward") == 0
+    reward = json.loads((tmp_path / "logs" / "reward.json").read_text())
+    assert reward["reward"] == 1.0 and [t["name"] for t in reward["tests"]] == spec["fail_to_pass"] + spec["pass_to_pass"]
+    (tree / "calc" / "__init__.py").write_text((tree / "calc" / "__init__.py").read_text().replace("a - b", "b - a"))
+    assert grade.main("reward") == 1
+    reward = json.loads((tmp_path / "logs" / "reward.json").read_text())
+    assert reward["reward"] == 0.0 and reward["tests"][0]["message"].startswith("failed: ")
+
+
+def test_solution_and_instruction_name_no_test_code():
+    patch = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+    [cmd] = solution(patch)
+    assert cmd.startswith("git apply --whitespace=nowarn - <<'TF_PATCH_") and patch.rstrip() in cmd
+    text = instruction({"kind": "commit", "subject": "Add sub", "body": "", "files": ["calc/__init__.py"]}, "calc",
+                       "/w", "- `tests/test_calc.py::test_sub`: ImportError: cannot import name 'sub'")
+    assert "Add sub" in text and "calc/__init__.py" in text and "test_sub" in text and "assert" not in text
+
+
+@pytest.mark.parametrize("repo, field", [
+    ({"pypi": "x"}, "versions"), ({}, "exactly one"), ({"path": "p", "project": {"instal": []}}, "instal"),
+    ({"path": "p", "bugs_per_task": 9}, "bugs_per_task"), ({"path": "p", "versions": ["1"]}, "pypi")])
+def test_a_bad_repository_config_names_the_field(repo, field):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"dataset": "d", "synthesize": {"repos": [repo]}})
+    assert "synthesize.repos.0" in str(err.value) and field in str(err.value)
+
+
+def test_a_folder_that_is_no_repository_is_one_commit_of_history(tmp_path, monkeypatch):
+    from trajforge.tasks.envs.repos.fetch import SourceError, repository_path
+
+    monkeypatch.setenv("TRAJFORGE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "proj" / "calc").mkdir(parents=True)
+    (tmp_path / "proj" / "calc" / "__init__.py").write_text("def f():\n    return 1 < 2\n")
+    path = repository_path(str(tmp_path / "proj"), None, [])
+    assert path == repository_path(str(tmp_path / "proj"), None, [])  # cached by content
+    assert open_repository(path).head is not None
+    with pytest.raises(SourceError, match="not a folder"):
+        repository_path(str(tmp_path / "nowhere"), None, [])
