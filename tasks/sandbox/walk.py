@@ -52,6 +52,13 @@ def inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def inexact(paths: list[str]) -> list[str]:
+    """The change-set paths that do not name one file exactly: a byte that is not UTF-8 is spelled `\\xNN` (records
+    are text), as a literal `\\xNN` is, so a revert, a capture or a digest by that text may address another file or
+    none. Evidence holding one is incomplete (verify: `incomplete_evidence`): it never decides a pass."""
+    return [p for p in paths if _BAD_BYTE.search(p)]
+
+
 def _opaque_gate(quoted: str) -> str:
     """Shell: an `O` record for each of the (quoted) folders this user cannot list."""
     return f"for p in {quoted}; do [ -r \"$p\" ] && [ -x \"$p\" ] || printf 'O 0 d %s\\0' \"$p\"; done; "
