@@ -47,7 +47,7 @@ from typing import Callable
 from ...schemas.common import Reject
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import EnvSpec, TestAudit
-from ..judge.changes import sensitive_class
+from ..judge.changes import reference_changes, sensitive_class
 from ..judge.exposure import tests_run_agent_code
 from ..judge.guard import guardable, run_guarded
 from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
@@ -214,7 +214,9 @@ def solution_passes(case: Case) -> Validation | None:
             return v.fail("solution_passes", "solution_fails",
                           f"reference solution exited {res.exit_code}: {res.output[-600:]}")
     # what the reference solution changes: an agent's change that is not among these is unexpected
-    env.expected_changes = sorted(sb.changes().paths())
+    changes = sb.changes()
+    env.expected_changes = sorted(changes.paths())
+    env.expected_kinds = reference_changes(sb, changes, env)
     confined = kind_of(env).confined
     stray = confined(env, env.expected_changes) if confined else None
     if stray:
@@ -375,7 +377,9 @@ def profile_reference(client, env: EnvSpec, sandbox: SandboxConfig, command_time
         if env.oracle == "absent" or not all(runs_cleanly(c) for c in env.solution):
             env.tests_run_agent_code = _exposure(sb, env)
             return False
-        env.expected_changes = sorted(sb.changes().paths())
+        changes = sb.changes()
+        env.expected_changes = sorted(changes.paths())
+        env.expected_kinds = reference_changes(sb, changes, env)
         _record_reference(sb, env, test_timeout_s)
         return True
 

@@ -43,7 +43,7 @@ from ...schemas.trajectory import Rollout
 from ...schemas.verdict import HackFlag, Verdict
 from ..sandbox import Sandbox, SandboxError
 from ..sandbox.walk import inexact, inside
-from .changes import apply_final_state, revert_plan, review_flags, unexpected, written_outside
+from .changes import apply_final_state, episode_contents, revert_plan, review_flags, unexpected, written_outside
 from .changes import counterfactual as counterfactual_run
 from .guard import guard_flags, guardable, run_guarded
 from .hacks import detect, episode_process_flags, integrity_flags, naming, output_kind_flags
@@ -81,6 +81,7 @@ class Case:
     env: EnvSpec | None = None
     hacks: list[HackFlag] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
+    contents: dict[str, str | None] = field(default_factory=dict)  # content-bound changed paths: their digests
     run: TestRun | None = None
     mode: str | None = None
     tests_passed: bool = False
@@ -145,7 +146,8 @@ def shell_redefinitions(case: Case) -> End | None:
 
 def unexpected_changes(case: Case) -> End | None:
     r = case.rollout
-    case.unexpected = unexpected(r.changes, case.env) if r.changes else []
+    case.contents = episode_contents(r, case.env)
+    case.unexpected = unexpected(r.changes, case.env, case.contents) if r.changes else []
 
 
 def hidden_tests(case: Case) -> End | None:
@@ -232,7 +234,7 @@ def counterfactual(case: Case) -> End | None:
     r, env, j = case.rollout, case.env, case.judge
     if not case.tests_passed or r.changes is None:
         return None
-    case.reverted = revert_plan(r.changes, env)
+    case.reverted = revert_plan(r.changes, env, case.contents)
     if case.reverted:  # a pass with unexpected changes that could matter: does it depend on them?
         if _state_incomplete(r, env, case.reverted):
             return case.reject("verifier_error", "counterfactual impossible: the final state outside the work dir "
