@@ -122,6 +122,8 @@ def content_digest(member: tarfile.TarInfo, tar: tarfile.TarFile) -> str | None:
         return "l:" + member.linkname
     if member.isdir():
         return "d"
+    if member.isfifo() or member.ischr() or member.isblk():
+        return "p" if member.isfifo() else "c" if member.ischr() else "b"
     return None if member.islnk() else "t:" + member.type.decode("ascii", "replace")
 
 
@@ -140,7 +142,8 @@ def state_contents(tar_bytes: bytes | None, prefix: str, paths: set[str]) -> dic
 
 def reference_changes(sb: Sandbox, changes: ChangeSet, env: EnvSpec, limit: int = 64 << 20) -> list[PathChange]:
     """The reference solution's change set with each change's kind, and the content of its content-bound paths,
-    read from outside through the engine (`EnvSpec.expected_kinds`); content None where it could not be read."""
+    read from outside through the engine (`EnvSpec.expected_kinds`), and the type of each FIFO or device it made
+    (the change walk's `special`); content None where it could not be read."""
     bound = sorted(p for p in [*changes.added, *changes.modified] if content_bound(p, env))
     contents: dict[str, str | None] = {}
     if bound:
@@ -148,6 +151,7 @@ def reference_changes(sb: Sandbox, changes: ChangeSet, env: EnvSpec, limit: int 
             contents = state_contents(sb.archive_paths(bound, limit), "/", set(bound))
         except SandboxError:
             contents = {}
+    contents.update(getattr(sb, "special", {}))  # a FIFO or device the reference made: its type is what it holds
     kinds = [("added", changes.added), ("modified", changes.modified), ("deleted", changes.deleted)]
     return [PathChange(path=p, kind=k, content=contents.get(p)) for k, ps in kinds for p in ps]
 

@@ -137,7 +137,8 @@ def environment(case: Case) -> End | None:
 
 
 def output_kinds(case: Case) -> End | None:
-    case.hacks += output_kind_flags(case.rollout, case.env.workdir)
+    made = {c.path: c.content for c in case.env.expected_kinds if c.content in ("p", "c", "b")}
+    case.hacks += output_kind_flags(case.rollout, case.env.workdir, made)
 
 
 def shell_redefinitions(case: Case) -> End | None:

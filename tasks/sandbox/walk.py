@@ -74,6 +74,9 @@ class ChangeWalk:
     """The change-walk half of `Sandbox` (see the module docstring)."""
 
     walk_cap = 64 << 20  # bytes of change-walk records beyond which the change set is the agent's failure
+    # the changed paths of the last change set that are no file, folder or link, with find's type letter (`p` a FIFO,
+    # `c`/`b` a device, `s` a socket): what the validator records of the reference's outputs (`PathChange.content`)
+    special: dict[str, str] = {}
 
     @property
     def _prune(self) -> str:
@@ -266,6 +269,7 @@ class ChangeWalk:
             gone = [q for q in gone if not below_opaque(q)]
             kinds.update({p: "f" if p in self.baseline else "d" for p in opaque})
         gone = sorted(set(gone))
+        self.special = {p: k for p, k in kinds.items() if k in ("p", "c", "b", "s")}
         added = sorted(p for p in kinds if p not in self.baseline)
         modified = sorted({p for p, k in kinds.items() if p in self.baseline and k != "d"} | set(engine_modified))
         # an added folder is listed only when nothing was added inside it (sorted: its first child, if
