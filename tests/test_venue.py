@@ -187,3 +187,18 @@ def test_the_validator_marks_an_environment_whose_start_up_reads_agent_files(doc
         assert v.ok, (name, v.reject)
         marks[name] = env.tests_run_agent_code
     assert marks == {"entrypoint-env": "environment", "volume-data": "no"}
+
+
+@pytest.mark.docker
+def test_the_validator_refuses_a_reference_whose_answer_is_a_file_the_engine_manages(docker_client):
+    """harbor/hosts-alias: the reference appends to /etc/hosts, which the engine writes into every container (never in
+    a change set, a commit or a capture): it passes where it ran, and every honest agent would fail in judging. The
+    validator refuses it by name (attack round 2, H1)."""
+    from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
+    from trajforge.tasks.envs.formats import import_task
+    from trajforge.tasks.envs.validator import validate_env
+
+    aliases = SynthesizeConfig(families=[{"name": "log_report"}]).image_aliases
+    env = import_task(INTEGRITY / "harbor" / "hosts-alias")
+    v = validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", aliases, 120, 120)
+    assert not v.ok and v.reject.reason == "engine_managed_change" and "/etc/hosts" in v.reject.detail, v.reject
