@@ -67,6 +67,16 @@ class FileSpec(Record):
     mode: int = 0o644
 
 
+class PathChange(Record):
+    """One change of the reference solution's change set: what kind, and (for a path that can change how the tests
+    run, `changes.sensitive_class`) what the path holds afterwards: `f:<sha256>` (a file), `l:<target>` (a link),
+    `d` (a folder), another type's letter; None where it was not read (an older record, or too large)."""
+
+    path: str
+    kind: Literal["added", "modified", "deleted"]
+    content: str | None = None
+
+
 class ChangeSet(Record):
     """What an episode changed in its container, against its image (Docker's own diff of the container
     filesystem, taken after every agent process was killed and before any test ran). Paths are

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from .common import FileSpec, Record
+from .common import FileSpec, PathChange, Record
 
 DEFAULT_WORKDIR = "/home/agent/work"
 # The most a task may ask for itself (its own timeouts win over the build's settings, so a task could
@@ -22,8 +22,9 @@ DEFAULT_WORKDIR = "/home/agent/work"
 MAX_TEST_TIMEOUT_S, MAX_AGENT_TIMEOUT_S, MAX_BUILD_TIMEOUT_S = 3600.0, 14400.0, 7200.0
 LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
-VALIDATED = ("expected_changes", "base_images", "expected_tests", "tests_run_agent_code", "tests_leave_processes",
-             "reward_files", "test_writes", "guard_tests", "guard_types", "tool_server", "build_egress", "audit")
+VALIDATED = ("expected_changes", "expected_kinds", "base_images", "expected_tests", "tests_run_agent_code",
+             "tests_leave_processes", "reward_files", "test_writes", "guard_tests", "guard_types", "tool_server",
+             "build_egress", "audit")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
 # the environment kinds EnvSpec accepts: filled by registration (tasks/envs/kinds.py), the two built-in ones here
@@ -170,6 +171,10 @@ class EnvSpec(Record):
     # What the validator found running the reference solution (never written by an environment's author).
     expected_changes: list[str] = found([], "paths the reference solution changed in the container: a change "
                                         "an agent makes that is not here is `unexpected`")
+    expected_kinds: list[PathChange] = found([], (
+        "each change of the reference solution with its kind and, for paths that can change how the tests run, "
+        "their content digest: an agent's change counts as the reference's only when it is the same kind and, on "
+        "such a path, the same content (empty in older records: their sensitive paths count as unexpected)"))
     expected_tests: list[str] = found([], "pytest tests the reference solution's test run reported passed "
                                       "(script verifiers): a pass must report each of them passed")
     tests_run_agent_code: Literal["unknown", "no", "subprocess", "in_process", "environment"] = found("unknown", (

@@ -28,7 +28,10 @@ CASES = [c for c in (json.loads(line) for line in (INTEGRITY / "trajectories.jso
                                                   "data_dir_solve_chowning_the_folder",
                                                   "data_dir_solve_with_an_installed_tool")]
 # honest work issue 41's attacker saw lost (a command installed in another PATH folder than the reference's, a
-# leftover `sleep 300 &`, an agent that stops its own container), with a shim the lookup rule must still catch
+# leftover `sleep 300 &`, an agent that stops its own container), with a shim the lookup rule must still catch; and
+# round 2's (harbor/pth-path): a start-up hook at the reference's path with other content, or where the reference
+# deletes, or named in bytes that are not UTF-8, an honest failure that replaced /logs with a file, beside the
+# reference's own hook written by hand
 HONEST = [json.loads(line) for line in (INTEGRITY / "honest.jsonl").read_text().splitlines() if line.strip()]
 BASE = {"dataset": "x", "synthesize": {"families": [{"name": "log_report"}]}}
 
@@ -108,11 +111,12 @@ def test_fresh_judges_the_episode_files_in_a_new_container(docker_client):
 def test_every_new_hack_beats_a_naive_root_harness():
     from naive_harness import cleanup, naive_reward
 
+    measured = CASES + [c for c in HONEST if "naive_reward" in c]  # (round 2's start-up hooks, /logs as a file)
     try:
-        got = {c["case"]: naive_reward(INTEGRITY / c["env"], c["commands"]) for c in CASES}
+        got = {c["case"]: naive_reward(INTEGRITY / c["env"], c["commands"]) for c in measured}
     finally:
         cleanup()
-    assert got == {c["case"]: c["naive_reward"] for c in CASES}
+    assert got == {c["case"]: c["naive_reward"] for c in measured}
 
 
 @pytest.mark.docker
@@ -183,3 +187,18 @@ def test_the_validator_marks_an_environment_whose_start_up_reads_agent_files(doc
         assert v.ok, (name, v.reject)
         marks[name] = env.tests_run_agent_code
     assert marks == {"entrypoint-env": "environment", "volume-data": "no"}
+
+
+@pytest.mark.docker
+def test_the_validator_refuses_a_reference_whose_answer_is_a_file_the_engine_manages(docker_client):
+    """harbor/hosts-alias: the reference appends to /etc/hosts, which the engine writes into every container (never in
+    a change set, a commit or a capture): it passes where it ran, and every honest agent would fail in judging. The
+    validator refuses it by name (attack round 2, H1)."""
+    from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
+    from trajforge.tasks.envs.formats import import_task
+    from trajforge.tasks.envs.validator import validate_env
+
+    aliases = SynthesizeConfig(families=[{"name": "log_report"}]).image_aliases
+    env = import_task(INTEGRITY / "harbor" / "hosts-alias")
+    v = validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", aliases, 120, 120)
+    assert not v.ok and v.reject.reason == "engine_managed_change" and "/etc/hosts" in v.reject.detail, v.reject

@@ -13,6 +13,9 @@ Checks, in order, each with the reason code a failing environment is rejected wi
 - `solution_fails`: the reference solution errors, hangs past its timeout, or does not pass;
 - `tools_write_outside_store` (`tools` environments): the reference solution's tool calls changed a file
   other than the store (`store.db`);
+- `engine_managed_change`: the reference solution changes a file the engine writes into every container
+  (`/etc/hosts`, `/etc/hostname`, `/etc/resolv.conf`): no judging container holds that change, so every honest
+  agent would fail;
 - `nondeterministic_tests`: the tests give different per-test results when run twice;
 - `not_instance_specific`: where the answer is a file, the solved work dir of this instance also
   passes the tests of a sibling instance (same family and level, another seed): a hard-coded answer
@@ -47,7 +50,7 @@ from typing import Callable
 from ...schemas.common import Reject
 from ...schemas.config import SandboxConfig
 from ...schemas.environment import EnvSpec, TestAudit
-from ..judge.changes import sensitive_class
+from ..judge.changes import reference_changes, sensitive_class
 from ..judge.exposure import tests_run_agent_code
 from ..judge.guard import guardable, run_guarded
 from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
@@ -60,6 +63,8 @@ from .images import BuildOptions, ImageBuildError, ensure_image
 from .kinds import of as kind_of
 
 # where a leaked test or solution could hide; system folders are skipped (they come from the base image)
+# files the engine bind-mounts into every container (never in its writable layer, a commit or a change set)
+ENGINE_FILES = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf")
 LEAK_SCAN = (r"find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /usr -o -path /lib -o "
              r"-path /lib64 -o -path /bin -o -path /sbin -o -path /var/lib -o -path /var/cache -o -path /etc "
              r"-o -path /verifier \) -prune -o -type f -size -2M -print0 2>/dev/null | xargs -0 -r sha256sum")
@@ -202,9 +207,17 @@ def untouched_deterministic(case: Case) -> Validation | None:
     return None if v.ok else v
 
 
+def _engine_files(sb: Sandbox) -> dict[str, str]:
+    """{path: digest} of the files the engine writes into every container (`ENGINE_FILES`)."""
+    out = sb.exec("sha256sum " + " ".join(ENGINE_FILES) + " 2>/dev/null", 30, user="root", workdir="/").output
+    return {path: digest for digest, _, path in (line.partition("  ") for line in out.splitlines()) if path}
+
+
 def solution_passes(case: Case) -> Validation | None:
-    """The reference solution runs cleanly, changes only what its kind allows, and its state passes."""
+    """The reference solution runs cleanly, changes only what its kind allows and no file the engine manages, and
+    its state passes."""
     env, v, sb = case.env, case.v, case.sb
+    managed = _engine_files(sb)
     for cmd in env.solution:
         res = sb.exec(cmd, case.command_timeout_s)
         if res.timed_out:
@@ -213,8 +226,17 @@ def solution_passes(case: Case) -> Validation | None:
         if res.exit_code != 0:
             return v.fail("solution_passes", "solution_fails",
                           f"reference solution exited {res.exit_code}: {res.output[-600:]}")
+    # a file the engine bind-mounts into every container is in no change set and in no judging container: a task
+    # whose answer is there fails every honest agent in judging, though its reference passes here
+    moved = sorted(p for p, d in _engine_files(sb).items() if managed.get(p) != d)
+    if moved:
+        return v.fail("solution_passes", "engine_managed_change", (
+            f"the reference solution changes {', '.join(moved)}, which the engine writes into every container: "
+            "no container the tests judge in holds that change"))
     # what the reference solution changes: an agent's change that is not among these is unexpected
-    env.expected_changes = sorted(sb.changes().paths())
+    changes = sb.changes()
+    env.expected_changes = sorted(changes.paths())
+    env.expected_kinds = reference_changes(sb, changes, env)
     confined = kind_of(env).confined
     stray = confined(env, env.expected_changes) if confined else None
     if stray:
@@ -282,7 +304,8 @@ CHECKS: tuple[Check, ...] = (
     Check("no_leak", ("tests_leaked", "solution_leaked"), no_leak, fresh=True),
     Check("kind", (), kind_checks, recorded=False),  # recorded under each kind check's own name (tools: `tools_serve`)
     Check("deterministic", ("nondeterministic_tests",), untouched_deterministic, oracle="absent"),
-    Check("solution_passes", ("solution_fails", "tools_write_outside_store", "verifier_error"), solution_passes,
+    Check("solution_passes", ("solution_fails", "tools_write_outside_store", "engine_managed_change", "verifier_error"),
+          solution_passes,
           oracle="present"),
     Check("deterministic", ("nondeterministic_tests",), deterministic, oracle="present"),
     Check("instance_specific", ("not_instance_specific",), instance_specific, oracle="present"),
@@ -375,7 +398,9 @@ def profile_reference(client, env: EnvSpec, sandbox: SandboxConfig, command_time
         if env.oracle == "absent" or not all(runs_cleanly(c) for c in env.solution):
             env.tests_run_agent_code = _exposure(sb, env)
             return False
-        env.expected_changes = sorted(sb.changes().paths())
+        changes = sb.changes()
+        env.expected_changes = sorted(changes.paths())
+        env.expected_kinds = reference_changes(sb, changes, env)
         _record_reference(sb, env, test_timeout_s)
         return True
 

@@ -89,7 +89,9 @@ PYTEST_LINE = re.compile(r"^(PASSED|FAILED|ERROR)\s+(\S+)(?:\s+-\s+(.*))?$", re.
 SUMMARY = re.compile(r"^=+ short test summary info =+$", re.M)
 SAFE_ENV = ("env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "
             "PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 TEST_DIR=/tests")
-RESET = ("rm -rf /tests /logs/verifier; mkdir -p /logs/verifier && chmod 700 /logs /logs/verifier "
+# (whatever the episode left at /logs, a file, a link or a FIFO, goes: the reset is trajforge's, never the agent's to break)
+RESET = ("rm -rf /tests; { [ -d /logs ] && [ ! -L /logs ]; } || rm -f /logs; rm -rf /logs/verifier; "
+         "mkdir -p /logs/verifier && chmod 700 /logs /logs/verifier "
          "&& [ ! -L /logs ] && [ ! -L /logs/verifier ] && [ \"$(stat -c '%u %a' /logs/verifier)\" = '0 700' ] "
          "&& [ -z \"$(ls -A /logs/verifier)\" ] && echo TF_RESET_OK")
 

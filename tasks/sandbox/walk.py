@@ -52,6 +52,13 @@ def inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def inexact(paths: list[str]) -> list[str]:
+    """The change-set paths that do not name one file exactly: a byte that is not UTF-8 is spelled `\\xNN` (records
+    are text), as a literal `\\xNN` is, so a revert, a capture or a digest by that text may address another file or
+    none. Evidence holding one is incomplete (verify: `incomplete_evidence`): it never decides a pass."""
+    return [p for p in paths if _BAD_BYTE.search(p)]
+
+
 def _opaque_gate(quoted: str) -> str:
     """Shell: an `O` record for each of the (quoted) folders this user cannot list."""
     return f"for p in {quoted}; do [ -r \"$p\" ] && [ -x \"$p\" ] || printf 'O 0 d %s\\0' \"$p\"; done; "
@@ -67,6 +74,9 @@ class ChangeWalk:
     """The change-walk half of `Sandbox` (see the module docstring)."""
 
     walk_cap = 64 << 20  # bytes of change-walk records beyond which the change set is the agent's failure
+    # the changed paths of the last change set that are no file, folder or link, with find's type letter (`p` a FIFO,
+    # `c`/`b` a device, `s` a socket): what the validator records of the reference's outputs (`PathChange.content`)
+    special: dict[str, str] = {}
 
     @property
     def _prune(self) -> str:
@@ -259,6 +269,7 @@ class ChangeWalk:
             gone = [q for q in gone if not below_opaque(q)]
             kinds.update({p: "f" if p in self.baseline else "d" for p in opaque})
         gone = sorted(set(gone))
+        self.special = {p: k for p, k in kinds.items() if k in ("p", "c", "b", "s")}
         added = sorted(p for p in kinds if p not in self.baseline)
         modified = sorted({p for p, k in kinds.items() if p in self.baseline and k != "d"} | set(engine_modified))
         # an added folder is listed only when nothing was added inside it (sorted: its first child, if
