@@ -1,19 +1,22 @@
 """Shared set-up for the benchmarks: environments with built images, committed as a `synthesize`
 manifest so stage code can read them, a plain table printer (pasted into issue notes), the machine's
-busy CPU seconds and the host line (CPU model, `lscpu` flags, `uptime`) a benchmark prints with its table,
-and the contract every benchmark keeps with `benchmarks/_run.py` (`make bench`, `make bench-quick`):
-`--quick` (tiny sizes, same code path), `host_report` at start and end, one `target(...)` line per target,
+busy CPU seconds, a single-turn chat client for the embedded teacher, the host line (CPU model, `lscpu` flags,
+`uptime`) a benchmark prints with its table, and the contract every benchmark keeps with `benchmarks/_run.py`
+(`make bench`, `make bench-quick`): `--quick` (tiny sizes, same code path), `host_report` at start and end, one `target(...)` line per target,
 exit code 0 (ran; targets met, not judged or none), `MISSED` (ran; a target missed) or anything else (broken)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import os
 import subprocess
+import time
 
 from trajforge.schemas.config import SandboxConfig, parse_config
-from trajforge.schemas.environment import EnvSpec
+from trajforge.schemas.environment import DEFAULT_WORKDIR, EnvSpec
+from trajforge.tasks.agent.harness import FENCED_HINT, SYSTEM_PROMPT
 from trajforge.tasks.engine import Manifest, StageContext
 from trajforge.tasks.envs.families import FAMILIES
 from trajforge.tasks.envs.images import ensure_image
@@ -138,3 +141,33 @@ def no_target(what: str) -> int:
     """Print `target: none (WHAT)` for a benchmark whose figures are for the record; return 0."""
     print(f"target: none ({what})", flush=True)
     return 0
+
+
+async def single_turn_client(url: str, prompts: list[str], concurrency: int, seconds: float, max_tokens: int,
+                             temperature: float, forced: bool = False) -> tuple[int, float]:
+    """(completion tokens, wall s) of `concurrency` clients sending single-turn requests (the rollout's system
+    prompt + one of `prompts`) to the embedded teacher's server for `seconds`; `forced`: every completion exactly
+    `max_tokens` long (`min_tokens` + `ignore_eos`)."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0, timeout=600)
+    extra = {"extra_body": {"min_tokens": max_tokens, "ignore_eos": True}} if forced else {}
+    tokens = 0
+    deadline = time.monotonic() + seconds
+
+    async def worker(i: int) -> None:
+        nonlocal tokens
+        n = i
+        while time.monotonic() < deadline:
+            r = await client.chat.completions.create(
+                model="smollm2", max_tokens=max_tokens, temperature=temperature, **extra,
+                messages=[{"role": "system", "content": SYSTEM_PROMPT.format(workdir=DEFAULT_WORKDIR) + FENCED_HINT},
+                          {"role": "user", "content": prompts[n % len(prompts)]}])
+            tokens += r.usage.completion_tokens
+            n += concurrency
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    wall = time.monotonic() - t0
+    await client.close()
+    return tokens, wall

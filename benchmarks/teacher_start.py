@@ -29,11 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import host_report, no_target, parse_quick, print_table  # noqa: E402
+from _common import host_report, no_target, parse_quick, print_table, single_turn_client  # noqa: E402
 
 from trajforge.schemas.config import parse_config  # noqa: E402
-from trajforge.schemas.environment import DEFAULT_WORKDIR  # noqa: E402
-from trajforge.tasks.agent.harness import FENCED_HINT, SYSTEM_PROMPT  # noqa: E402
 from trajforge.tasks.teachers.vllm_server import VLLMServer  # noqa: E402
 
 PROMPTS = ["Count the lines of /var/log/app.log that contain ERROR and write the number to report.txt.",
@@ -54,40 +52,15 @@ def teacher(caches: Path, eager: bool) -> object:
     return parse_config(cfg).teachers[0]
 
 
-async def decode(url: str, concurrency: int, tokens: int, seconds: float) -> float:
-    """Completion tokens/s of `concurrency` clients sending `tokens`-token requests for `seconds`."""
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0, timeout=600)
-    got = 0
-    deadline = time.monotonic() + seconds
-
-    async def worker(i: int) -> None:
-        nonlocal got
-        n = i
-        while time.monotonic() < deadline:
-            r = await client.chat.completions.create(
-                model="smollm2", max_tokens=tokens, temperature=0.7,
-                extra_body={"min_tokens": tokens, "ignore_eos": True},
-                messages=[{"role": "system", "content": SYSTEM_PROMPT.format(workdir=DEFAULT_WORKDIR) + FENCED_HINT},
-                          {"role": "user", "content": PROMPTS[n % len(PROMPTS)]}])
-            got += r.usage.completion_tokens
-            n += concurrency
-
-    t0 = time.monotonic()
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    wall = time.monotonic() - t0
-    await client.close()
-    return got / wall
-
-
 def side(name: str, caches: Path, eager: bool, args: argparse.Namespace, logs: Path) -> tuple[float, float]:
     """Start the server, time it to healthy, measure decode; stop it. Returns (start s, tokens/s)."""
     server = VLLMServer(teacher(caches, eager), logs / f"{name}-{time.monotonic_ns()}.log", pid_dir=logs / "pids")
     t0 = time.monotonic()
     with server:
         start = time.monotonic() - t0
-        tps = asyncio.run(decode(server.url, args.concurrency, args.tokens, args.seconds))
+        got, wall = asyncio.run(single_turn_client(server.url, PROMPTS, args.concurrency, args.seconds, args.tokens,
+                                                   0.7, forced=True))
+        tps = got / wall
     print(f"... {name}: healthy after {start:.1f} s, {tps:.1f} completion tokens/s", flush=True)
     return start, tps
 

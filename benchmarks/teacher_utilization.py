@@ -37,11 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_quick, build_envs, host_report, print_table, target  # noqa: E402
+from _common import add_quick, build_envs, host_report, print_table, single_turn_client, target  # noqa: E402
 
 from trajforge.schemas.config import parse_config  # noqa: E402
-from trajforge.schemas.environment import DEFAULT_WORKDIR  # noqa: E402
-from trajforge.tasks.agent.harness import FENCED_HINT, SYSTEM_PROMPT  # noqa: E402
 from trajforge.tasks.engine import Manifest, StageContext, execute_shard  # noqa: E402
 from trajforge.tasks.rollout import RolloutStage  # noqa: E402
 from trajforge.tasks.teachers.cpu_profile import cpu_flags  # noqa: E402
@@ -118,31 +116,6 @@ def machine_busy() -> float:
     """CPU seconds the machine was not idle (all cores), from /proc/stat."""
     v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-
-
-async def single_turn_client(url: str, prompts: list[str], concurrency: int, seconds: float) -> tuple[int, float]:
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=url, api_key="EMPTY", max_retries=0, timeout=600)
-    tokens = 0
-    deadline = time.monotonic() + seconds
-
-    async def worker(i: int) -> None:
-        nonlocal tokens
-        n = i
-        while time.monotonic() < deadline:
-            r = await client.chat.completions.create(
-                model="smollm2", max_tokens=TEACHER["max_tokens"], temperature=TEACHER["temperature"],
-                messages=[{"role": "system", "content": SYSTEM_PROMPT.format(workdir=DEFAULT_WORKDIR) + FENCED_HINT},
-                          {"role": "user", "content": prompts[n % len(prompts)]}])
-            tokens += r.usage.completion_tokens
-            n += concurrency
-
-    t0 = time.monotonic()
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    wall = time.monotonic() - t0
-    await client.close()
-    return tokens, wall
 
 
 async def replay_client(url: str, rollouts: list, concurrency: int) -> tuple[int, float]:
@@ -243,9 +216,11 @@ def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, is
     with server, Placement(placement, server.proc.pid if server.proc else 0):
         start_s = time.monotonic() - t0
         cpu = CPU(server.proc.pid)
-        asyncio.run(single_turn_client(server.url, prompts, 4, 3 if args.quick else 10))  # warm-up (compile, caches)
+        asyncio.run(single_turn_client(server.url, prompts, 4, 3 if args.quick else 10, TEACHER["max_tokens"],
+                                        TEACHER["temperature"]))  # warm-up (compile, caches)
         if args.only_a0:  # (a0) only: no sandboxes
-            a0_tok, a0_wall = asyncio.run(single_turn_client(server.url, prompts, C, args.seconds))
+            a0_tok, a0_wall = asyncio.run(single_turn_client(server.url, prompts, C, args.seconds, TEACHER["max_tokens"],
+                                                              TEACHER["temperature"]))
             print(f"(a0) plain client, single-turn prompts, C={C}: {a0_tok} tokens in {a0_wall:.1f}s", flush=True)
             nan = float("nan")
             return {"dtype": dtype, "isa": isa, "placement": placement, "start": start_s, "a": nan, "b": nan, "c": nan,
@@ -255,7 +230,8 @@ def measure(args, runs: str, envs_manifest: Manifest, envs: list, dtype: str, is
         s1 = cpu.sample()
         a_tok, a_wall, a_lat = asyncio.run(replay_client(server.url, b_rows, C))
         s2 = cpu.sample()
-        a0_tok, a0_wall = asyncio.run(single_turn_client(server.url, prompts, C, args.seconds))
+        a0_tok, a0_wall = asyncio.run(single_turn_client(server.url, prompts, C, args.seconds, TEACHER["max_tokens"],
+                                                              TEACHER["temperature"]))
         c_tok, c_wall, c_rows = stage_run(runs, server.url, envs_manifest, 1, args.episodes_c1, len(envs), tag, teacher)
     a, a0, b, c = a_tok / a_wall, a0_tok / a0_wall, b_tok / b_wall, c_tok / c_wall
     statuses: dict[str, int] = {}
