@@ -213,6 +213,14 @@ def _engine_files(sb: Sandbox) -> dict[str, str]:
     return {path: digest for digest, _, path in (line.partition("  ") for line in out.splitlines()) if path}
 
 
+def _record_changes(sb: Sandbox, env: EnvSpec) -> None:
+    """What the solved container changed, as the reference's changes: their paths (`expected_changes`) and each
+    one's kind and, where it is content-bound, content (`expected_kinds`)."""
+    changes = sb.changes()
+    env.expected_changes = sorted(changes.paths())
+    env.expected_kinds = reference_changes(sb, changes, env)
+
+
 def solution_passes(case: Case) -> Validation | None:
     """The reference solution runs cleanly, changes only what its kind allows and no file the engine manages, and
     its state passes."""
@@ -234,9 +242,7 @@ def solution_passes(case: Case) -> Validation | None:
             f"the reference solution changes {', '.join(moved)}, which the engine writes into every container: "
             "no container the tests judge in holds that change"))
     # what the reference solution changes: an agent's change that is not among these is unexpected
-    changes = sb.changes()
-    env.expected_changes = sorted(changes.paths())
-    env.expected_kinds = reference_changes(sb, changes, env)
+    _record_changes(sb, env)
     confined = kind_of(env).confined
     stray = confined(env, env.expected_changes) if confined else None
     if stray:
@@ -398,9 +404,7 @@ def profile_reference(client, env: EnvSpec, sandbox: SandboxConfig, command_time
         if env.oracle == "absent" or not all(runs_cleanly(c) for c in env.solution):
             env.tests_run_agent_code = _exposure(sb, env)
             return False
-        changes = sb.changes()
-        env.expected_changes = sorted(changes.paths())
-        env.expected_kinds = reference_changes(sb, changes, env)
+        _record_changes(sb, env)
         _record_reference(sb, env, test_timeout_s)
         return True
 
