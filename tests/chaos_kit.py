@@ -154,7 +154,10 @@ def stage_dirs(store: RunStore, build_id: str, stage: str) -> list[str]:
 
 
 def done_markers(store: RunStore, build_id: str, stage: str) -> list[str]:
-    return store.fs.glob(posixpath.join(store.build_dir(build_id), stage, "*", "_done", "*"))
+    """The finished shards' markers of `stage` (a marker being written is a `*.tmp-*` file, renamed into place
+    or removed by a resume: not a finished shard, and it may be gone by the time the caller looks at it)."""
+    found = store.fs.glob(posixpath.join(store.build_dir(build_id), stage, "*", "_done", "*"))
+    return [p for p in found if ".tmp-" not in posixpath.basename(p)]
 
 
 def build_containers(client, build_id: str) -> list:
