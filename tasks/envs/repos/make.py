@@ -14,6 +14,10 @@ starting state), `flaky_suite`, `does_not_import` (a planted bug breaks the
 import of test modules that import after the fix), `no_fail_to_pass` (a commit whose tests never fail before it),
 `bug_not_seen` (a planted bug no test sees). Docker failing raises `SandboxError` (infrastructure: the caller's).
 
+Cost: a commit task's probe runs the suite three times (before, and twice after its diff); the planted bugs of one
+revision share the two runs of the revision itself (`solved_runs`, built as its own image once), so each bug's probe
+runs the suite once and checks that its inverse patch gave back the revision's files, byte for byte.
+
 Invariants: the instruction is written from the commit's message, the changed code files' names and the failing
 tests' names and first error lines, never from the tests' code; the env id hashes the environment's content. Rows
 name where they come from: `source` is `repo:<repository>@<revision>`, `family` `repo:commit` or
@@ -25,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,7 +43,7 @@ from .bugs import BugPlantingError, combine, inverse_patch, plant
 from .fetch import repository_path
 from .history import RepositoryError, checkout, open_repository, scan
 from .image import recipe, split
-from .probe import probe
+from .probe import Run, probe
 from .project import ProjectError, detect, test_command
 
 HERE = Path(__file__).parent
@@ -68,6 +73,26 @@ def hidden_tests(tests: dict[str, bytes], spec: dict[str, Any], workdir: str) ->
                     FileSpec(path="testlists.py", content=(HERE / "testlists.py").read_text()),
                     FileSpec(path="lists.json", content=json.dumps(spec, indent=1, sort_keys=True) + "\n"),
                     FileSpec(path="test.sh", content=script, mode=0o755)]
+
+
+_SOLVED_RUNS: dict[tuple[str, str, float], list[Run]] = {}
+_SOLVED_LOCK = threading.Lock()
+
+
+def solved_runs(client, image: str, sandbox: SandboxConfig, workdir: str, tests: list[FileSpec], timeout_s: float,
+                labels: dict[str, str] | None) -> list[Run]:
+    """The suite twice on a revision's own tree (`image`, no solution to apply): the "after" runs of every bug
+    planted in it, made once per process and image (the hidden files' digest is in the key: the lists are not yet
+    in them, the tests are)."""
+    digest = hashlib.sha256(json.dumps([[f.path, f.content] for f in tests if f.path != "lists.json"]).encode())
+    key = (image, digest.hexdigest(), timeout_s)
+    with _SOLVED_LOCK:  # one probe of a revision at a time (a shard's items run one after another anyway)
+        if key not in _SOLVED_RUNS:
+            first = probe(client, image, sandbox, workdir, tests, [], timeout_s, labels, repeats=1)
+            if len(_SOLVED_RUNS) > 16:
+                _SOLVED_RUNS.clear()
+            _SOLVED_RUNS[key] = [first.before, *first.after]
+        return _SOLVED_RUNS[key]
 
 
 def _failing(before: dict[str, str], messages: dict[str, str], f2p: tuple[str, ...]) -> str:
@@ -119,16 +144,22 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
                 patch = inverse_patch(bug)
                 task = {"kind": "planted_bug", "bugs": [p.description for p in chosen]}
                 code, _ = split(solved)
+                clean = dict(code)  # the solved state: what the inverse patch gives back
                 for change in bug.changes:
                     code[change.path] = change.mutated.encode("utf-8")
+                    clean[change.path] = change.original.encode("utf-8")
+                restores = {c.path: hashlib.sha256(clean[c.path]).hexdigest() for c in bug.changes}
             project = detect(solved, cfg.project or None)
             _, tests = split(solved)
         except (RepositoryError, ProjectError, BugPlantingError, OSError, UnicodeDecodeError, IndexError) as e:
             return Reject(key=key, reason="repo_unusable", detail=str(e)[:1500])
         lock = lock_text()
         wheel = pip_wheel(lock)
-        dockerfile, context, blobs = recipe(sandbox.base_image, workdir, project, solved, code,
-                                            (wheelhouse(lock) / wheel).read_bytes(), wheel, "install" in cfg.project)
+        pip = (wheelhouse(lock) / wheel).read_bytes()
+        dockerfile, context, blobs = recipe(sandbox.base_image, workdir, project, solved, code, pip, wheel,
+                                            "install" in cfg.project)
+        solved_recipe = recipe(sandbox.base_image, workdir, project, solved, clean, pip, wheel,
+                               "install" in cfg.project) if item["task"] == "planted_bug" else None
     prefix = test_command(project, REPORT, ["x"], python="python3")[:-1]
     spec: dict[str, Any] = {"command": prefix, "paths": list(project.test_paths), "timeout_s": cfg.test_timeout_s,
                             "fail_to_pass": [], "pass_to_pass": []}
@@ -145,10 +176,21 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
                                     log_sink=log_sink)
     except ImageBuildError as err:
         return Reject(key=key, reason="image_build_failed", detail=f"[{err.cause}] {err.log_tail[-1500:]}")
-    seen = probe(client, env.image, sandbox, workdir, files, env.solution, cfg.test_timeout_s, labels)
+    if solved_recipe is None:
+        seen = probe(client, env.image, sandbox, workdir, files, env.solution, cfg.test_timeout_s, labels)
+        after = seen.after
+    else:  # the revision's own suite runs (shared by its bugs), then this bug's starting state and its inverse patch
+        solved_env = env.model_copy(update=dict(zip(("dockerfile", "context", "blobs"), solved_recipe)))
+        try:
+            solved_image, _ = ensure_image(client, sandbox.base_image, solved_env, aliases, limits=sandbox,
+                                           options=options, log_sink=log_sink)
+        except ImageBuildError as err:
+            return Reject(key=key, reason="image_build_failed", detail=f"[{err.cause}] {err.log_tail[-1500:]}")
+        after = solved_runs(client, solved_image, sandbox, workdir, files, cfg.test_timeout_s, labels)
+        seen = probe(client, env.image, sandbox, workdir, files, env.solution, cfg.test_timeout_s, labels, repeats=0,
+                     restores=restores)
     if seen.solution_error:
         return Reject(key=key, reason="solution_fails", detail=seen.solution_error)
-    after = seen.after
     if seen.before.error:  # e.g. a planted bug that makes a test loop forever: no outcome to compare with
         return Reject(key=key, reason="tests_hang" if seen.before.error == "timed out" else "tests_do_not_run",
                       detail=f"before the reference solution: {seen.before.error}: {seen.before.tail[-1500:]}")

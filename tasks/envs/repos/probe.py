@@ -1,6 +1,8 @@
 """One container run of a repository task's candidate (issue 43): the project's whole suite on the task's starting
 state, then the reference solution, then the suite twice more on the solved state (a test whose outcome differs
-between those two is flaky). What comes out is what `testlists.lists` needs.
+between those two is flaky). What comes out is what `testlists.lists` needs. Planted bugs of one revision share
+their solved state (the revision itself): `make.py` runs its suite twice once (`repeats=1` with no solution) and
+each bug's probe runs the suite once, applies the inverse patch and checks it gave the revision's files back.
 
 Invariants: the container is the task's own image (the agent's, without tests), the hidden test files are put in
 by the engine (as the verifier does), the reference solution runs as the agent would run it, and the suite runs as
@@ -12,6 +14,7 @@ written into the image; the container is removed whatever happens. Docker failin
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 
 from ....schemas.common import FileSpec
@@ -54,9 +57,23 @@ def _parse(output: str, timed_out: bool) -> Run:
     return run
 
 
+DIGESTS = ("import hashlib, json, sys\n"
+           "out = {}\n"
+           "for p in sys.argv[1:]:\n"
+           "    try:\n"
+           "        out[p] = hashlib.sha256(open(p, 'rb').read()).hexdigest()\n"
+           "    except OSError:\n"
+           "        out[p] = None\n"
+           "print(json.dumps(out))\n")
+
+
 def probe(client, image: str, cfg: SandboxConfig, workdir: str, tests: list[FileSpec], solution: list[str],
-          timeout_s: float, labels: dict[str, str] | None = None, repeats: int = 2) -> Probe:
-    """The suite before the reference solution, then `repeats` times after it, in one container of `image`."""
+          timeout_s: float, labels: dict[str, str] | None = None, repeats: int = 2,
+          restores: dict[str, str] | None = None) -> Probe:
+    """The suite before the reference solution, then `repeats` times after it, in one container of `image`.
+    `restores` (work-dir path -> sha256): the files the solution must leave with exactly these contents (a planted
+    bug's inverse patch gives back the revision's files, whose suite runs are shared: `repeats=0`); a file that
+    differs is a `solution_error`."""
     with Sandbox(client, image, cfg, workdir=workdir, labels={"trajforge.role": "repo-probe", **(labels or {})}) as sb:
         sb.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in tests], parent="/",
                      root=TESTS.strip("/"), uid=0, dir_mode=0o700)
@@ -71,4 +88,15 @@ def probe(client, image: str, cfg: SandboxConfig, workdir: str, tests: list[File
             res = sb.exec(cmd, timeout_s=120)
             if res.timed_out or res.exit_code != 0:
                 return Probe(before, f"exit {res.exit_code}: {res.output[-1500:]}", [])
+        if restores:
+            paths = sorted(restores)
+            res = sb.exec("/usr/bin/python3 -I -c " + shlex.quote(DIGESTS) + " " + shlex.join(paths), timeout_s=60,
+                          user="root", readonly=True)
+            try:
+                got = json.loads(res.output.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                got = {}
+            wrong = [p for p in paths if got.get(p) != restores[p]]
+            if wrong:
+                return Probe(before, f"the solution does not give back the revision's {', '.join(wrong)}", [])
         return Probe(before, None, [suite() for _ in range(repeats)])
