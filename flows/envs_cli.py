@@ -19,7 +19,7 @@ from rich.table import Table
 
 from ..schemas.environment import EnvSpec
 from .console import console, err_console, fail
-from .envs_repo import envs_from_repo
+from .envs_repo import envs_fetch, envs_from_repo
 from .envs_settings import _settings, _validate_all
 
 envs_app = typer.Typer(no_args_is_help=True, help="Environment families and environments.")
@@ -342,3 +342,4 @@ def images_prune(runs: str = typer.Option("./runs"),
 
 
 envs_app.command("from-repo")(envs_from_repo)
+envs_app.command("fetch")(envs_fetch)

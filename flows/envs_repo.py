@@ -1,4 +1,6 @@
-"""`trajforge envs from-repo PATH_OR_URL`: software-engineering environments from one repository, outside a build.
+"""`trajforge envs from-repo PATH_OR_URL`: software-engineering environments from one repository, outside a build;
+`trajforge envs fetch CONFIG`: every repository a build config names, fetched into the cache now (a build that
+runs later, or offline, reads the cache and downloads nothing).
 
 PATH_OR_URL: a local git repository or project folder, a git URL, or `pypi:NAME` with `--versions` (released sdists
 as the history). The same code as `synthesize.repos` in a build (tasks/envs/repos): plan the items, build each
@@ -90,3 +92,25 @@ def envs_from_repo(
         out.write_text("".join(e.model_dump_json() + "\n" for e in kept))
         console.print(f"wrote {len(kept)} environment(s) to {out}")
     raise typer.Exit(0 if kept else 1)
+
+
+def envs_fetch(config: Path = typer.Argument(..., help="a build config with `synthesize.repos`")):
+    """Fetch every repository of CONFIG's `synthesize.repos` into the trajforge cache (sdists, clones, histories)."""
+    from ..schemas.config import ConfigError, load_config
+    from ..tasks.envs.repos.fetch import SourceError, repository_path
+    from ..tasks.envs.repos.history import RepositoryError, open_repository
+
+    try:
+        repos = load_config(config).synthesize.repos
+    except (ConfigError, OSError) as err:
+        fail(str(err))
+    if not repos:
+        fail(f"{config}: synthesize.repos is empty: nothing to fetch")
+    for cfg in repos:
+        t0 = time.monotonic()
+        try:
+            path = repository_path(cfg.path, cfg.pypi, cfg.versions)
+            head = open_repository(path).head
+        except (SourceError, RepositoryError, OSError) as err:
+            fail(f"{cfg.label}: {err}")
+        console.print(f"{cfg.label}: {path} at {(head or 'no commit')[:12]} ({time.monotonic() - t0:.1f}s)")

@@ -76,19 +76,26 @@ def _commit(repo: Path, files: dict[str, str], message: str) -> str:
                           text=True).stdout.strip()
 
 
-def calc_repo(root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+def calc_repo(root: Path, extra: dict[str, str] | None = None, package: str = "calc") -> dict[str, str]:
     """A git repository at `root`: `init` (the project), `sub` (adds `sub` and its test: a task), `refactor`
-    (changes code and adds a test that passes before it too: `no_fail_to_pass`). Commit ids by name."""
+    (changes code and adds a test that passes before it too: `no_fail_to_pass`). Commit ids by name. `package`:
+    the project's name and its package's (e.g. one the base image has installed: `more_itertools`)."""
     root.mkdir(parents=True)
     subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True, env={**os.environ, **IDENTITY})
-    shas = {"init": _commit(root, {"pyproject.toml": PYPROJECT, "calc/__init__.py": CALC,
-                                   "tests/test_calc.py": TESTS, **(extra or {})}, "init")}
-    shas["sub"] = _commit(root, {"calc/__init__.py": CALC + SUB, "tests/test_calc.py": TESTS + TEST_SUB},
-                          "Add sub(a, b)\n\nSubtraction, the inverse of add.")
-    shas["refactor"] = _commit(root, {"calc/__init__.py": (CALC + SUB).replace("return a + b", "return b + a"),
-                                      "tests/test_calc.py": TESTS + TEST_SUB + "\n\ndef test_add_again():\n"
-                                                                             "    assert add(1, 1) == 2\n"},
-                               "Refactor add")
+
+    def commit(files: dict[str, str], message: str) -> str:
+        return _commit(root, {k.replace("calc", package): v.replace("calc", package) if k in named else v
+                              for k, v in files.items()}, message)
+
+    named = {"pyproject.toml", "calc/__init__.py", "tests/test_calc.py"}
+    shas = {"init": commit({"pyproject.toml": PYPROJECT, "calc/__init__.py": CALC,
+                            "tests/test_calc.py": TESTS, **(extra or {})}, "init")}
+    shas["sub"] = commit({"calc/__init__.py": CALC + SUB, "tests/test_calc.py": TESTS + TEST_SUB},
+                         "Add sub(a, b)\n\nSubtraction, the inverse of add.")
+    shas["refactor"] = commit({"calc/__init__.py": (CALC + SUB).replace("return a + b", "return b + a"),
+                               "tests/test_calc.py": TESTS + TEST_SUB + "\n\ndef test_add_again():\n"
+                                                                      "    assert add(1, 1) == 2\n"},
+                              "Refactor add")
     return shas
 
 

@@ -20,6 +20,7 @@ from trajforge.schemas.environment import EnvSpec
 from trajforge.tasks.envs.images import BuildOptions
 from trajforge.tasks.envs.repos.bugs import plant
 from trajforge.tasks.envs.repos.make import make_env
+from trajforge.tasks.sandbox import Sandbox
 
 pytestmark = [pytest.mark.docker]
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,3 +74,23 @@ def test_each_unusable_candidate_is_rejected_with_its_reason(small):
     assert deps.reason == "image_build_failed", deps
     assert deps.detail.startswith("[package_not_found]") and "trajforge-no-such-package-for-tests" in deps.detail
     print(f"\nsmall projects: {TIMES['small']:.0f}s")
+
+
+def test_a_project_the_base_image_has_installed_is_tested_from_the_work_dir(docker_client, tmp_path):
+    """Debian's pytest depends on `python3-more-itertools`: a project of that name must not be shadowed by the copy
+    installed in the base image (its tests would never see the code the agent edits: no task, or a task no edit
+    can solve), and deleting the project's package must not hand the tests the installed copy."""
+    shas = calc_repo(tmp_path / "mi", package="more_itertools")
+    cfg = RepoSourceConfig(path=str(tmp_path / "mi"), bugs=0, project={"install": []})
+    env = make_env(docker_client, 0, cfg, {"kind": "repo", "repo": 0, "task": "commit", "sha": shas["sub"]},
+                   SandboxConfig(), OPTIONS, {})
+    assert isinstance(env, EnvSpec), env  # the installed copy has no `add`: every test would fail before and after
+    assert '"tests/test_more_itertools.py::test_sub"' in next(t.content for t in env.tests if t.path == "lists.json")
+    with Sandbox(docker_client, env.image, SandboxConfig(), workdir=env.workdir) as sb:
+        where = sb.exec("python3 -c 'import more_itertools; print(more_itertools.__file__)'", 60)
+        assert where.output.strip() == f"{env.workdir}/more_itertools/__init__.py", where.output
+        sb.exec("rm -rf more_itertools", 60)
+        gone = sb.exec("python3 -I -c 'import more_itertools'", 60, user="root")
+        assert gone.exit_code != 0 and f"No module named 'more_itertools' in {env.workdir}" in gone.output
+        other = sb.exec("python3 -I -c 'import pluggy, _pytest; print(_pytest.__file__)'", 60, user="root")
+        assert other.exit_code == 0 and other.output.startswith("/usr/lib/python3/dist-packages/"), other.output

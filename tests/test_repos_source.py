@@ -53,7 +53,9 @@ def test_the_image_holds_the_code_and_never_a_test_file(tmp_path):
     assert not any("test" in f.path for f in context) and not any("test_calc" in f.content for f in context)
     assert [b.path for b in blobs] == [".tf-pip/pip-1-py3-none-any.whl", "project/data/logo.bin"]
     assert "-r /opt/trajforge/requirements.txt" in dockerfile and "COPY project/ /home/agent/work/" in dockerfile
-    assert "echo /home/agent/work > /usr/lib/python3/dist-packages/zz-trajforge-project.pth" in dockerfile
+    assert "/home/agent/work > /usr/lib/python3/dist-packages/zz-trajforge-project.pth" in dockerfile
+    finder = next(f.content for f in context if f.path == ".tf-project-first.py")
+    assert "NAMES = frozenset(['calc'])" in finder and "ROOT = '/home/agent/work'" in finder
     none = recipe("b", "/w", detect(tree, {"install": []}), tree, code, PIP, "pip.whl", True)[0]
     assert "requirements.txt\n" not in none.split("COPY project/")[1] and "pip.whl/pip install" not in none
 

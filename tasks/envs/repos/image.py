@@ -13,8 +13,12 @@ Invariants:
   not UTF-8 travels as a blob (by content hash), never inlined.
 - Dependencies install into `DEPS` (pip run from its pinned wheel, `--target`: Debian's Python is left as it is),
   named by a `.pth` that comes before Debian's packages; the project itself is never installed: the work dir (or
-  its `src/`) is on `sys.path` through a `.pth` read after every installed package, so the tests import the code
-  the agent edits, and a file the agent adds cannot shadow an installed module.
+  its `src/`) is on `sys.path` through a `.pth` read after every installed package, so a file the agent adds cannot
+  shadow an installed module (the grader's pytest above all). The project's own top-level packages and modules (as
+  the revision has them) are the exception: a finder first on `sys.meta_path` (`PROJECT_FINDER`, root's file)
+  takes them from the work dir only, so an installed copy of the project (Debian's `python3-more-itertools`, which
+  its pytest depends on) never stands in for the code the agent edits, and a package the agent deletes is a
+  `ModuleNotFoundError`, never the installed copy.
 - A requirement that names the project itself, or a path (`.`, `-e`), is dropped: the work dir stands for it.
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path, PurePosixPath
 
 from ....schemas.common import FileSpec
@@ -33,6 +38,37 @@ from .project import PYTHON, Project, file_requirements, inside
 DEPS = "/opt/trajforge/deps"
 PIP_DIR = "/opt/trajforge/pip"
 PROJECT_PTH = "/usr/lib/python3/dist-packages/zz-trajforge-project.pth"
+PROJECT_FINDER = "/usr/lib/python3/dist-packages/trajforge_project_first.py"
+FINDER = '''"""trajforge (repository tasks): the project's own top-level names import from {root} only."""
+import sys
+from importlib.machinery import PathFinder
+
+ROOT = {root!r}
+NAMES = frozenset({names!r})
+
+
+class ProjectFirst:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if path is not None or name not in NAMES:
+            return None
+        spec = PathFinder.find_spec(name, [ROOT])
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {{name!r}} in {{ROOT}}", name=name)
+        return spec
+
+    @classmethod
+    def invalidate_caches(cls):
+        PathFinder.invalidate_caches()
+
+
+if ProjectFirst not in sys.meta_path:
+    sys.meta_path.insert(0, ProjectFirst)
+'''
+NOT_PACKAGES = frozenset({"setup", "conftest", "noxfile", "fabfile", "tasks", "docs", "doc", "tests", "test"})
+# never taken from the work dir first: the standard library and the test runner the grader starts (a project of that
+# name keeps the `.pth` order: installed first)
+RUNNER = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py", "iniconfig"}
 SKIPPED_DIRS = frozenset({".git", "__pycache__", ".hg", ".svn", ".tox", ".nox", ".mypy_cache", ".pytest_cache"})
 MAX_FILE = 4 << 20
 NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
@@ -44,7 +80,8 @@ COPY .tf-requirements.txt /opt/trajforge/requirements.txt
 RUN site=$(python3 -c 'import site; print(site.getsitepackages()[0])') && mkdir -p "$site" {deps} \\
  && echo {deps} > "$site/00-trajforge-deps.pth"{install}
 COPY project/ {workdir}/
-RUN echo {import_root} > {project_pth}{commands}
+COPY .tf-project-first.py {project_finder}
+RUN printf '%s\\nimport trajforge_project_first\\n' {import_root} > {project_pth}{commands}
 """
 PIP = "python3 {pip_dir}/{wheel}/pip install --no-cache-dir --disable-pip-version-check --root-user-action=ignore " \
       "--no-compile --break-system-packages --target {deps}"
@@ -63,6 +100,23 @@ def split(tree: Path, test_globs: tuple[str, ...] = ()) -> tuple[dict[str, bytes
             continue
         (tests if is_test_path(rel, test_globs) else code)[rel] = path.read_bytes()
     return code, tests
+
+
+def import_names(code: dict[str, bytes], src: bool) -> list[str]:
+    """The project's top-level packages and modules (relative path -> bytes of its code files): a folder of the
+    import root with an `__init__.py`, or a `.py` file in it (set-up and task-runner scripts, `RUNNER` left out)."""
+    prefix = ("src",) if src else ()
+    names = set()
+    for rel in code:
+        parts = PurePosixPath(rel).parts
+        if parts[:len(prefix)] != prefix or len(parts) <= len(prefix):
+            continue
+        rest = parts[len(prefix):]
+        name = rest[0][:-3] if len(rest) == 1 and rest[0].endswith(".py") else \
+            rest[0] if len(rest) == 2 and rest[1] == "__init__.py" else None
+        if name and name.isidentifier() and name not in NOT_PACKAGES and name not in RUNNER:
+            names.add(name)
+    return sorted(names)
 
 
 def _norm(name: str) -> str:
@@ -118,9 +172,11 @@ def recipe(base: str, workdir: str, project: Project, tree: Path, code: dict[str
     pip = PIP.format(pip_dir=PIP_DIR, wheel=wheel_name, deps=DEPS)
     install = f" \\\n && {pip} -r /opt/trajforge/requirements.txt" if reqs else ""
     src = any(PurePosixPath(p).parts[0] == "src" and p.endswith(".py") for p in code)
+    root = f"{workdir}/src" if src else workdir
+    context.append(FileSpec(path=".tf-project-first.py", content=FINDER.format(root=root,
+                                                                               names=import_names(code, src))))
     dockerfile = RECIPE.format(base=base, pip_dir=PIP_DIR, deps=DEPS, install=install, workdir=workdir,
-                               import_root=shlex.quote(f"{workdir}/src" if src else workdir),
-                               project_pth=PROJECT_PTH,
+                               import_root=shlex.quote(root), project_pth=PROJECT_PTH, project_finder=PROJECT_FINDER,
                                commands="".join(f" \\\n && cd {shlex.quote(workdir)} && {step}" for step in
                                                 _install_commands(project, wheel_name)) if install_override else "")
     return dockerfile, context, blobs
