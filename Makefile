@@ -58,11 +58,16 @@ test-fast: $(VENV)/.installed
 # Every benchmark (benchmarks/README.md), never stopping at one; a summary table at the end. Exit code
 # non-zero only if a benchmark broke (a missed target is printed as MISSED, not failed).
 BENCH_ARGS ?=
-bench: setup teacher
+bench: setup teacher repo-sources
 	$(PY) benchmarks/_run.py $(BENCH_ARGS)
 
+# The repositories configs/swe.yaml names, fetched into the trajforge cache (benchmarks read them offline).
+.PHONY: repo-sources
+repo-sources: $(VENV)/.installed
+	$(VENV)/bin/trajforge envs fetch configs/swe.yaml
+
 # The same, each benchmark at tiny sizes (--quick: same code path, figures not comparable): CI runs it.
-bench-quick: setup teacher
+bench-quick: setup teacher repo-sources
 	$(PY) benchmarks/_run.py --quick $(BENCH_ARGS)
 
 lint: $(VENV)/.installed

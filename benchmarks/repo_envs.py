@@ -1,8 +1,9 @@
 """Benchmark `repo_envs` (issue 43): environments per minute from one repository on this machine, and the share of
 candidates kept and rejected by reason.
 
-The repository is `configs/swe.yaml`'s (more-itertools from its released sdists; fetched into the trajforge cache
-first, not timed); its items (`plan.items`: commit tasks, then planted-bug tasks) are each made into an
+The repository is `configs/swe.yaml`'s (more-itertools from its released sdists), read from the trajforge cache
+(`make bench` fetches it first with `trajforge envs fetch configs/swe.yaml`; the benchmark itself runs with
+`TRAJFORGE_OFFLINE=1`: it reaches no registry); its items (`plan.items`: commit tasks, then planted-bug tasks) are each made into an
 environment or a reject by `make.make_env`, one after another as a `propose` shard runs them. Timed per item: the
 whole item, its image build (`images.ensure_image`) and its suite runs (`probe.probe`); the rest is reading the
 history, planting and writing the task. Printed: a row per kind (items, kept, seconds per item and per phase),
@@ -16,6 +17,7 @@ No target is set by the issue: the figure is for the record.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -52,6 +54,7 @@ def main() -> int:
     ap.add_argument("--commits", type=int, default=None, help="commit tasks tried (default: the config's)")
     ap.add_argument("--bugs", type=int, default=None, help="planted-bug tasks tried (default: the config's)")
     args = parse_quick(ap, commits=2, bugs=2)
+    os.environ["TRAJFORGE_OFFLINE"] = "1"  # the sources come from the cache only
     config = load_config(args.config)
     cfg = config.synthesize.repos[0]
     cfg = cfg.model_copy(update={k: v for k, v in (("commits", args.commits), ("bugs", args.bugs)) if v is not None})

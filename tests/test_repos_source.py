@@ -115,3 +115,18 @@ def test_a_folder_that_is_no_repository_is_one_commit_of_history(tmp_path, monke
     assert open_repository(path).head is not None
     with pytest.raises(SourceError, match="not a folder"):
         repository_path(str(tmp_path / "nowhere"), None, [])
+
+
+def test_offline_reads_the_cache_and_never_downloads(tmp_path, monkeypatch):
+    """`TRAJFORGE_OFFLINE=1` (benchmarks, offline builds): a source not in the cache is a named error saying how to
+    fetch it; nothing is downloaded or cloned (pip and git are never started)."""
+    import subprocess
+
+    from trajforge.tasks.envs.repos import fetch
+
+    monkeypatch.setenv("TRAJFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRAJFORGE_OFFLINE", "1")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail(f"started {a[0]!r} offline"))
+    for path, pypi in ((None, "more-itertools"), ("https://example.invalid/x.git", None)):
+        with pytest.raises(fetch.SourceError, match=r"not in the cache .*trajforge envs fetch CONFIG"):
+            fetch.repository_path(path, pypi, ["9.0.0"])

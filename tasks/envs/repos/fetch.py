@@ -9,6 +9,8 @@ Invariants:
   each name checked; its single top folder is the version's tree. Nothing is half-written: a history is built in a
   temporary folder and renamed (`releases_as_history`), a failed download leaves nothing.
 - Errors are `SourceError` naming the project, the version and pip's last lines.
+- `TRAJFORGE_OFFLINE=1`: nothing is downloaded or cloned; a source not in the cache is a `SourceError` saying how to
+  fetch it (`trajforge envs fetch CONFIG`, which `make bench` runs first: benchmarks and tests reach no registry).
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ from .history import RepositoryError, open_repository, releases_as_history
 
 class SourceError(RuntimeError):
     """A repository source that cannot be had (not a folder, a version pip cannot download, a bad sdist)."""
+
+
+def offline() -> bool:
+    return os.environ.get("TRAJFORGE_OFFLINE", "") not in ("", "0")
+
+
+def _not_cached(what: str) -> SourceError:
+    return SourceError(f"{what}: not in the cache ({cache_root()}) and TRAJFORGE_OFFLINE is set: fetch it first "
+                       "(`trajforge envs fetch CONFIG`)")
 
 
 def cache_root() -> Path:
@@ -75,6 +86,8 @@ def pypi_history(name: str, versions: list[str]) -> Path:
     dest = cache_root() / f"pypi-{name}-{key}"
     if (dest / ".git").is_dir():
         return dest
+    if offline():
+        raise _not_cached(f"pypi {name} {', '.join(versions)}")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="trajforge-sdists-") as tmp:
         trees = []
@@ -113,6 +126,8 @@ def clone(url: str) -> Path:
         return dest
     if url.startswith("-"):
         raise SourceError(f"not a URL: {url!r}")
+    if offline():
+        raise _not_cached(url)
     part = Path(tempfile.mkdtemp(prefix=dest.name + ".", suffix=".partial", dir=cache_root()))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     proc = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "clone", "--quiet", "--no-recurse-submodules",
