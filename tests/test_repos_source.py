@@ -130,3 +130,29 @@ def test_offline_reads_the_cache_and_never_downloads(tmp_path, monkeypatch):
     for path, pypi in ((None, "more-itertools"), ("https://example.invalid/x.git", None)):
         with pytest.raises(fetch.SourceError, match=r"not in the cache .*trajforge envs fetch CONFIG"):
             fetch.repository_path(path, pypi, ["9.0.0"])
+
+
+def test_a_commit_task_states_the_interface_and_the_notes_never_a_body():
+    """The instruction of a commit task carries what the change adds or alters (signatures and docstrings of public
+    definitions, as its own documentation states them) and the changelog lines it adds; never a function's body,
+    never a private name, nothing unchanged."""
+    from trajforge.tasks.envs.repos.api import change_notes, interface
+
+    before = {"pkg/m.py": b'def kept(x):\n    """Same."""\n    return 1\n\n\ndef changed(x):\n    """Old."""\n'}
+    after = {"pkg/m.py": b'def kept(x):\n    """Same."""\n    return 2\n\n\ndef changed(x, y=0):\n    """Old."""\n\n\n'
+                         b'def added(*its, n: int = 1) -> list:\n    """Like product.\n\n    >>> added(\'AB\')\n    [1]\n'
+                         b'    """\n    return SECRET_BODY\n\n\ndef _private():\n    pass\n\n\nclass Thing(Base):\n    pass\n',
+             "pkg/new.py": b"def fresh():\n    pass\n", "pkg/broken.py": b"def (:\n"}
+    text = interface(before, after)
+    assert "def changed(x, y=0):" in text and "def added(*its, n: int=1) -> list:" in text
+    assert "    >>> added('AB')\n    [1]" in text and "class Thing(Base):\n    ..." in text
+    assert "# pkg/new.py\ndef fresh():\n    ..." in text
+    assert "kept" not in text and "_private" not in text and "SECRET_BODY" not in text and "broken" not in text
+    assert interface(before, before) == ""
+    diff = ("diff --git a/docs/versions.rst b/docs/versions.rst\n--- a/docs/versions.rst\n+++ b/docs/versions.rst\n"
+            "@@ -1 +1,3 @@\n+1.1\n+* New: added\n old\n"
+            "diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -1 +1 @@\n+CODE = 1\n")
+    assert change_notes(diff) == "1.1\n* New: added"
+    sub = instruction({"kind": "commit", "subject": "Add added", "body": "", "files": ["pkg/m.py"],
+                       "notes": change_notes(diff), "interface": text}, "pkg", "/w", "- `t::x`: boom")
+    assert "change notes for it:\n\n1.1\n* New: added" in sub and "```python\n# pkg/m.py\n" in sub

@@ -18,8 +18,9 @@ Cost: a commit task's probe runs the suite three times (before, and twice after 
 revision share the two runs of the revision itself (`solved_runs`, built as its own image once), so each bug's probe
 runs the suite once and checks that its inverse patch gave back the revision's files, byte for byte.
 
-Invariants: the instruction is written from the commit's message, the changed code files' names and the failing
-tests' names and first error lines, never from the tests' code; the env id hashes the environment's content. Rows
+Invariants: the instruction is written from the commit's message, the changed code files' names, its change notes
+and the signatures and docstrings it adds or alters (`api.py`), and the failing tests' names and first error lines,
+never from the tests' code; the env id hashes the environment's content. Rows
 name where they come from: `source` is `repo:<repository>@<revision>`, `family` `repo:commit` or
 `repo:planted_bug`, and `knobs_json` holds both with the lists' sizes and the planted bugs.
 """
@@ -39,6 +40,7 @@ from ....schemas.environment import DEFAULT_WORKDIR, EnvSpec
 from ..images import BuildOptions, ImageBuildError, ensure_image
 from ..tools.layer import lock_text, pip_wheel, wheelhouse
 from . import testlists
+from .api import change_notes, interface
 from .bugs import BugPlantingError, combine, inverse_patch, plant
 from .fetch import repository_path
 from .history import RepositoryError, checkout, open_repository, scan
@@ -102,12 +104,15 @@ def _failing(before: dict[str, str], messages: dict[str, str], f2p: tuple[str, .
 
 
 def instruction(task: dict[str, Any], name: str, workdir: str, failing: str) -> str:
-    """What the agent reads: the change asked for (the commit's message and files, or a bug report) and the tests
-    that fail, with their first error lines."""
+    """What the agent reads: the change asked for (the commit's message and files, its change notes and the
+    interface it adds or alters: `api.py`; or a bug report) and the tests that fail, with their first error lines."""
     if task["kind"] == "commit":
         head = (f"The Python project `{name}` in {workdir} needs a change: {task['subject'].strip()}"
                 + (f"\n\n{task['body'].strip()}" if task["body"].strip() else "")
-                + f"\n\nThe change belongs in: {', '.join(task['files'])}.")
+                + f"\n\nThe change belongs in: {', '.join(task['files'])}."
+                + (f"\n\nThe project's change notes for it:\n\n{task['notes']}" if task.get("notes") else "")
+                + ("\n\nThe interface it adds or alters, as its documentation states it (signatures and "
+                   f"docstrings):\n\n```python\n{task['interface']}\n```" if task.get("interface") else ""))
     else:
         head = (f"The Python project `{name}` in {workdir} has a bug: some of its tests fail. Find it and fix it in "
                 "the project's code.")
@@ -132,8 +137,16 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
                 c = kept[0]
                 solved, start = checkout(repo, c.sha, Path(tmp) / "solved"), checkout(repo, c.parent, Path(tmp) / "p")
                 patch, revision = c.code_diff, c.sha
-                task = {"kind": "commit", "subject": c.subject, "body": c.body,
-                        "files": [f.path for f in c.code_files if f.path.endswith(".py")]}
+                py = [f.path for f in c.code_files if f.path.endswith(".py")]
+
+                def read(tree: Path, rel: str) -> bytes | None:
+                    path = tree / rel
+                    return path.read_bytes() if path.is_file() and not path.is_symlink() else None
+
+                task = {"kind": "commit", "subject": c.subject, "body": c.body, "files": py,
+                        "notes": change_notes(c.code_diff),
+                        "interface": interface({rel: read(start, rel) for rel in py},
+                                               {rel: read(solved, rel) for rel in py if read(solved, rel) is not None})}
                 code, _ = split(start)
             else:
                 solved, revision = checkout(repo, item["rev"], Path(tmp) / "solved"), item["rev"]
