@@ -67,7 +67,7 @@ def test_each_unusable_candidate_is_rejected_with_its_reason(small):
     assert isinstance(calc["sub"], EnvSpec), calc["sub"]
     assert '"tests/test_calc.py::test_sub"' in next(t for t in calc["sub"].tests if t.path == "lists.json").content
     assert "Add sub(a, b)" in calc["sub"].instruction and "test_sub" in calc["sub"].instruction
-    assert "```python\n# calc/__init__.py\ndef sub(a, b):\n    ...\n```" in calc["sub"].instruction
+    assert "```python\n# new in calc/__init__.py\ndef sub(a, b):\n    ...\n```" in calc["sub"].instruction
     assert calc["refactor"].reason == "no_fail_to_pass", calc["refactor"]
     assert calc["unseen"].reason == "bug_not_seen", calc["unseen"]
     assert small["flaky"].reason == "flaky_suite", small["flaky"]

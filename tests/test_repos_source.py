@@ -146,7 +146,8 @@ def test_a_commit_task_states_the_interface_and_the_notes_never_a_body():
     text = interface(before, after)
     assert "def changed(x, y=0):" in text and "def added(*its, n: int=1) -> list:" in text
     assert "    >>> added('AB')\n    [1]" in text and "class Thing(Base):\n    ..." in text
-    assert "# pkg/new.py\ndef fresh():\n    ..." in text
+    assert "# new in pkg/new.py\ndef fresh():\n    ..." in text
+    assert text.index("def added") < text.index("def fresh") < text.index("# changed in pkg/m.py\ndef changed")
     assert "kept" not in text and "_private" not in text and "SECRET_BODY" not in text and "broken" not in text
     assert interface(before, before) == ""
     diff = ("diff --git a/docs/versions.rst b/docs/versions.rst\n--- a/docs/versions.rst\n+++ b/docs/versions.rst\n"
@@ -155,4 +156,4 @@ def test_a_commit_task_states_the_interface_and_the_notes_never_a_body():
     assert change_notes(diff) == "1.1\n* New: added"
     sub = instruction({"kind": "commit", "subject": "Add added", "body": "", "files": ["pkg/m.py"],
                        "notes": change_notes(diff), "interface": text}, "pkg", "/w", "- `t::x`: boom")
-    assert "change notes for it:\n\n1.1\n* New: added" in sub and "```python\n# pkg/m.py\n" in sub
+    assert "change notes for it:\n\n1.1\n* New: added" in sub and "```python\n# new in pkg/m.py\n" in sub

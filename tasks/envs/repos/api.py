@@ -63,13 +63,24 @@ def _stub(sig: str, doc: str) -> str:
 
 def interface(before: dict[str, bytes | None], after: dict[str, bytes | None]) -> str:
     """The signatures and docstrings the change adds or alters (path -> source before / after, None: absent), as
-    Python stubs grouped by file; "" when there are none."""
-    parts = []
+    Python stubs under a comment naming the file: new definitions first, then those whose signature changed, then
+    those whose docstring alone changed (what the cap cuts first); "" when there are none."""
+    levels: list[list[tuple[str, str]]] = [[], [], []]  # (path, stub) of new / signature changed / docstring changed
     for path in sorted(after):
         old, new = _definitions(before.get(path), path), _definitions(after[path], path)
-        stubs = [_stub(sig, doc) for name, (sig, doc) in new.items() if old.get(name) != (sig, doc)]
-        if stubs:
-            parts.append(f"# {path}\n" + "\n\n".join(stubs))
+        for name, (sig, doc) in new.items():
+            if name not in old:
+                levels[0].append((path, _stub(sig, doc)))
+            elif old[name][0] != sig:
+                levels[1].append((path, _stub(sig, doc)))
+            elif old[name][1] != doc:
+                levels[2].append((path, _stub(sig, doc)))
+    parts, last = [], None
+    for what, level in zip(("new", "changed", "documented anew"), levels):
+        for path, stub in level:
+            head = f"# {what} in {path}"
+            parts.append(stub if head == last else f"{head}\n{stub}")
+            last = head
     text = "\n\n".join(parts)
     return text if len(text) <= MAX_INTERFACE else text[:MAX_INTERFACE].rsplit("\n", 1)[0] + "\n# ... (more)"
 
