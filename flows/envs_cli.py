@@ -20,7 +20,7 @@ from rich.table import Table
 from ..schemas.environment import EnvSpec
 from .console import console, err_console, fail
 from .envs_repo import envs_fetch, envs_from_repo
-from .envs_settings import _settings, _validate_all
+from .envs_settings import validate_all, validator_settings
 
 envs_app = typer.Typer(no_args_is_help=True, help="Environment families and environments.")
 images_app = typer.Typer(no_args_is_help=True, help="Content-addressed environment images.")
@@ -99,9 +99,9 @@ def envs_validate(ref: str = typer.Argument(..., help="task folder(s), family-l<
                   config: Optional[Path] = typer.Option(None, help="take validator settings from this build config"),
                   runs: str = typer.Option("./runs"), jobs: int = typer.Option(2, help="validations at once")):
     """Run every validator check on environments; exit 1 if any is rejected."""
-    s, sandbox = _settings(config)
+    s, sandbox = validator_settings(config)
     envs = _resolve(ref, runs)
-    rejected = _report(_validate_all(envs, s, sandbox, jobs), f"validation of {ref}")
+    rejected = _report(validate_all(envs, s, sandbox, jobs), f"validation of {ref}")
     raise typer.Exit(1 if rejected else 0)
 
 
@@ -122,7 +122,7 @@ def envs_audit(ref: str = typer.Argument(..., help="task folder(s), family-l<L>-
     from ..tasks.sandbox import docker_client
     from ..tasks.synthesize import build_options
 
-    s, sandbox = _settings(config)
+    s, sandbox = validator_settings(config)
     budget = mutants or s.audit_mutants
     envs = _resolve(ref, runs)
     try:
@@ -188,7 +188,7 @@ def envs_import(folder: Path = typer.Argument(..., help="a Harbor / Terminal-Ben
     from ..tasks.envs.images import CA_HINT, CERT_ERROR, HOST_CA_VARS, host_ca_bundle
     from ..tasks.teachers.vllm_server import cache_dir
 
-    s, sandbox = _settings(config)
+    s, sandbox = validator_settings(config)
     if ca_bundle:
         s = s.model_copy(update={"build": s.build.model_copy(update={"ca_bundle": str(ca_bundle)})})
     elif not s.build.ca_bundle and (host := host_ca_bundle()):

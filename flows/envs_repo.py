@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..schemas.config import RepoSourceConfig
 from ..schemas.environment import EnvSpec
 from .console import console, err_console, fail
-from .envs_settings import _settings, _validate_all
+from .envs_settings import validate_all, validator_settings
 
 
 def envs_from_repo(
@@ -43,7 +43,7 @@ def envs_from_repo(
     from ..tasks.sandbox import docker_client
     from ..tasks.synthesize import build_options
 
-    s, sandbox = _settings(config)
+    s, sandbox = validator_settings(config)
     pypi = source[5:] if source.startswith("pypi:") else None
     try:
         cfg = RepoSourceConfig(path=None if pypi else source, pypi=pypi, seed=seed, commits=commits, bugs=bugs,
@@ -75,7 +75,7 @@ def envs_from_repo(
             bar.update(task, advance=1, why=f"made {len(made)} " + " ".join(f"{k}={v}" for k, v in reasons.items()))
     kept = made
     if validate and made:
-        results = _validate_all(made, s, sandbox, jobs)
+        results = validate_all(made, s, sandbox, jobs)
         kept = [env for env, v in results if v.ok]
         for env, v in results:
             if not v.ok:

@@ -12,7 +12,8 @@ from ..schemas.environment import EnvSpec
 from .console import fail
 
 
-def _settings(config: Optional[Path]) -> tuple[SynthesizeConfig, SandboxConfig]:
+def validator_settings(config: Optional[Path]) -> tuple[SynthesizeConfig, SandboxConfig]:
+    """The synthesize and sandbox settings of `config` (a build config), or the defaults without one."""
     if config is None:
         return SynthesizeConfig(families=[{"name": "log_report"}]), SandboxConfig()
     try:
@@ -22,7 +23,8 @@ def _settings(config: Optional[Path]) -> tuple[SynthesizeConfig, SandboxConfig]:
     return cfg.synthesize, cfg.sandbox
 
 
-def _validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs: int):
+def validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs: int):
+    """(environment, validation) of each of `envs`, `jobs` at a time, with the validator a build runs."""
     from ..tasks.envs.audit import AuditSettings
     from ..tasks.envs.catalogue import sibling_of
     from ..tasks.envs.validator import validate_env
