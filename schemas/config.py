@@ -263,6 +263,10 @@ class RepoSourceConfig(Section):
     project: dict[str, Any] = Field(default_factory=dict, description=(
         "replaces what is detected of the project: `install` (commands, `[]` installs nothing), "
         "`test_command`, `test_paths` (tasks/envs/repos/project.py)"))
+    issue_text: Literal["commit", "teacher"] = Field("commit", description=(
+        "who writes a task's instruction: `commit` (its message, change notes, interface and failing tests) or "
+        "`teacher` (the build's teacher writes an issue text, checked for copies of the solution or the tests; "
+        "the commit's stays when it fails the checks: tasks/envs/repos/issue.py)"))
 
     @model_validator(mode="after")
     def _one_origin(self) -> "RepoSourceConfig":

@@ -58,7 +58,9 @@ class ProposeStage(Stage):
     output = EnvSpec
 
     def services_for(self, config: BuildConfig) -> tuple[str, ...]:
-        return (("teacher",) if config.synthesize.llm else ()) + (("sandboxes",) if config.synthesize.repos else ())
+        s = config.synthesize
+        teacher = bool(s.llm) or any(r.issue_text == "teacher" for r in s.repos)
+        return (("teacher",) if teacher else ()) + (("sandboxes",) if s.repos else ())
 
     def config_section(self, config: BuildConfig) -> dict[str, Any]:
         s = config.synthesize

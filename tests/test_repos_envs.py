@@ -9,6 +9,7 @@ validator keeping them). Its test is on branch `wt-repos`: one pass over swe.yam
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -95,3 +96,29 @@ def test_a_project_the_base_image_has_installed_is_tested_from_the_work_dir(dock
         assert gone.exit_code != 0 and f"No module named 'more_itertools' in {env.workdir}" in gone.output
         other = sb.exec("python3 -I -c 'import pluggy, _pytest; print(_pytest.__file__)'", 60, user="root")
         assert other.exit_code == 0 and other.output.startswith("/usr/lib/python3/dist-packages/"), other.output
+
+
+def test_the_teacher_written_issue_is_the_instruction_and_the_row_says_so(docker_client, tmp_path):
+    """`issue_text: teacher` through `make_env`: the instruction is the teacher's issue, then the failing tests; the
+    row's knobs say it was written; a teacher reply that copies the solution leaves the commit's instruction."""
+    from fake_openai import FakeOpenAI
+    from helpers import small_config
+
+    from trajforge.schemas.config import parse_config
+    from trajforge.tasks.teachers import make_teacher
+
+    shas = calc_repo(tmp_path / "calc")
+    cfg = RepoSourceConfig(path=str(tmp_path / "calc"), bugs=0, project={"install": []}, issue_text="teacher")
+    item = {"kind": "repo", "repo": 0, "task": "commit", "sha": shas["sub"]}
+    issue = "Subtraction is missing\n\nThe calculator adds but cannot subtract: I expect sub(5, 3) to give 2."
+    for reply, written in ((issue, True), (issue + "\n\nJust add `return a - b` to calc.", False)):
+        with FakeOpenAI("ok", lambda req, n, reply=reply: {"role": "assistant", "content": reply}) as srv:
+            teacher = parse_config(small_config(tmp_path, teacher={"backend": "openai", "endpoints": [srv.url],
+                                                                   "model": "fake", "tool_calling": False})).teacher
+            env = make_env(docker_client, 0, cfg, item, SandboxConfig(), OPTIONS, {},
+                           make_teacher=lambda teacher=teacher: make_teacher(teacher))
+        assert isinstance(env, EnvSpec), env
+        knobs = json.loads(env.knobs_json)
+        assert env.instruction.startswith(issue if written else "The Python project `calc`"), env.instruction
+        assert "- `tests/test_calc.py::test_sub`:" in env.instruction and "return a - b" not in env.instruction
+        assert knobs["issue_text"] == "written" if written else "reference solution" in knobs["issue_text"]

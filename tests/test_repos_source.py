@@ -8,6 +8,7 @@ import json
 import sys
 
 import pytest
+from helpers import small_config
 from repos_kit import calc_repo
 
 from trajforge.schemas.config import ConfigError, RepoSourceConfig, parse_config
@@ -157,3 +158,47 @@ def test_a_commit_task_states_the_interface_and_the_notes_never_a_body():
     sub = instruction({"kind": "commit", "subject": "Add added", "body": "", "files": ["pkg/m.py"],
                        "notes": change_notes(diff), "interface": text}, "pkg", "/w", "- `t::x`: boom")
     assert "change notes for it:\n\n1.1\n* New: added" in sub and "```python\n# new in pkg/m.py\n" in sub
+
+
+ISSUE = ("`gray_product` is missing\n\nI would like an iterator like itertools.product whose consecutive tuples differ "
+         "in one element only, e.g. for testing switch settings in the fewest flips.")
+PATCH = "diff --git a/pkg/m.py b/pkg/m.py\n+++ b/pkg/m.py\n+def gray_product(*iterables):\n+    return _gray_walk(iterables)\n"
+HIDDEN = {"tests/test_m.py": b"from pkg import gray_product\n\ndef test_gray():\n    assert list(gray_product('AB', 'CD'))[:2] "
+                             b"== [('A', 'C'), ('B', 'C')]\n"}
+CODE = {"pkg/__init__.py": b"from pkg import gray_product\n"}
+
+
+@pytest.mark.parametrize("reply,written", [
+    (ISSUE, "written"),
+    (ISSUE + "\n\nAs the docs say:\n\n    def gray_product(*iterables):", "written"),  # shown to it: not a copy
+    (ISSUE + "\n\nFix: `return _gray_walk(iterables)`", "reference solution"),
+    (ISSUE + "\n\n    assert list(gray_product('AB', 'CD'))[:2] == [('A', 'C'), ('B', 'C')]", "hidden tests"),
+    ("Please fix.", "characters"),
+])
+def test_the_teacher_writes_the_issue_text_and_copies_are_refused(tmp_path, reply, written):
+    """`issue_text: teacher`: the teacher reads the change (message, notes, interface, failing tests) but never the
+    diff's body or a test file; a reply copying a line of the solution or of the hidden tests, or of no useful
+    length, is not used (the commit-written instruction stays, the reason recorded); a teacher that fails is the
+    same fallback."""
+    from fake_openai import FakeOpenAI
+
+    from trajforge.tasks.envs.repos.issue import write_issue
+    from trajforge.tasks.teachers import make_teacher
+
+    task = {"kind": "commit", "subject": "9.1.0", "body": "", "files": ["pkg/m.py"], "notes": "* New: gray_product",
+            "interface": "def gray_product(*iterables):\n    ..."}  # (the patch adds that line: shown, not a copy)
+    failing = "- `tests/test_m.py::test_gray`: AttributeError: no attribute 'gray_product'"
+    with FakeOpenAI("ok", lambda req, n: {"role": "assistant", "content": reply}) as srv:
+        teacher = parse_config(small_config(tmp_path, teacher={"backend": "openai", "endpoints": [srv.url],
+                                                               "model": "fake", "tool_calling": False})).teacher
+        text, why = write_issue(lambda: make_teacher(teacher), task, "pkg", failing, PATCH, HIDDEN, CODE)
+        [body] = srv.bodies
+    asked = json.dumps(body["messages"])
+    assert "gray_product" in asked and "test_gray" in asked and "New: gray_product" in asked
+    assert "_gray_walk" not in asked and "[('A', 'C')" not in asked  # neither the diff's body nor the tests' code
+    assert text == (reply if written == "written" else None) and written in why, why
+    with FakeOpenAI("500") as srv:
+        down = parse_config(small_config(tmp_path, teacher={"backend": "openai", "endpoints": [srv.url], "model": "fake",
+                                                            "tool_calling": False, "retries": 0})).teacher
+        text, why = write_issue(lambda: make_teacher(down), task, "pkg", failing, PATCH, HIDDEN, CODE)
+    assert text is None and why.startswith("teacher_error"), why

@@ -45,6 +45,7 @@ from .bugs import BugPlantingError, combine, inverse_patch, plant
 from .fetch import repository_path
 from .history import RepositoryError, checkout, open_repository, scan
 from .image import recipe, split
+from .issue import tests_to_pass, write_issue
 from .probe import Run, probe
 from .project import ProjectError, detect, test_command
 
@@ -116,15 +117,15 @@ def instruction(task: dict[str, Any], name: str, workdir: str, failing: str) -> 
     else:
         head = (f"The Python project `{name}` in {workdir} has a bug: some of its tests fail. Find it and fix it in "
                 "the project's code.")
-    return (f"{head}\n\nThese tests fail now and must pass (the project's test files are not in the work dir: they "
-            f"are run after you finish, with the project's own test command):\n{failing}\n\n"
-            "Every test that passes now must keep passing. Do not edit test files.")
+    return f"{head}\n\n{tests_to_pass(failing)}"
 
 
 def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sandbox: SandboxConfig,
              options: BuildOptions, aliases: dict[str, str], log_sink: Callable[[str, str], None] | None = None,
-             labels: dict[str, str] | None = None) -> EnvSpec | Reject:
-    """The environment of one item, or the reject saying why there is none (see the module's reasons)."""
+             labels: dict[str, str] | None = None, make_teacher: Callable[[], Any] | None = None) -> EnvSpec | Reject:
+    """The environment of one item, or the reject saying why there is none (see the module's reasons). With
+    `make_teacher` (a teacher client factory) and `cfg.issue_text == "teacher"`, the instruction is the teacher's
+    issue text when it passes `issue.write_issue`'s checks."""
     key = f"repo:{cfg.label}:{item['task']}:{item.get('sha') or item['rev'][:12] + ':' + json.dumps(item['plants'])}"
     workdir = DEFAULT_WORKDIR
     with tempfile.TemporaryDirectory(prefix="trajforge-repo-") as tmp:
@@ -225,10 +226,16 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
     spec.update(fail_to_pass=list(lists.fail_to_pass), pass_to_pass=list(lists.pass_to_pass))
     knobs = {"repo": cfg.label, "revision": revision, "task_kind": task["kind"], "fail_to_pass": len(lists.fail_to_pass),
              "pass_to_pass": len(lists.pass_to_pass), **({"bugs": task["bugs"]} if "bugs" in task else {})}
+    failing = _failing(seen.before.outcomes, seen.before.messages, lists.fail_to_pass)
+    text = instruction(task, name, workdir, failing)
+    if cfg.issue_text == "teacher" and make_teacher is not None:
+        issue, knobs["issue_text"] = write_issue(make_teacher, task, name, failing, patch, tests, code,
+                                                 int(hashlib.sha256(key.encode()).hexdigest()[:6], 16))
+        if issue is not None:
+            text = f"{issue}\n\n{tests_to_pass(failing)}"
     env = env.model_copy(update={
         "source": f"repo:{safe_name(cfg.label)}@{revision[:12]}", "family": f"repo:{task['kind']}",
         "tests": hidden_tests(tests, spec, workdir), "knobs_json": json.dumps(knobs, sort_keys=True),
-        "instruction": instruction(task, name, workdir, _failing(seen.before.outcomes, seen.before.messages,
-                                                                 lists.fail_to_pass))})
+        "instruction": text})
     env.env_id = f"repo-{safe_name(cfg.label)}-{task['kind'].replace('_', '-')}-{env.content_hash()[:16]}"
     return env

@@ -35,7 +35,11 @@ def repo_fingerprint(config: BuildConfig) -> list[dict[str, Any]]:
     out = []
     for cfg in config.synthesize.repos:
         repo = open_repository(repository_path(cfg.path, cfg.pypi, cfg.versions))
-        out.append({"config": cfg.model_dump(mode="json"), "head": repo.head})
+        # (`issue_text` left out at its default: configs written before it keep their fingerprint)
+        dump = cfg.model_dump(mode="json", exclude={"issue_text"} if cfg.issue_text == "commit" else None)
+        out.append({"config": dump, "head": repo.head})
+        if cfg.issue_text == "teacher":
+            out[-1]["teacher"] = config.teacher.fingerprint()
     return out
 
 
@@ -54,10 +58,17 @@ def run_repo_items(ctx: StageContext, todo: list[dict[str, Any]]) -> tuple[list[
 
     rows: list[EnvSpec] = []
     rejects: list[Reject] = []
+
+    def make_teacher():  # for `issue_text: teacher` (a client per request: each runs in its own event loop)
+        from ...teachers import make_teacher
+
+        return make_teacher(cfg.teacher.model_copy(update={"tool_calling": False, "return_token_ids": False,
+                                                           "logprobs": False}), ctx.runtime, ctx.limiter)
+
     for done, item in enumerate(todo):
         ctx.report(repo_tasks=len(todo), repo_done=done, repo_kept=len(rows))
         out = make_env(client, item["repo"], s.repos[item["repo"]], item, cfg.sandbox, options, s.image_aliases,
-                       log_sink=keep_log, labels={"trajforge.build": ctx.build_id})
+                       log_sink=keep_log, labels={"trajforge.build": ctx.build_id}, make_teacher=make_teacher)
         (rows if isinstance(out, EnvSpec) else rejects).append(out)
     ctx.report(force=True, repo_tasks=len(todo), repo_done=len(todo), repo_kept=len(rows))
     return rows, rejects
