@@ -202,3 +202,21 @@ def test_the_teacher_writes_the_issue_text_and_copies_are_refused(tmp_path, repl
                                                             "tool_calling": False, "retries": 0})).teacher
         text, why = write_issue(lambda: make_teacher(down), task, "pkg", failing, PATCH, HIDDEN, CODE)
     assert text is None and why.startswith("teacher_error"), why
+
+
+def test_a_commit_reference_is_the_project_code_only(tmp_path):
+    """A release's diff carries docs, CI and metadata: the reference solution keeps the files of the project's
+    packages (package data too) and its top-level modules, never `docs/conf.py`, a Makefile or `setup.py` (the test
+    audit's emptied mutant of such a file survives every test: a sound task rejected as weak)."""
+    from trajforge.tasks.envs.repos.make import code_patch
+
+    (tmp_path / "pkg").mkdir()
+    for name in ("pkg/__init__.py", "setup.py", "mod.py", "docs/conf.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    block = "diff --git a/{0} b/{0}\n--- a/{0}\n+++ b/{0}\n@@ -1 +1 @@\n-x = 0\n+x = 1\n".format
+    files = ["docs/conf.py", "Makefile", "PKG-INFO", "pkg/data.json", "pkg/__init__.py", "mod.py", "setup.py"]
+    kept = [line.split(" b/")[1] for line in code_patch("".join(block(f) for f in files), tmp_path).splitlines()
+            if line.startswith("diff --git")]
+    assert kept == ["pkg/data.json", "pkg/__init__.py", "mod.py"]
+    assert code_patch(block("docs/conf.py"), tmp_path) == ""

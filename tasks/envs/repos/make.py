@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tempfile
 import threading
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from ....schemas.common import FileSpec, Reject
@@ -44,7 +45,7 @@ from .api import change_notes, interface
 from .bugs import BugPlantingError, combine, inverse_patch, plant
 from .fetch import repository_path
 from .history import RepositoryError, checkout, open_repository, scan
-from .image import recipe, split
+from .image import import_names, recipe, split
 from .issue import tests_to_pass, write_issue
 from .probe import Run, probe
 from .project import ProjectError, detect, test_command
@@ -76,6 +77,28 @@ def hidden_tests(tests: dict[str, bytes], spec: dict[str, Any], workdir: str) ->
                     FileSpec(path="testlists.py", content=(HERE / "testlists.py").read_text()),
                     FileSpec(path="lists.json", content=json.dumps(spec, indent=1, sort_keys=True) + "\n"),
                     FileSpec(path="test.sh", content=script, mode=0o755)]
+
+
+def code_patch(diff: str, tree: Path) -> str:
+    """The part of a commit's `diff` that is the project's code: the files of its top-level packages (package data
+    too) and its top-level modules (`image.import_names` of `tree`); its docs (`docs/conf.py` too), CI files,
+    metadata and build scripts are left out of the reference solution (a release diff carries them: no test sees
+    them, and the test audit rejects such a task's tests as weak: 6 of swe.yaml's 12 commit tasks)."""
+    code, _ = split(tree)
+    src = any(PurePosixPath(p).parts[0] == "src" and p.endswith(".py") for p in code)
+    names = set(import_names(code, src))
+    kept = []
+    for block in re.split(r"(?m)^(?=diff --git )", diff):
+        m = re.match(r"diff --git a/(.*) b/(.*)\n", block)
+        if not m:
+            continue
+        parts = PurePosixPath(m.group(2)).parts
+        if src and len(parts) > 1 and parts[0] == "src":
+            parts = parts[1:]
+        name = parts[0][:-3] if len(parts) == 1 and parts[0].endswith(".py") else parts[0] if len(parts) > 1 else ""
+        if name in names:  # a file of a top-level package, or a top-level module
+            kept.append(block)
+    return "".join(kept)
 
 
 _SOLVED_RUNS: dict[tuple[str, str, float], list[Run]] = {}
@@ -137,7 +160,10 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
                     return Reject(key=key, reason="repo_unusable", detail=f"not a candidate: {skipped[0].reason}")
                 c = kept[0]
                 solved, start = checkout(repo, c.sha, Path(tmp) / "solved"), checkout(repo, c.parent, Path(tmp) / "p")
-                patch, revision = c.code_diff, c.sha
+                patch, revision = code_patch(c.code_diff, solved), c.sha
+                if not patch.strip():
+                    return Reject(key=key, reason="repo_unusable",
+                                  detail="not a candidate: the commit changes no file of the project's code")
                 py = [f.path for f in c.code_files if f.path.endswith(".py")]
 
                 def read(tree: Path, rel: str) -> bytes | None:
