@@ -216,7 +216,27 @@ def test_a_commit_reference_is_the_project_code_only(tmp_path):
         (tmp_path / name).write_text("x = 1\n")
     block = "diff --git a/{0} b/{0}\n--- a/{0}\n+++ b/{0}\n@@ -1 +1 @@\n-x = 0\n+x = 1\n".format
     files = ["docs/conf.py", "Makefile", "PKG-INFO", "pkg/data.json", "pkg/__init__.py", "mod.py", "setup.py"]
-    kept = [line.split(" b/")[1] for line in code_patch("".join(block(f) for f in files), tmp_path).splitlines()
+    code = split(tmp_path)[0]
+    kept = [line.split(" b/")[1] for line in code_patch("".join(block(f) for f in files), code).splitlines()
             if line.startswith("diff --git")]
     assert kept == ["pkg/data.json", "pkg/__init__.py", "mod.py"]
-    assert code_patch(block("docs/conf.py"), tmp_path) == ""
+    assert code_patch(block("docs/conf.py"), code) == ""
+
+
+def test_the_host_digest_of_a_restored_file_is_the_sandbox_checksum(tmp_path):
+    """A planted bug's probe compares the files its inverse patch gives back (the sandbox's checksum script, run as
+    root) with `file_digest` of the revision's bytes, computed on the host: the two agree on plain, empty and
+    non-UTF-8 files, and on names the script would read as patterns; one byte off differs."""
+    import glob
+    import subprocess
+
+    from trajforge.tasks.sandbox.checksums import digest_command, file_digest
+
+    files = {"a.py": b"x = 1\n" * 1000, "empty.py": b"", "b[1].py": b"\xff\x00z"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    run = subprocess.run(digest_command([glob.escape(n) for n in files]), shell=True, cwd=tmp_path,
+                         capture_output=True, text=True, check=True)
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got == {name: file_digest(data) for name, data in files.items()}
+    assert file_digest(b"x = 1\n" * 1000) != file_digest(b"x = 2\n" + b"x = 1\n" * 999)

@@ -102,6 +102,11 @@ def split(tree: Path, test_globs: tuple[str, ...] = ()) -> tuple[dict[str, bytes
     return code, tests
 
 
+def src_layout(code: dict[str, bytes]) -> bool:
+    """Whether the project's code (relative path -> bytes) is imported from `src/` (a `.py` file there)."""
+    return any(PurePosixPath(p).parts[0] == "src" and p.endswith(".py") for p in code)
+
+
 def import_names(code: dict[str, bytes], src: bool) -> list[str]:
     """The project's top-level packages and modules (relative path -> bytes of its code files): a folder of the
     import root with an `__init__.py`, or a `.py` file in it (set-up and task-runner scripts, `RUNNER` left out)."""
@@ -171,7 +176,7 @@ def recipe(base: str, workdir: str, project: Project, tree: Path, code: dict[str
             blobs.append(Blob(path=f"project/{rel}", sha256=store.put(data), size=len(data), mode=mode))
     pip = PIP.format(pip_dir=PIP_DIR, wheel=wheel_name, deps=DEPS)
     install = f" \\\n && {pip} -r /opt/trajforge/requirements.txt" if reqs else ""
-    src = any(PurePosixPath(p).parts[0] == "src" and p.endswith(".py") for p in code)
+    src = src_layout(code)
     root = f"{workdir}/src" if src else workdir
     context.append(FileSpec(path=".tf-project-first.py", content=FINDER.format(root=root,
                                                                                names=import_names(code, src))))

@@ -38,6 +38,7 @@ from typing import Any, Callable
 from ....schemas.common import FileSpec, Reject
 from ....schemas.config import RepoSourceConfig, SandboxConfig, safe_name
 from ....schemas.environment import DEFAULT_WORKDIR, EnvSpec
+from ...sandbox.checksums import file_digest
 from ..images import BuildOptions, ImageBuildError, ensure_image
 from ..tools.layer import lock_text, pip_wheel, wheelhouse
 from . import testlists
@@ -45,7 +46,7 @@ from .api import change_notes, interface
 from .bugs import BugPlantingError, combine, inverse_patch, plant
 from .fetch import repository_path
 from .history import RepositoryError, checkout, open_repository, scan
-from .image import import_names, recipe, split
+from .image import import_names, recipe, split, src_layout
 from .issue import tests_to_pass, write_issue
 from .probe import Run, probe
 from .project import ProjectError, detect, test_command
@@ -79,13 +80,13 @@ def hidden_tests(tests: dict[str, bytes], spec: dict[str, Any], workdir: str) ->
                     FileSpec(path="test.sh", content=script, mode=0o755)]
 
 
-def code_patch(diff: str, tree: Path) -> str:
+def code_patch(diff: str, code: dict[str, bytes]) -> str:
     """The part of a commit's `diff` that is the project's code: the files of its top-level packages (package data
-    too) and its top-level modules (`image.import_names` of `tree`); its docs (`docs/conf.py` too), CI files,
-    metadata and build scripts are left out of the reference solution (a release diff carries them: no test sees
-    them, and the test audit rejects such a task's tests as weak: 6 of swe.yaml's 12 commit tasks)."""
-    code, _ = split(tree)
-    src = any(PurePosixPath(p).parts[0] == "src" and p.endswith(".py") for p in code)
+    too) and its top-level modules (`image.import_names` of `code`, the solved tree's code files); its docs
+    (`docs/conf.py` too), CI files, metadata and build scripts are left out of the reference solution (a release diff
+    carries them: no test sees them, and the test audit rejects such a task's tests as weak: 6 of swe.yaml's 12 commit
+    tasks)."""
+    src = src_layout(code)
     names = set(import_names(code, src))
     kept = []
     for block in re.split(r"(?m)^(?=diff --git )", diff):
@@ -160,21 +161,17 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
                     return Reject(key=key, reason="repo_unusable", detail=f"not a candidate: {skipped[0].reason}")
                 c = kept[0]
                 solved, start = checkout(repo, c.sha, Path(tmp) / "solved"), checkout(repo, c.parent, Path(tmp) / "p")
-                patch, revision = code_patch(c.code_diff, solved), c.sha
+                solved_code, tests = split(solved)
+                patch, revision = code_patch(c.code_diff, solved_code), c.sha
                 if not patch.strip():
                     return Reject(key=key, reason="repo_unusable",
                                   detail="not a candidate: the commit changes no file of the project's code")
+                code, _ = split(start)
                 py = [f.path for f in c.code_files if f.path.endswith(".py")]
-
-                def read(tree: Path, rel: str) -> bytes | None:
-                    path = tree / rel
-                    return path.read_bytes() if path.is_file() and not path.is_symlink() else None
-
                 task = {"kind": "commit", "subject": c.subject, "body": c.body, "files": py,
                         "notes": change_notes(c.code_diff),
-                        "interface": interface({rel: read(start, rel) for rel in py},
-                                               {rel: read(solved, rel) for rel in py if read(solved, rel) is not None})}
-                code, _ = split(start)
+                        "interface": interface({rel: code.get(rel) for rel in py},
+                                               {rel: solved_code[rel] for rel in py if rel in solved_code})}
             else:
                 solved, revision = checkout(repo, item["rev"], Path(tmp) / "solved"), item["rev"]
                 chosen = []
@@ -183,14 +180,13 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
                 bug = combine(chosen) if len(chosen) > 1 else chosen[0]
                 patch = inverse_patch(bug)
                 task = {"kind": "planted_bug", "bugs": [p.description for p in chosen]}
-                code, _ = split(solved)
+                code, tests = split(solved)
                 clean = dict(code)  # the solved state: what the inverse patch gives back
                 for change in bug.changes:
                     code[change.path] = change.mutated.encode("utf-8")
                     clean[change.path] = change.original.encode("utf-8")
-                restores = {c.path: hashlib.sha256(clean[c.path]).hexdigest() for c in bug.changes}
+                restores = {c.path: file_digest(clean[c.path]) for c in bug.changes}
             project = detect(solved, cfg.project or None)
-            _, tests = split(solved)
         except (RepositoryError, ProjectError, BugPlantingError, OSError, UnicodeDecodeError, IndexError) as e:
             return Reject(key=key, reason="repo_unusable", detail=str(e)[:1500])
         lock = lock_text()

@@ -13,8 +13,8 @@ written into the image; the container is removed whatever happens. Docker failin
 
 from __future__ import annotations
 
+import glob
 import json
-import shlex
 from dataclasses import dataclass, field
 
 from ....schemas.common import FileSpec
@@ -57,23 +57,13 @@ def _parse(output: str, timed_out: bool) -> Run:
     return run
 
 
-DIGESTS = ("import hashlib, json, sys\n"
-           "out = {}\n"
-           "for p in sys.argv[1:]:\n"
-           "    try:\n"
-           "        out[p] = hashlib.sha256(open(p, 'rb').read()).hexdigest()\n"
-           "    except OSError:\n"
-           "        out[p] = None\n"
-           "print(json.dumps(out))\n")
-
-
 def probe(client, image: str, cfg: SandboxConfig, workdir: str, tests: list[FileSpec], solution: list[str],
           timeout_s: float, labels: dict[str, str] | None = None, repeats: int = 2,
           restores: dict[str, str] | None = None) -> Probe:
     """The suite before the reference solution, then `repeats` times after it, in one container of `image`.
-    `restores` (work-dir path -> sha256): the files the solution must leave with exactly these contents (a planted
-    bug's inverse patch gives back the revision's files, whose suite runs are shared: `repeats=0`); a file that
-    differs is a `solution_error`."""
+    `restores` (work-dir path -> `checksums.file_digest`): the files the solution must leave with exactly these
+    contents (a planted bug's inverse patch gives back the revision's files, whose suite runs are shared:
+    `repeats=0`); a file that differs is a `solution_error`."""
     with Sandbox(client, image, cfg, workdir=workdir, labels={"trajforge.role": "repo-probe", **(labels or {})}) as sb:
         sb.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in tests], parent="/",
                      root=TESTS.strip("/"), uid=0, dir_mode=0o700)
@@ -90,12 +80,7 @@ def probe(client, image: str, cfg: SandboxConfig, workdir: str, tests: list[File
                 return Probe(before, f"exit {res.exit_code}: {res.output[-1500:]}", [])
         if restores:
             paths = sorted(restores)
-            res = sb.exec("/usr/bin/python3 -I -c " + shlex.quote(DIGESTS) + " " + shlex.join(paths), timeout_s=60,
-                          user="root", readonly=True)
-            try:
-                got = json.loads(res.output.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                got = {}
+            got = sb.digests([glob.escape(p) for p in paths])  # the protected paths' checksum, read as root
             wrong = [p for p in paths if got.get(p) != restores[p]]
             if wrong:
                 return Probe(before, f"the solution does not give back the revision's {', '.join(wrong)}", [])
