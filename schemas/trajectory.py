@@ -10,6 +10,10 @@ from .common import ChangeSet, Measured, Record, Seconds, Status, TarMark
 from .verdict import TestResult
 
 TOOLS_HARNESS = "trajforge-mcp-v1"  # Rollout.harness of `tools` environments: its steps are tool calls, not shell
+BASH_HARNESS = "trajforge-bash-v1"  # Rollout.harness of `terminal` environments by default: `bash` + `submit`
+SWE_HARNESS = "trajforge-swe-v1"  # `bash` + `str_replace_editor` + `submit` (tasks/agent/harnesses/swe.py)
+# the harness names `rollout.harnesses` accepts: filled by registration (tasks/agent/harnesses), the built-in ones here
+HARNESS_NAMES: set[str] = {BASH_HARNESS, TOOLS_HARNESS, SWE_HARNESS}
 
 
 class FunctionCall(Record):
@@ -102,8 +106,8 @@ class InPlaceTests(Record):
 
 
 class Rollout(Record):
-    """A trajectory. `rollout_id` is deterministic in (env_id, teacher, sample): rerunning a shard
-    replaces rows, it never adds a second copy."""
+    """A trajectory. `rollout_id` is deterministic in (env_id, teacher, sample, and the harness when it is not
+    the environment kind's own): rerunning a shard replaces rows, it never adds a second copy."""
 
     rollout_id: str
     env_id: str
