@@ -104,7 +104,9 @@ def test_an_editor_command_carries_model_strings_only_base64_encoded():
     """Whatever the model sends, the shell command is the fixed program + base64 argv: nothing to inject."""
     nasty = {"path": "/w/$(touch /tmp/pwned)`id`", "old_str": "'; rm -rf / #\n" + swe.TAG + "\necho", "root": "/w"}
     shell = swe.editor_command("str_replace", nasty)
-    head, program = shell.split("\n", 1)
+    comment, head, program = shell.split("\n", 2)
+    assert comment == '# str_replace_editor str_replace "/w/$(touch /tmp/pwned)`id`"'  # one line: a shell skips it
+    assert "\n" not in swe.editor_command("view", {"path": "/w/a\nb\u2028c"}).split("\npython3")[0]
     assert head.startswith("python3 -I - str_replace_editor str_replace ") and head.endswith(f"<<'{swe.TAG}'")
     argv = head.removeprefix("python3 -I - str_replace_editor str_replace ").removesuffix(f" <<'{swe.TAG}'")
     assert argv and all(c.isalnum() or c in "+/= " for c in argv)
@@ -208,7 +210,7 @@ def test_the_editor_in_a_real_sandbox_names_each_edge_case(docker_client):
     assert [named.get(c) for c in codes[1:]] == [
         "not_unique", "no_match", "ok", "missing_path", "ok", "no_history", "ok", "invalid_range", "binary",
         "outside", "outside", "outside", "not_regular", "ok", "ok", "exists", "ok", "ok", "ok", "invalid_arguments"]
-    assert r.steps[1].command.startswith("python3 -I - str_replace_editor str_replace ")
+    assert r.steps[1].command.startswith(f'# str_replace_editor str_replace "{w}/a.py"\npython3 -I - str_replace_editor ')
     # the final work dir: a.py as it was, new/ without b.py (its creation undone)
     import io
     import tarfile
@@ -309,3 +311,39 @@ def test_a_toy_harness_and_the_swe_harness_through_a_small_replay_build(tmp_path
     verdicts = ctx.store.read_records(run(VerifyStage(), {**up, "rollout": rolled}).parts, Verdict)
     assert len(verdicts) == 6 and all(v.passed for v in verdicts), [(v.rollout_id, v.passed) for v in verdicts]
     assert run(RolloutStage(), up).fingerprint == rolled.fingerprint  # committed: reused, not run again
+
+
+def test_the_judge_labels_editor_steps_by_their_command():
+    """A view inspects (or verifies what an earlier step wrote); create / str_replace / insert / undo act, whatever
+    the program's text holds (it writes files in every call's step)."""
+    from trajforge.schemas.trajectory import Step
+    from trajforge.tasks.judge.quality import label_steps
+
+    def step(command, **args):
+        return Step(turn=1, command=swe.editor_command(command, {"path": "/w/a.py", "root": "/w", **args}),
+                    exit_code=0, duration_s=0.1)
+
+    assert label_steps([step("view"), step("str_replace", old_str="a", new_str="b"), step("view"),
+                        Step(turn=2, command="python3 a.py", exit_code=0, duration_s=0.1)]) == [
+        "inspect", "act", "verify", "verify"]
+
+
+@pytest.mark.docker
+def test_the_swe_harness_without_tool_calling_replays_fenced_blocks(docker_client):
+    """A model without tool calling: one ```json editor call or one ```bash block per turn, then SUBMIT."""
+    from trajforge.schemas.config import SandboxConfig
+    from trajforge.tasks.agent.harness import EpisodeSettings, run_episode
+    from trajforge.tasks.envs.images import ensure_image
+    from trajforge.tasks.sandbox import Sandbox
+
+    env = get_family("shell_script").generate(1, 0)
+    env.image, _ = ensure_image(docker_client, "trajforge/base:latest", env)
+    session = harnesses.bind_rendering(ReplayTeacher(ReplayTeacherConfig(backend="replay")).session(env, 0), env,
+                                       SWE_HARNESS)
+    s = EpisodeSettings(max_turns=5, command_timeout_s=20, episode_timeout_s=120, tool_calling=False)
+    r = asyncio.run(run_episode(env, session, lambda: Sandbox(docker_client, env.image, SandboxConfig(),
+                                                              workdir=env.workdir), s, "replay", 0, harness=SWE_HARNESS))
+    assert r.status == "ok" and r.tools_json == "[]" and "```json fenced block" in r.messages[0].content
+    users = [m.content for m in r.messages[2:] if m.role == "user"]
+    assert users[0].startswith("Result of str_replace_editor:\nFile created successfully at: ")
+    assert users[1] == "Output:\n[exit code 0]" and [st.exit_code for st in r.steps] == [0, 0]

@@ -5,8 +5,8 @@
 editor (Anthropic's text editor tool, SWE-agent, OpenHands): `command` one of view / create / str_replace /
 insert / undo_edit, `path` (absolute), `file_text`, `old_str`, `new_str`, `insert_line`, `view_range`. Each call
 runs in the sandbox as the agent (`editor_program.py`, its arguments base64-encoded: no model-supplied string
-reaches a shell) and is a `Step` whose command is that self-contained shell command (a sibling replay re-runs
-it) and whose exit code names the outcome (`OUTCOMES`: 0 ok, 3 no_match, 4 not_unique, 5 missing_path,
+reaches a shell) and is a `Step` whose command is that self-contained shell command (a comment line naming the
+call and its path, then the program: a sibling replay re-runs it) and whose exit code names the outcome (`OUTCOMES`: 0 ok, 3 no_match, 4 not_unique, 5 missing_path,
 6 outside, 7 binary, ...). The editor touches only the environment's work dir (`outside` otherwise, symbolic
 links resolved), refuses binary, non-regular and > 2 MiB files, and views long files by `view_range` with
 `cat -n` numbering. The undo history is the harness's, per episode and per path (the content before each
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ....schemas.environment import EnvSpec
-from ....schemas.trajectory import SWE_HARNESS, Message, Step
+from ....schemas.trajectory import EDITOR_STEP, SWE_HARNESS, Message, Step
 from ..harness import FENCE, TOOLS
 from ..mcp_relay import parse_fenced
 from . import Call, Harness, editor_program, register
@@ -77,18 +77,26 @@ SYSTEM_PROMPT = (
 )
 FENCED_HINT = (" Tools are unavailable: reply with exactly one ```bash fenced block holding one command, or one "
                "```json fenced block {\"tool\": \"str_replace_editor\", \"arguments\": {...}} per turn, and reply "
-               "with the single word SUBMIT when the task is done.")
+               "with the single word SUBMIT when the task is done. str_replace_editor: "
+               + EDITOR["function"]["description"] + " Arguments (JSON Schema): "
+               + json.dumps(EDITOR["function"]["parameters"], sort_keys=True))
 REQUIRED = {"create": ("file_text",), "str_replace": ("old_str",), "insert": ("insert_line", "new_str")}
 TYPES = {"path": str, "file_text": str, "old_str": str, "new_str": str, "insert_line": int, "view_range": list}
 
 
 def editor_command(command: str, arguments: dict[str, Any]) -> str:
-    """The shell command that runs one editor call in the sandbox: the program on stdin (a quoted heredoc, its
-    text fixed), the arguments as base64 argv chunks (`command` is one of `COMMANDS`)."""
+    """The shell command that runs one editor call in the sandbox: a comment naming the call (`command`, one of
+    `COMMANDS`, and the path as a JSON string: one line, nothing a shell reads), then the program on stdin (a
+    quoted heredoc, its text fixed) with the arguments as base64 argv chunks. What reads steps as shell (quality
+    labels, hack evidence, a sibling replay) sees the path named and the edit re-runnable."""
     assert command in COMMANDS
     blob = base64.b64encode(json.dumps(arguments).encode()).decode()
     chunks = " ".join(blob[i:i + CHUNK] for i in range(0, len(blob), CHUNK)) or "e30="
-    return f"python3 -I - str_replace_editor {command} {chunks} <<'{TAG}'\n{PROGRAM}\n{TAG}"
+    named = json.dumps(arguments.get("path", ""))  # ASCII, escapes every control character: no newline ends the comment
+    shell = (f"# str_replace_editor {command} {named}\n"
+             f"python3 -I - str_replace_editor {command} {chunks} <<'{TAG}'\n{PROGRAM}\n{TAG}")
+    assert EDITOR_STEP.match(shell)  # what the judge reads a step's editor call from (judge/quality.py)
+    return shell
 
 
 def invalid(args: dict[str, Any]) -> str | None:
