@@ -6,6 +6,7 @@ the bash and SWE harnesses through a small replay build (rollout + verify stages
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import posixpath
 
@@ -51,6 +52,7 @@ def test_an_environment_runs_under_the_listed_harnesses_of_its_kind_else_its_kin
     # the kind's own harness keeps the rollout ids of before; another one is a distinct episode
     assert harnesses.episode_harness(terminal, BASH_HARNESS) is None
     old = rollout_id(terminal.env_id, "replay", 0)
+    assert old == hashlib.sha256(f"{terminal.env_id}|replay|0".encode()).hexdigest()[:16]  # the formula of before
     assert old == rollout_id(terminal.env_id, "replay", 0, harnesses.episode_harness(terminal, BASH_HARNESS))
     assert old != rollout_id(terminal.env_id, "replay", 0, harnesses.episode_harness(terminal, SWE_HARNESS))
 
@@ -257,16 +259,21 @@ def toy_harness():
 
 @pytest.mark.docker
 def test_a_toy_harness_and_the_swe_harness_through_a_small_replay_build(tmp_path, docker_client, toy_harness):
-    """rollout + verify on the engine (prepare / execute_shard / commit, no Prefect): 2 environments x 3
-    harnesses with the replay teacher: every reference solution passes under every harness, rows say which
-    harness made them, the kind's own keeps its rollout ids, a rerun of the rollout stage is reused."""
+    """rollout, verify, calibrate and export on the engine (prepare / execute_shard / commit, gates included, no
+    Prefect): 2 environments x 3 harnesses with the replay teacher: every reference solution passes under every
+    harness, rows say which harness made them, the kind's own keeps its rollout ids, a rerun of the rollout stage
+    is reused, and the exported rows keep each harness's tools."""
     from trajforge.schemas.build import BuildRecord
+    from trajforge.schemas.calibration import Calibration
     from trajforge.schemas.environment import EnvSpec
+    from trajforge.schemas.export import TrajectoryRow
     from trajforge.schemas.trajectory import Rollout
     from trajforge.schemas.verdict import Verdict
+    from trajforge.tasks.calibrate import CalibrateStage
     from trajforge.tasks.engine import Manifest, StageContext, commit, execute_shard, prepare
     from trajforge.tasks.envs.audit import AuditSettings
     from trajforge.tasks.envs.validator import validate_env
+    from trajforge.tasks.export import ExportStage
     from trajforge.tasks.rollout import RolloutStage
     from trajforge.tasks.verify import VerifyStage
 
@@ -308,9 +315,19 @@ def test_a_toy_harness_and_the_swe_harness_through_a_small_replay_build(tmp_path
                                                             SWE_HARNESS: {"bash", "str_replace_editor"}}[r.harness]
     swe_bugfix = next(r for r in rows if r.harness == SWE_HARNESS and r.env_id == envs[0].env_id)
     assert [c.function.name for m in swe_bugfix.messages if m.tool_calls for c in m.tool_calls][0] == "str_replace_editor"
-    verdicts = ctx.store.read_records(run(VerifyStage(), {**up, "rollout": rolled}).parts, Verdict)
+    verified = run(VerifyStage(), {**up, "rollout": rolled})
+    verdicts = ctx.store.read_records(verified.parts, Verdict)
     assert len(verdicts) == 6 and all(v.passed for v in verdicts), [(v.rollout_id, v.passed) for v in verdicts]
     assert run(RolloutStage(), up).fingerprint == rolled.fingerprint  # committed: reused, not run again
+    # downstream stages take the rows of several harnesses (calibration pools them per environment and teacher)
+    calibrated = run(CalibrateStage(), {**up, "verify": verified})
+    assert {(c.teacher, c.attempts, c.passes) for c in ctx.store.read_records(calibrated.parts, Calibration)} == {
+        ("replay", 3, 3)}
+    exported = run(ExportStage(), {**up, "rollout": rolled, "verify": verified, "calibrate": calibrated})
+    rows = ctx.store.read_records(exported.parts, TrajectoryRow)
+    assert sorted(r.harness for r in rows) == sorted([BASH_HARNESS, SWE_HARNESS, TOY] * 2)
+    swe_row = next(r for r in rows if r.harness == SWE_HARNESS)
+    assert [t["function"]["name"] for t in json.loads(swe_row.tools_json)] == ["bash", "str_replace_editor", "submit"]
 
 
 def test_the_judge_labels_editor_steps_by_their_command():
