@@ -154,7 +154,7 @@ def test_the_editor_in_a_real_sandbox_names_each_edge_case(docker_client):
     env.image, _ = ensure_image(docker_client, "trajforge/base:latest", env)
     w = env.workdir
     calls = [
-        ("bash", {"command": "printf 'a\\000b' > blob.bin && mkfifo pipe && ln -s /etc/passwd escape && mkdir .hid"}),
+        ("bash", {"command": "printf 'a\\000b' > blob.bin && mkfifo pipe && ln -s /etc/passwd escape && mkdir .hid && touch $'bad\\xff'"}),
         _edit(command="str_replace", path=f"{w}/a.py", old_str="= 1", new_str="= 3"),              # 2 not unique
         _edit(command="str_replace", path=f"{w}/a.py", old_str="w = 9", new_str="w = 0"),          # 3 no match
         _edit(command="str_replace", path=f"{w}/a.py", old_str="y = 1", new_str="y = 10"),         # 4 ok
@@ -199,7 +199,7 @@ def test_the_editor_in_a_real_sandbox_names_each_edge_case(docker_client):
     assert all("is outside" in out[i] for i in (10, 11, 12)), out[10:13]
     assert "not a regular file" in out[13]
     assert out[14].startswith(f"Here's the files and directories up to 2 levels deep in {w}, excluding hidden items:")
-    assert f"{w}/pkg/mod.py" in out[14] and ".hid" not in out[14]
+    assert f"{w}/pkg/mod.py" in out[14] and ".hid" not in out[14] and f"{w}/bad\\udcff" in out[14]  # not UTF-8
     assert out[15] == f"File created successfully at: {w}/new/b.py"
     assert out[16] == f"File already exists at: {w}/new/b.py. Cannot overwrite files using command `create`."
     assert out[17].startswith(f"The file {w}/new/b.py has been edited.") and "     2\tc = 2\n" in out[17]
@@ -364,3 +364,32 @@ def test_the_swe_harness_without_tool_calling_replays_fenced_blocks(docker_clien
     users = [m.content for m in r.messages[2:] if m.role == "user"]
     assert users[0].startswith("Result of str_replace_editor:\nFile created successfully at: ")
     assert users[1] == "Output:\n[exit code 0]" and [st.exit_code for st in r.steps] == [0, 0]
+
+
+def test_what_the_sandbox_answers_for_an_edit_is_data_never_a_crash():
+    """The editor program runs as the agent, so its output is the agent's to forge (a `python3` of its own): an
+    answer that is not the program's is an `editor failed` observation with the step's exit code, never an error
+    of the episode."""
+    from types import SimpleNamespace
+
+    from trajforge.tasks.agent.harness import EpisodeSettings, _State
+    from trajforge.tasks.sandbox import ExecResult
+
+    outputs = iter(['{"outcome": "ok", "text": 123, "old": null}', '{"outcome": "ok", "text": "\\ud800"}',
+                    '{"outcome": "ok", "text": "fine", "old": "not base64!"}', "no json at all"])
+
+    class _Box:
+        def exec(self, command, timeout_s, output_limit=None):
+            return ExecResult(0, next(outputs), 0.01, False, 10, False)
+
+    ep = SimpleNamespace(sb=_Box(), st=_State([], deadline=1e12), s=EpisodeSettings(1, 5, 30), started=None)
+    mode = swe.EditorMode(ep, get_family("log_report").generate(1, 0))
+
+    async def calls():
+        ep.started = asyncio.get_running_loop().create_future()
+        ep.started.set_result(None)  # the container is up
+        return [await mode.edit(1, {"command": "view", "path": "/home/agent/work/a"}) for _ in range(4)]
+
+    texts = asyncio.run(calls())
+    assert all(t.startswith("[editor failed: exit code 0]") for t in texts), texts
+    assert len(ep.st.steps) == 4 and mode.history == {}

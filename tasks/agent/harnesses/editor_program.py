@@ -205,6 +205,7 @@ def main(argv):
         outcome, text, old, real = why.outcome, why.text, None, None
     except OSError as err:
         outcome, text, old, real = "os_error", "Error: %s" % err, None, None
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")  # names that are not UTF-8: shown escaped
     print(json.dumps({"outcome": outcome, "text": text, "path": real,
                       "old": base64.b64encode(old).decode("ascii") if old is not None else None}))
     return OUTCOMES[outcome]

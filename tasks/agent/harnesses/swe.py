@@ -40,7 +40,7 @@ from typing import Any
 from ....schemas.environment import EnvSpec
 from ....schemas.trajectory import EDITOR_STEP, SWE_HARNESS, Message, Step
 from ..harness import FENCE, TOOLS
-from ..mcp_relay import parse_fenced
+from ..mcp_relay import SURROGATE, parse_fenced
 from . import Call, Harness, editor_program, register
 
 PROGRAM = Path(editor_program.__file__).read_text()
@@ -180,16 +180,18 @@ class EditorMode:
         if len(shell) - len(PROGRAM) > MAX_ARGUMENT_BYTES:
             why = (f"The arguments of this call are too large ({len(shell) - len(PROGRAM)} bytes encoded; at most "
                    f"{MAX_ARGUMENT_BYTES}). Write the file in parts (create, then insert), or with bash.")
-            return self._record(turn, f"str_replace_editor {command} (arguments too large)", "too_large", 0.0, why), \
-                "too_large", None
+            named = f"# str_replace_editor {command} {json.dumps(payload['path'])}\n: arguments too large, not run"
+            return self._record(turn, named, "too_large", 0.0, why), "too_large", None
         await self.ep.started
         budget = min(self.s.command_timeout_s, max(1.0, self.st.deadline - time.monotonic()))
         res = await asyncio.to_thread(self.ep.sb.exec, shell, budget, output_limit=4 << 20)
-        try:
+        try:  # the agent's own python3 answers here: its output is read as data, never trusted to be well formed
             out = json.loads(res.output.strip().splitlines()[-1])
             outcome, text = out["outcome"], out["text"]
-            old = base64.b64decode(out["old"]) if out.get("old") is not None else None
-        except (ValueError, KeyError, IndexError, TypeError):  # python3 missing, a killed command, a shim's output
+            if not isinstance(outcome, str) or not isinstance(text, str) or SURROGATE.search(text):
+                raise TypeError("not an answer of the editor program")
+            old = base64.b64decode(out["old"], validate=True) if out.get("old") is not None else None
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):  # python3 missing, killed, a shim
             why = {"timeout": " [killed: command timed out]", "oom": " [killed: out of memory]"}.get(res.killed_by or "", "")
             outcome, old = "editor_failed", None
             text = f"[editor failed: exit code {res.exit_code}]{why}\n{res.output[-2000:]}".rstrip()
