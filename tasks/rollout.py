@@ -66,8 +66,8 @@ class RolloutStage(Stage):
             index = {t.label: i for i, t in enumerate(cfg.teachers)}
             work = [self._episode(e, k, index[label], h) for e, n in sorted(plan.needs_more.items())
                     for k in range(plan.next_sample[e], plan.next_sample[e] + n)
-                    for label in plan.unsure_teachers.get(e, [cfg.teacher.label]) if label in index
-                    for h in harnesses.get(e, [None])]
+                    for label, h in self._unsure(plan, e, cfg.teacher.label, harnesses.get(e, [None]))
+                    if label in index]
         else:
             work = [self._episode(e, k, i, h) for e in sorted(harnesses) for i, t in enumerate(cfg.teachers)
                     for h in harnesses[e] for k in range(t.samples_per_env or cfg.rollout.samples_per_env)]
@@ -80,6 +80,15 @@ class RolloutStage(Stage):
         rows = ctx.store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id", "kind"]).to_pydict()
         return {e: [episode_harness(env, h) for h in harnesses_for(env, ctx.config.rollout.harnesses)]
                 for e, kind in zip(rows["env_id"], rows["kind"]) for env in [EnvSpec.model_construct(env_id=e, kind=kind)]}
+
+    @staticmethod
+    def _unsure(plan: RoundPlan, env_id: str, default: str, harnesses: list[str | None]) -> list[tuple[str, str | None]]:
+        """The (teacher, harness) pairs of `env_id` an adaptive round runs: those calibration named (a build of
+        several harnesses names each pair's), else each unsure teacher under the environment's harnesses."""
+        teachers = plan.unsure_teachers.get(env_id, [default])
+        if env_id in plan.unsure_harnesses:
+            return list(zip(teachers, plan.unsure_harnesses[env_id]))
+        return [(t, h) for t in teachers for h in harnesses]
 
     @staticmethod
     def _episode(env_id: str, sample: int, teacher: int, harness: str | None) -> list:

@@ -319,13 +319,15 @@ def test_a_toy_harness_and_the_swe_harness_through_a_small_replay_build(tmp_path
     verdicts = ctx.store.read_records(verified.parts, Verdict)
     assert len(verdicts) == 6 and all(v.passed for v in verdicts), [(v.rollout_id, v.passed) for v in verdicts]
     assert run(RolloutStage(), up).fingerprint == rolled.fingerprint  # committed: reused, not run again
-    # downstream stages take the rows of several harnesses (calibration pools them per environment and teacher)
+    # calibration per (environment, teacher, harness): None stands for the kind's own harness
     calibrated = run(CalibrateStage(), {**up, "verify": verified})
-    assert {(c.teacher, c.attempts, c.passes) for c in ctx.store.read_records(calibrated.parts, Calibration)} == {
-        ("replay", 3, 3)}
+    pairs = sorted((c.env_id, c.harness or "", c.attempts, c.passes, c.label)
+                   for c in ctx.store.read_records(calibrated.parts, Calibration))
+    assert pairs == sorted((e.env_id, h, 1, 1, "trivial") for e in envs for h in ("", SWE_HARNESS, TOY))
     exported = run(ExportStage(), {**up, "rollout": rolled, "verify": verified, "calibrate": calibrated})
     rows = ctx.store.read_records(exported.parts, TrajectoryRow)
     assert sorted(r.harness for r in rows) == sorted([BASH_HARNESS, SWE_HARNESS, TOY] * 2)
+    assert {r.difficulty for r in rows} == {"trivial"}  # each row joined to its own pair's label
     swe_row = next(r for r in rows if r.harness == SWE_HARNESS)
     assert [t["function"]["name"] for t in json.loads(swe_row.tools_json)] == ["bash", "str_replace_editor", "submit"]
 
@@ -393,3 +395,50 @@ def test_what_the_sandbox_answers_for_an_edit_is_data_never_a_crash():
     texts = asyncio.run(calls())
     assert all(t.startswith("[editor failed: exit code 0]") for t in texts), texts
     assert len(ep.st.steps) == 4 and mode.history == {}
+
+
+def test_calibration_is_per_environment_teacher_and_harness_and_adaptive_rounds_keep_the_harness(tmp_path):
+    """Verdicts of one environment under the bash harness (its kind's own) and the SWE harness: two pairs, each its
+    own label; an adaptive round asks for the unsure pair only, and the rollout stage plans it under its harness."""
+    from trajforge.schemas.build import BuildRecord
+    from trajforge.schemas.calibration import Calibration, RoundPlan
+    from trajforge.schemas.environment import EnvSpec
+    from trajforge.schemas.verdict import Verdict
+    from trajforge.tasks.calibrate import CalibrateStage
+    from trajforge.tasks.engine import Manifest, StageContext, commit, execute_shard, prepare
+    from trajforge.tasks.rollout import RolloutStage
+
+    cfg = parse_config(small_config(tmp_path / "runs", dataset="cal", **{
+        "rollout.samples_per_env": 4, "rollout.harnesses": [BASH_HARNESS, SWE_HARNESS],
+        "calibrate.adaptive": {"batch": 2, "max_samples": 8}}))
+    ctx = StageContext.create(cfg, "b1")
+    ctx.store.write_build(BuildRecord(build_id="b1", dataset=cfg.dataset, created_at=""))
+    env = get_family("log_report").generate(1, 0)
+    wins = {BASH_HARNESS: 4, SWE_HARNESS: 2}  # bash: 4 of 4 (sure); swe: 2 of 4 (unsure)
+    verdicts = [Verdict(rollout_id=f"{h}-{k}", env_id=env.env_id, teacher="replay", sample=k, status="ok", harness=h,
+                        verified=True, passed=k < wins[h], tests_passed=k < wins[h]) for h in wins for k in range(4)]
+    root = ctx.store.root
+    ctx.store.write_records(posixpath.join(root, "up", "envs.parquet"), EnvSpec, [env])
+    ctx.store.write_records(posixpath.join(root, "up", "verdicts.parquet"), Verdict, verdicts)
+    up = {s: Manifest(stage=s, fingerprint="up", build_id="b0", dir="", parts=[posixpath.join(root, "up", f)],
+                      rows=0, rejects=0, reject_reasons={}, stats={}, components={}, gate={}, created_at="")
+          for s, f in (("synthesize", "envs.parquet"), ("verify", "verdicts.parquet"))}
+    stage = CalibrateStage()
+    plan = prepare(stage, ctx, up)
+    for shard in plan.pending:
+        execute_shard(stage, ctx, plan.dir, shard, up)
+    m = commit(stage, ctx, plan, up)
+    rows = {c.harness: c for c in ctx.store.read_records(m.parts, Calibration)}
+    assert set(rows) == {None, SWE_HARNESS}
+    assert (rows[None].passes, rows[SWE_HARNESS].passes) == (4, 2) and rows[SWE_HARNESS].label != rows[None].label
+    rounds = RoundPlan.of(m.stats)  # each unsure pair named with its harness (here both: 4 samples say little)
+    assert list(zip(rounds.unsure_teachers[env.env_id], rounds.unsure_harnesses[env.env_id])) == [
+        ("replay", None), ("replay", SWE_HARNESS)]
+    shards = RolloutStage().plan(ctx, {"synthesize": up["synthesize"], "calibrate": m})
+    assert [w for s in shards for w in s.payload["episodes"]] == [
+        [env.env_id, 4, 0], [env.env_id, 4, 0, SWE_HARNESS], [env.env_id, 5, 0], [env.env_id, 5, 0, SWE_HARNESS]]
+    rounds.unsure_teachers, rounds.unsure_harnesses = {env.env_id: ["replay"]}, {env.env_id: [SWE_HARNESS]}
+    only = Manifest(**{**m.model_dump(), "stats": {**m.stats, RoundPlan.STATS_KEY: rounds.model_dump(mode="json")}})
+    shards = RolloutStage().plan(ctx, {"synthesize": up["synthesize"], "calibrate": only})
+    assert [w for s in shards for w in s.payload["episodes"]] == [[env.env_id, 4, 0, SWE_HARNESS],
+                                                                   [env.env_id, 5, 0, SWE_HARNESS]]
