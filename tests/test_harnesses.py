@@ -213,6 +213,8 @@ def test_the_editor_in_a_real_sandbox_names_each_edge_case(docker_client):
         "not_unique", "no_match", "ok", "missing_path", "ok", "no_history", "ok", "invalid_range", "binary",
         "outside", "outside", "outside", "not_regular", "ok", "ok", "exists", "ok", "ok", "ok", "invalid_arguments"]
     assert r.steps[1].command.startswith(f'# str_replace_editor str_replace "{w}/a.py"\npython3 -I - str_replace_editor ')
+    # an undo with no history ran nothing, and its step replays as nothing (a sibling replay re-runs steps)
+    assert r.steps[6].command == f'# str_replace_editor undo_edit "{w}/a.py"\n: no_history, answered without running'
     # the final work dir: a.py as it was, new/ without b.py (its creation undone)
     import io
     import tarfile

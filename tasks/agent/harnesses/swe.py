@@ -163,8 +163,7 @@ class EditorMode:
         payload["root"] = self.root
         if command == "undo_edit":
             if not self.history.get(key):
-                return self._record(turn, editor_command(command, payload), "no_history", 0.0,
-                                    f"No edit history found for {path}.")
+                return self._record(turn, command, path, "no_history", f"No edit history found for {path}.")
             previous = self.history[key][-1]
             payload["restore"] = None if previous is None else base64.b64encode(previous).decode()
         observation, outcome, before = await self._run(turn, command, payload)
@@ -180,8 +179,7 @@ class EditorMode:
         if len(shell) - len(PROGRAM) > MAX_ARGUMENT_BYTES:
             why = (f"The arguments of this call are too large ({len(shell) - len(PROGRAM)} bytes encoded; at most "
                    f"{MAX_ARGUMENT_BYTES}). Write the file in parts (create, then insert), or with bash.")
-            named = f"# str_replace_editor {command} {json.dumps(payload['path'])}\n: arguments too large, not run"
-            return self._record(turn, named, "too_large", 0.0, why), "too_large", None
+            return self._record(turn, command, payload["path"], "too_large", why), "too_large", None
         await self.ep.started
         budget = min(self.s.command_timeout_s, max(1.0, self.st.deadline - time.monotonic()))
         res = await asyncio.to_thread(self.ep.sb.exec, shell, budget, output_limit=4 << 20)
@@ -200,9 +198,11 @@ class EditorMode:
                                   truncated=res.truncated))
         return text, outcome, old
 
-    def _record(self, turn: int, command: str, outcome: str, duration: float, text: str) -> str:
-        """A call answered on the host (nothing run in the sandbox): still a step, its exit code the outcome's."""
-        self.st.steps.append(Step(turn=turn, command=command, exit_code=OUTCOMES[outcome], duration_s=duration))
+    def _record(self, turn: int, command: str, path: str, outcome: str, text: str) -> str:
+        """A call answered on the host: still a step, its exit code the outcome's, its command the comment naming the
+        call and a no-op (nothing ran in the sandbox, so nothing runs when the step is replayed)."""
+        shell = f"# str_replace_editor {command} {json.dumps(path)}\n: {outcome}, answered without running"
+        self.st.steps.append(Step(turn=turn, command=shell, exit_code=OUTCOMES[outcome], duration_s=0.0))
         return text
 
     async def handle_tool_calls(self, turn: int, msg: Message) -> None:
