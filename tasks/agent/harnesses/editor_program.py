@@ -186,7 +186,9 @@ def run(command, args):
     if command == "insert":
         old, text = insert(real, path, args["insert_line"], args["new_str"])
         return "ok", text, old, real
-    restore = args.get("restore")  # undo_edit: the host's history
+    if "restore" not in args:  # undo_edit: the host's history says what to restore (null: remove), else nothing
+        raise Refused("no_history", "No edit history found for %s." % path)
+    restore = args["restore"]
     if restore is None:
         os.remove(real)
         return "ok", "Last edit to %s undone successfully. The file no longer exists." % path, None, real
