@@ -54,6 +54,9 @@ class Calibration(Record):
     attempts: int
     passes: int
     excluded: int
+    harness: str | None = Field(None, description=(
+        "the harness of the episodes counted when it is not the environment kind's own (`rollout.harnesses`); None: "
+        "the kind's own. A pair is (environment, teacher, harness)"))
     solve_rate: float
     ci_low: float
     ci_high: float
@@ -64,7 +67,8 @@ class Calibration(Record):
     pooled_label: Label = Field("unlabelled", description="the environment's difficulty across teachers")
     pooled_solve_rate: float = Field(0.0, description="the reference teacher's rate, fitted from all teachers")
     pooled_confidence: float = Field(0.0, description="posterior mass on the pooled label's band")
-    pooled_teacher: str = Field("", description="the teacher whose scale the pooled rate is on")
+    pooled_teacher: str = Field("", description="the teacher whose scale the pooled rate is on (`teacher · harness` "
+                                                "under a harness that is not the kind's own)")
 
 
 class RoundPlan(BaseModel):
@@ -77,6 +81,7 @@ class RoundPlan(BaseModel):
     needs_more: dict[str, int] = {}
     next_sample: dict[str, int] = {}
     unsure_teachers: dict[str, list[str]] = {}
+    unsure_harnesses: dict[str, list[str | None]] = {}  # parallel to unsure_teachers (None: the kind's own harness)
 
     STATS_KEY: ClassVar[str] = "round_plan"
 

@@ -27,6 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from .trajectory import BASH_HARNESS, HARNESS_NAMES
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -471,6 +473,19 @@ class RolloutConfig(Section):
     context_budget_tokens: int | None = Field(
         None, ge=256, description="end an episode as context_overflow before a request could exceed it "
                                   "(default: the vLLM server's max_model_len, else unlimited)")
+    harnesses: list[str] = Field(default_factory=lambda: [BASH_HARNESS], min_length=1, description=(
+        "the harnesses (tasks/agent/harnesses) each environment runs under, each one an episode set of its own: "
+        "an environment runs under those listed that drive its kind, else under its kind's own harness"))
+
+    @field_validator("harnesses")
+    @classmethod
+    def _harnesses(cls, v: list[str]) -> list[str]:
+        unknown = [n for n in v if n not in HARNESS_NAMES]
+        if unknown:
+            raise ValueError(f"unknown harness {unknown[0]!r}; registered: {', '.join(sorted(HARNESS_NAMES))}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"a harness is listed twice: {v}")
+        return v
 
 
 class VerifyConfig(Section):

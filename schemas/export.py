@@ -177,6 +177,8 @@ class RLRow(Record):
     ci_high: float
     difficulty: Label
     env_spec_json: str
+    harness: str | None = Field(None, description="the harness the solve rate was measured under when it is not "
+                                                   "the kind's own (`Calibration.harness`)")
     license: str = Field("", description="the environment's license, when its source declares one")
     kind: str = Field("terminal", description="the environment's kind: terminal or tools")
     pooled_difficulty: Label = Field("unlabelled", description="the environment's difficulty across every teacher")

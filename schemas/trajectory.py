@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -10,6 +11,14 @@ from .common import ChangeSet, Measured, Record, Seconds, Status, TarMark
 from .verdict import TestResult
 
 TOOLS_HARNESS = "trajforge-mcp-v1"  # Rollout.harness of `tools` environments: its steps are tool calls, not shell
+BASH_HARNESS = "trajforge-bash-v1"  # Rollout.harness of `terminal` environments by default: `bash` + `submit`
+SWE_HARNESS = "trajforge-swe-v1"  # `bash` + `str_replace_editor` + `submit` (tasks/agent/harnesses/swe.py)
+EDITOR_STEP = re.compile(r'\A# str_replace_editor (?P<command>view|create|str_replace|insert|undo_edit) '
+                         r'(?P<path>"(?:[^"\\\n]|\\.)*")\n')
+"""The first line of a `Step.command` that ran one `str_replace_editor` call (harness `trajforge-swe-v1`): a shell
+comment naming the editor command and its path (a JSON string); the rest of the step is the program that ran it."""
+# the harness names `rollout.harnesses` accepts: filled by registration (tasks/agent/harnesses), the built-in ones here
+HARNESS_NAMES: set[str] = {BASH_HARNESS, TOOLS_HARNESS, SWE_HARNESS}
 
 
 class FunctionCall(Record):
@@ -102,8 +111,8 @@ class InPlaceTests(Record):
 
 
 class Rollout(Record):
-    """A trajectory. `rollout_id` is deterministic in (env_id, teacher, sample): rerunning a shard
-    replaces rows, it never adds a second copy."""
+    """A trajectory. `rollout_id` is deterministic in (env_id, teacher, sample, and the harness when it is not
+    the environment kind's own): rerunning a shard replaces rows, it never adds a second copy."""
 
     rollout_id: str
     env_id: str

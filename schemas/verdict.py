@@ -60,6 +60,8 @@ class Verdict(Record):
     sample: int
     status: Status
     verified: bool
+    harness: str | None = Field(None, description="the rollout's harness (`Rollout.harness`; None: a verdict written "
+                                                   "before verdicts carried it)")
     reward: float = 0.0
     tests_passed: bool = False
     passed: bool = False

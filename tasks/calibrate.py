@@ -1,4 +1,4 @@
-"""Stage `calibrate`: solve rate per (environment, teacher) with a Wilson score interval, a difficulty
+"""Stage `calibrate`: solve rate per (environment, teacher, harness) with a Wilson score interval, a difficulty
 label, the posterior probability that the label is right and whether it is certain; and one pooled
 difficulty per environment across teachers (`difficulty.pooled`). Each label's meaning is stated once,
 in `schemas.calibration.LABEL_DEFINITIONS` (`difficulty.bands.label_definitions(cfg)` fills in the thresholds).
@@ -14,6 +14,10 @@ more rollouts (`next_rollouts`): not the certain ones (posterior mass on the lab
 `max_samples`; the rest get `batch` more, highest expected gain first, while the build-wide `budget`
 lasts. The decision is a typed `RoundPlan` in the manifest's stats; the flow runs another
 rollout -> verify -> calibrate round for exactly those.
+
+A pair's harness is None under the environment kind's own harness (a build with the default
+`rollout.harnesses` writes the rows it always wrote); under another harness (tasks/agent/harnesses) the pair is
+its own, and for priors, pooling and adaptive rounds it counts as one more teacher, `teacher · harness`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..schemas.calibration import Calibration, RoundPlan
 from ..schemas.common import INFRA_STATUSES
 from ..schemas.config import CalibrateConfig
 from ..schemas.verdict import Verdict
+from .agent.harnesses import episode_harness
 from .difficulty import fit_pooled, label_confidence, label_gain
 from .difficulty.bands import difficulty_label, label_definitions, label_of_rate
 from .engine import Manifest, Shard, ShardResult, Stage, StageContext, upstream_parts
@@ -130,36 +135,38 @@ class CalibrateStage(Stage):
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
         verdicts = ctx.store.read_records(upstream_parts(upstream, "verify"), Verdict)
         envs = load_envs(ctx, upstream["synthesize"], {v.env_id for v in verdicts})
-        groups: dict[tuple[str, str], list[Verdict]] = defaultdict(list)
+        groups: dict[tuple[str, str, str | None], list[Verdict]] = defaultdict(list)
         for v in verdicts:
-            groups[(v.env_id, v.teacher)].append(v)
+            groups[(v.env_id, v.teacher, episode_harness(envs[v.env_id], v.harness))].append(v)
         cfg = ctx.config.calibrate
-        pairs = sorted(groups)
-        counts: dict[tuple[str, str], tuple[int, int]] = {}
+        pairs = sorted(groups, key=lambda k: (k[0], k[1], k[2] or ""))
+        rater = {k: k[1] if k[2] is None else f"{k[1]} · {k[2]}" for k in pairs}  # a teacher in a harness
+        counts: dict[tuple[str, str, str | None], tuple[int, int]] = {}
         samples: dict[str, int] = {}  # the next sample number of each environment, over teachers
-        for key, vs in sorted(groups.items()):
+        for key, vs in groups.items():
             counted = [v for v in vs if v.verified and v.status not in INFRA_STATUSES]
             counts[key] = (sum(v.passed for v in counted), len(counted))
             samples[key[0]] = max(samples.get(key[0], 0), max(v.sample for v in vs) + 1)
         # an environment is known solvable when it has a reference solution or any teacher passed it
         solvable = {e: getattr(envs[e], "oracle", "present") != "absent" for e in samples}
-        for (e, _), (s, _) in counts.items():
+        for (e, _, _), (s, _) in counts.items():
             solvable[e] = solvable[e] or s > 0
-        conf: dict[tuple[str, str], float] = {}
-        for teacher in sorted({t for _, t in pairs}):  # each teacher's prior from its own pairs
-            keys = [k for k in pairs if k[1] == teacher and counts[k][1] > 0]
+        conf: dict[tuple[str, str, str | None], float] = {}
+        for teacher in sorted(set(rater.values())):  # each teacher's prior from its own pairs
+            keys = [k for k in pairs if rater[k] == teacher and counts[k][1] > 0]
             conf.update(zip(keys, label_confidence([counts[k] for k in keys], cfg)))
         per_env: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
-        for (e, t), c in counts.items():
-            per_env[e][t] = c
+        for k, c in counts.items():
+            per_env[k[0]][rater[k]] = c
         pooled = fit_pooled(per_env, cfg)
         rows = []
-        for (env_id, teacher) in pairs:
-            passes, n = counts[(env_id, teacher)]
-            vs = groups[(env_id, teacher)]
+        for key in pairs:
+            env_id, teacher, harness = key
+            passes, n = counts[key]
+            vs = groups[key]
             lo, hi = wilson_interval(passes, n, cfg.confidence)
             label = difficulty_label(passes, n, cfg, solvable[env_id])
-            lc = conf.get((env_id, teacher), 0.0)
+            lc = conf.get(key, 0.0)
             if env_id not in pooled.rate:
                 p_label, p_rate, p_conf = "unlabelled", 0.0, 0.0
             else:
@@ -168,27 +175,30 @@ class CalibrateStage(Stage):
                 p_conf = pooled.band_mass[env_id].get(label_of_rate(p_rate, cfg), 0.0)
             env = envs[env_id]
             rows.append(Calibration(
-                env_id=env_id, family=env.family, level=env.level, teacher=teacher, attempts=n, passes=passes,
+                env_id=env_id, family=env.family, level=env.level, teacher=teacher, harness=harness, attempts=n,
+                passes=passes,
                 excluded=len(vs) - n, solve_rate=passes / n if n else 0.0, ci_low=round(lo, 6),
                 ci_high=round(hi, 6), label=label, label_confidence=round(lc, 6),
                 certain=lc >= cfg.confidence and label not in ("unverified", "unlabelled"),
                 hacks=sum(bool(v.hack_flags) and v.verified and v.status not in INFRA_STATUSES for v in vs),
                 pooled_label=p_label, pooled_solve_rate=p_rate, pooled_confidence=round(p_conf, 6),
                 pooled_teacher=pooled.reference))
-        needs_more, next_sample, unsure = {}, {}, {}
+        needs_more, next_sample, unsure, unsure_harnesses = {}, {}, {}, {}
         spent = 0
         if cfg.adaptive:
             first = {t.label: t.samples_per_env or ctx.config.rollout.samples_per_env for t in ctx.config.teachers}
             spent = sum(v.sample >= first.get(v.teacher, ctx.config.rollout.samples_per_env) for v in verdicts)
             done = sum(name.split(".")[0] == "verify" for name in upstream) - 1  # adaptive rounds so far
-            more = next_rollouts([counts[k] for k in pairs], [samples[e] for e, _ in pairs], cfg, spent,
-                                 groups=[t for _, t in pairs], confidence=[conf.get(k, 0.0) for k in pairs],
+            more = next_rollouts([counts[k] for k in pairs], [samples[k[0]] for k in pairs], cfg, spent,
+                                 groups=[rater[k] for k in pairs], confidence=[conf.get(k, 0.0) for k in pairs],
                                  rounds_left=cfg.adaptive.max_rounds - done)
             for i, k in sorted(more.items()):
-                env_id, teacher = pairs[i]
+                env_id, teacher, harness = pairs[i]
                 needs_more[env_id], next_sample[env_id] = k, samples[env_id]
                 unsure.setdefault(env_id, []).append(teacher)
-        plan = RoundPlan(needs_more=needs_more, next_sample=next_sample, unsure_teachers=unsure)
+                unsure_harnesses.setdefault(env_id, []).append(harness)
+        plan = RoundPlan(needs_more=needs_more, next_sample=next_sample, unsure_teachers=unsure,
+                         unsure_harnesses=unsure_harnesses if any(k[2] for k in pairs) else {})  # a one-harness build: as before
         stats = {"labels": dict(Counter(r.label for r in rows)), "environments": len(rows),
                  "pooled_labels": dict(Counter(r.pooled_label for r in {r.env_id: r for r in rows}.values())),
                  "certain": sum(r.certain for r in rows), "attempts": sum(r.attempts for r in rows),

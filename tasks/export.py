@@ -31,6 +31,7 @@ from ..schemas.environment import EnvSpec
 from ..schemas.export import ExportMessage, PreferenceRow, RLRow, RLTokensRow, SFTRow, TrajectoryRow
 from ..schemas.trajectory import Rollout
 from ..schemas.verdict import Verdict
+from .agent.harnesses import episode_harness
 from .dataset.card import dataset_card
 from .dataset.columns import (
     canonical_tool_calls,
@@ -235,11 +236,16 @@ class ExportStage(Stage):
         mine = [("env_id", "in", sorted(set(env_ids)))]  # this part's environments only
         envs = store.read_table(upstream["synthesize"].parts, EnvSpec, columns=ENV_COLUMNS, filters=mine)
         calib = store.read_table(upstream["calibrate"].parts, Calibration,
-                                 columns=["env_id", "teacher", "label", "solve_rate", "pooled_label",
+                                 columns=["env_id", "teacher", "harness", "label", "solve_rate", "pooled_label",
                                           "pooled_solve_rate"], filters=mine)
-        env_idx, cal_idx = _index(envs, "env_id"), _index(calib, "env_id", "teacher")
+        env_idx, cal_idx = _index(envs, "env_id"), _index(calib, "env_id", "teacher", "harness")
         e = envs.take(pa.array([env_idx[x] for x in env_ids], pa.int64()))
-        c = calib.take(pa.array([cal_idx[k] for k in zip(env_ids, teachers)], pa.int64()))
+        # each row's calibration pair: (environment, teacher, its harness unless the kind's own: calibrate.py)
+        kinds = pc.fill_null(e.column("kind"), "terminal").to_pylist()
+        pair_harness = [episode_harness(EnvSpec.model_construct(env_id=x, kind=k), h)
+                        for x, k, h in zip(env_ids, kinds, out.column("harness").to_pylist())]
+        c = calib.take(pa.array([cal_idx[k] if k in cal_idx else cal_idx[k[:2] + (None,)]  # a per-teacher calibration
+                                 for k in zip(env_ids, teachers, pair_harness)], pa.int64()))
         added = {"family": e.column("family"), "level": e.column("level"), "passed": v.column("passed"),
                  "reward": v.column("reward"), "tests_passed": _list_sum(v.column("tests"), "passed"),
                  "tests_total": pc.list_value_length(v.column("tests")), "hack_flags": v.column("hack_flags"),
@@ -337,7 +343,8 @@ def rl(ctx: StageContext, t: pa.Table | None, upstream: dict[str, Manifest]) -> 
     calib = [c for c in calib if envs[c.env_id].oracle == "present" or c.env_id in proven]
     rows = [RLRow(env_id=c.env_id, family=c.family, level=c.level, source=envs[c.env_id].source,
                   instruction=envs[c.env_id].instruction, workdir=envs[c.env_id].workdir,
-                  image=envs[c.env_id].image or "", teacher=c.teacher, attempts=c.attempts, solve_rate=c.solve_rate,
+                  image=envs[c.env_id].image or "", teacher=c.teacher, harness=c.harness, attempts=c.attempts,
+                  solve_rate=c.solve_rate,
                   ci_low=c.ci_low, ci_high=c.ci_high, difficulty=c.label,
                   env_spec_json=rl_spec_json(envs[c.env_id], ctx.config.export.rl.include_solutions),
                   license=getattr(envs[c.env_id], "license", None) or "", kind=envs[c.env_id].kind,

@@ -2,6 +2,8 @@
 environment, `samples_per_env` each (a teacher may set its own). Adaptive rounds give more episodes
 only to the (environment, teacher) pairs whose calibration asked for them.
 
+Each environment runs under each harness of `rollout.harnesses` that drives its kind (else its kind's own,
+tasks/agent/harnesses): (environment, teacher, harness, sample) is one episode with its own rollout id.
 Episodes run in the asyncio driver of `agent.driver` (many in flight per shard task).
 `teacher_error` / `infra_error` episodes are never final: when the stage runs again (a resume, or
 `trajforge rerun rollout` of a committed output) exactly those episodes run again, same rollout ids,
@@ -21,6 +23,7 @@ from ..schemas.common import INFRA_STATUSES, Reject
 from ..schemas.environment import EnvSpec
 from ..schemas.trajectory import Rollout
 from .agent.driver import run_episodes
+from .agent.harnesses import episode_harness, harnesses_for
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext, sum_counters
 from .envs.catalogue import load_envs
 from .envs.registry import bring_all_here
@@ -57,19 +60,41 @@ class RolloutStage(Stage):
         """Round 0: `samples_per_env` episodes per environment. An adaptive round (a `calibrate`
         manifest upstream): the extra samples that calibration asked for, numbered on from the last."""
         cfg = ctx.config
+        harnesses = self._harnesses(ctx, upstream) if "synthesize" in upstream else {}
         if "calibrate" in upstream:  # only the teachers whose label of that environment is unsure
             plan = RoundPlan.of(upstream["calibrate"].stats)
             index = {t.label: i for i, t in enumerate(cfg.teachers)}
-            work = [[e, k, index[label]] for e, n in sorted(plan.needs_more.items())
+            work = [self._episode(e, k, index[label], h) for e, n in sorted(plan.needs_more.items())
                     for k in range(plan.next_sample[e], plan.next_sample[e] + n)
-                    for label in plan.unsure_teachers.get(e, [cfg.teacher.label]) if label in index]
+                    for label, h in self._unsure(plan, e, cfg.teacher.label, harnesses.get(e, [None]))
+                    if label in index]
         else:
-            env_ids = sorted(ctx.store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id"])
-                             .column("env_id").to_pylist())
-            work = [[e, k, i] for e in env_ids for i, t in enumerate(cfg.teachers)
-                    for k in range(t.samples_per_env or cfg.rollout.samples_per_env)]
+            work = [self._episode(e, k, i, h) for e in sorted(harnesses) for i, t in enumerate(cfg.teachers)
+                    for h in harnesses[e] for k in range(t.samples_per_env or cfg.rollout.samples_per_env)]
         n = ctx.config.rollout.episodes_per_shard
         return [Shard(index=i, payload={"episodes": work[j:j + n]}) for i, j in enumerate(range(0, len(work), n))]
+
+    @staticmethod
+    def _harnesses(ctx: StageContext, upstream: dict[str, Manifest]) -> dict[str, list[str | None]]:
+        """Per environment, the harnesses its episodes run under (`rollout.harnesses`; None: its kind's own)."""
+        rows = ctx.store.read_table(upstream["synthesize"].parts, EnvSpec, columns=["env_id", "kind"]).to_pydict()
+        return {e: [episode_harness(env, h) for h in harnesses_for(env, ctx.config.rollout.harnesses)]
+                for e, kind in zip(rows["env_id"], rows["kind"]) for env in [EnvSpec.model_construct(env_id=e, kind=kind)]}
+
+    @staticmethod
+    def _unsure(plan: RoundPlan, env_id: str, default: str, harnesses: list[str | None]) -> list[tuple[str, str | None]]:
+        """The (teacher, harness) pairs of `env_id` an adaptive round runs: those calibration named (a build of
+        several harnesses names each pair's), else each unsure teacher under the environment's harnesses."""
+        teachers = plan.unsure_teachers.get(env_id, [default])
+        if env_id in plan.unsure_harnesses:
+            return list(zip(teachers, plan.unsure_harnesses[env_id]))
+        return [(t, h) for t in teachers for h in harnesses]
+
+    @staticmethod
+    def _episode(env_id: str, sample: int, teacher: int, harness: str | None) -> list:
+        """A shard's episode: [env, sample, teacher index] under the kind's own harness (the payload it always
+        was), + the harness's name under any other."""
+        return [env_id, sample, teacher] + ([harness] if harness else [])
 
     def run_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest]) -> ShardResult:
         return _run_here(ctx, upstream, [tuple(e) for e in shard.payload["episodes"]])
@@ -83,18 +108,20 @@ class RolloutStage(Stage):
 
     def retry_shard(self, ctx: StageContext, shard: Shard, upstream: dict[str, Manifest], rows: pa.Table,
                     rejects: list[Reject]) -> ShardResult:
-        """The same episodes again (env, sample, teacher): one row each, in order, same rollout ids."""
+        """The same episodes again (env, sample, teacher, harness): one row each, in order, same rollout ids."""
         index = {t.label: i for i, t in enumerate(ctx.config.teachers)}
-        episodes = [(e, k, index[t]) for e, k, t in zip(rows.column("env_id").to_pylist(),
-                                                        rows.column("sample").to_pylist(),
-                                                        rows.column("teacher").to_pylist())]
+        episodes = [(e, k, index[t], h) for e, k, t, h in zip(rows.column("env_id").to_pylist(),
+                                                              rows.column("sample").to_pylist(),
+                                                              rows.column("teacher").to_pylist(),
+                                                              rows.column("harness").to_pylist())]
         return _run_here(ctx, upstream, episodes)
 
     def retry_stats(self, old: dict[str, Any], new: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
         """Costs (tokens, seconds, retries) of both runs summed; outcome counts from the rows kept."""
         out = sum_counters([old, new])
         out.update(episodes=rows.num_rows, status=dict(Counter(rows.column("status").to_pylist())),
-                   teachers=dict(Counter(rows.column("teacher").to_pylist())))
+                   teachers=dict(Counter(rows.column("teacher").to_pylist())),
+                   harnesses=dict(Counter(rows.column("harness").to_pylist())))
         return out
 
     def progress_text(self, totals: dict[str, Any], elapsed_s: float) -> str:

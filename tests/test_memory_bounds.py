@@ -87,7 +87,7 @@ def test_gate_columns_are_the_scalar_columns_the_suite_names():
                                               "kwargs": {"min_value": 1}}])
     assert "error" in whole and "attempts" in whole and not set(whole) & set(BIG)
     assert gate_columns("calibrate", arrow_schema(Calibration)) == ["env_id", "teacher", "attempts", "passes",
-                                                                     "solve_rate", "ci_low", "ci_high", "label",
+                                                                     "harness", "solve_rate", "ci_low", "ci_high", "label",
                                                                      "label_confidence", "pooled_label",
                                                                      "pooled_solve_rate"]
     assert gate_columns("export", arrow_schema(TrajectoryRow)) == ["rollout_id", "status", "reward", "turns",

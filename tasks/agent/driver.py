@@ -30,6 +30,7 @@ from ..sandbox import Sandbox, SandboxError, docker_client
 from ..sandbox.fleet import Fleet
 from ..teachers import make_teacher
 from .harness import EpisodeSettings, harness_label, rollout_id, run_episode
+from .harnesses import bind_rendering, episode_harness
 
 
 class _Slot:
@@ -63,8 +64,9 @@ def episode_settings(ctx: StageContext, teacher: TeacherConfig | None = None) ->
 
 def run_episodes(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tuple],
                  teacher=None) -> ShardResult:
-    """Run `episodes` [(env_id, sample[, teacher index into config.teachers])] with the configured
-    teachers (or `teacher` for all); one row per episode, always."""
+    """Run `episodes` [(env_id, sample[, teacher index into config.teachers[, harness name]])] with the
+    configured teachers (or `teacher` for all), each under its harness (None: its kind's own, tasks/agent/harnesses);
+    one row per episode, always."""
     conc = ctx.config.rollout.concurrency
 
     async def main() -> ShardResult:
@@ -94,14 +96,17 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
     def report(force: bool = False) -> None:
         ctx.report(force=force, **{**live, "status": dict(live["status"]), **fleet.stats()})
 
-    def failed_row(env: EnvSpec, sample: int, status: str, error: str, attempts: int, teacher) -> Rollout:
-        return Rollout(rollout_id=rollout_id(env.env_id, teacher.label, sample), env_id=env.env_id,
-                       teacher=teacher.label, harness=harness_label(env), sample=sample,
+    def failed_row(env: EnvSpec, sample: int, status: str, error: str, attempts: int, teacher,
+                   harness: str | None) -> Rollout:
+        return Rollout(rollout_id=rollout_id(env.env_id, teacher.label, sample, episode_harness(env, harness)),
+                       env_id=env.env_id, teacher=teacher.label, harness=harness_label(env, harness), sample=sample,
                        messages=[Message(role="user", content=env.instruction)], status=status,
                        error=error[:2000], attempts=attempts)
 
-    async def one(env_id: str, sample: int, ti: int) -> Rollout:
+    async def one(env_id: str, sample: int, ti: int, harness: str | None) -> Rollout:
         env, teacher, s = envs[env_id], teachers[ti], settings[ti]
+        harness = episode_harness(env, harness)  # None: the kind's own (a retried row names it)
+        rid = rollout_id(env_id, teacher.label, sample, harness)
         async with episodes_alive, fleet.alive():
             last_err, attempts, counted = "", cfg.rollout.infra_retries + 1, False  # counted: in `running`
             try:
@@ -114,12 +119,12 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
                     try:
                         await fleet.creation()
                         r = await run_episode(
-                            env, teacher.session(env, sample, rollout_id(env_id, teacher.label, sample)),
+                            env, bind_rendering(teacher.session(env, sample, rid), env, harness),
                             lambda: Sandbox(client, env.image, cfg.sandbox, workdir=env.workdir,
                                             labels={"trajforge.build": ctx.build_id, "trajforge.env": env_id},
                                             cap_add=VERIFIER_CAPS if named(s.venue).during_rollout else (),
                                             agent=env.agent_user),
-                            s, teacher.label, sample, slot=slot)
+                            s, teacher.label, sample, slot=slot, **({"harness": harness} if harness else {}))
                         r.attempts = attempt
                         return r
                     except SandboxError as err:
@@ -130,12 +135,12 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
                         slot.release()
                     live["infra_retries"] += 1
                     errors[last_err.split(":", 1)[0]] += 1
-                return failed_row(env, sample, "infra_error", last_err, attempts, teacher)
+                return failed_row(env, sample, "infra_error", last_err, attempts, teacher, harness)
             finally:
                 live["running"] -= counted
 
-    async def tracked(env_id: str, sample: int, ti: int = 0) -> Rollout:
-        r = await one(env_id, sample, ti)
+    async def tracked(env_id: str, sample: int, ti: int = 0, harness: str | None = None) -> Rollout:
+        r = await one(env_id, sample, ti, harness)
         live["done"] += 1
         live["completion_tokens"] += r.completion_tokens
         live["status"][r.status] += 1
@@ -164,6 +169,7 @@ async def _drive(ctx: StageContext, envs: dict[str, EnvSpec], episodes: list[tup
         **fleet.stats(),
     }
     stats["teachers"] = dict(Counter(r.teacher for r in rows))
+    stats["harnesses"] = dict(Counter(r.harness for r in rows))
     for t in teachers.values():
         if hasattr(t, "endpoint_stats"):
             es = t.endpoint_stats()

@@ -16,10 +16,11 @@ hidden tests copied in and run as root (tasks/judge/verifier.py, tasks/judge/ven
 re-test later. The container starts while the teacher writes its first turn; the "before" checksums
 of an image are computed once per process (containers of one image start identical).
 
-The mode follows the environment's kind (tasks/envs/kinds.py, its `agent_mode` a key of `MODES`): `bash`
-offers `bash` + `submit` (this module); `mcp` offers the environment's MCP tools + `submit` and relays
-each call to its server in the sandbox (`ToolMode`, tasks/agent/mcp_relay.py). Everything after the
-turns (settle, capture, in-place tests) is shared.
+The turn protocol is the harness's (tasks/agent/harnesses: tools offered, prompt, parsing, ending, replay
+rendering): by default the environment's kind's own (tasks/envs/kinds.py, its `agent_mode` a key of `MODES`:
+`bash` offers `bash` + `submit`, this module; `mcp` offers the environment's MCP tools + `submit` and relays
+each call to its server in the sandbox, `ToolMode`, tasks/agent/mcp_relay.py), else the registered harness
+named by `run_episode(harness=...)`. Everything after the turns (settle, capture, in-place tests) is shared.
 """
 
 from __future__ import annotations
@@ -68,12 +69,16 @@ FENCE = re.compile(r"```(?:bash|sh|shell)?\s*\n(.*?)```", re.S)
 MAX_CONSECUTIVE_FORMAT_ERRORS = 3
 
 
-def harness_label(env: EnvSpec) -> str:
-    return kind_of(env).harness
+def harness_label(env: EnvSpec, harness: str | None = None) -> str:
+    """`Rollout.harness` of an episode of `env` under `harness` (None: its kind's own)."""
+    return harness or kind_of(env).harness
 
 
-def rollout_id(env_id: str, teacher: str, sample: int) -> str:
-    return hashlib.sha256(f"{env_id}|{teacher}|{sample}".encode()).hexdigest()[:16]
+def rollout_id(env_id: str, teacher: str, sample: int, harness: str | None = None) -> str:
+    """Deterministic in (env, teacher, sample) and `harness` when it is not the kind's own (`harnesses.episode_harness`:
+    None then, so the ids of the default episodes never changed)."""
+    key = f"{env_id}|{teacher}|{sample}" + (f"|{harness}" if harness else "")
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -257,9 +262,25 @@ class ConversationSlot(Protocol):
     def release(self) -> None: ...
 
 
+def _turn_protocol(env: EnvSpec, harness: str | None) -> tuple[str, Callable[[_Episode, EnvSpec], Any]]:
+    """(label, mode factory) of `env` under `harness`: the kind's own turn loop (`MODES[kind.agent_mode]`) for its
+    own harness (or None), else the registered harness's (tasks/agent/harnesses)."""
+    from .harnesses import get, own
+
+    if own(env, harness):
+        kind = kind_of(env)
+        return kind.harness, MODES[kind.agent_mode]
+    h = get(harness)
+    if env.kind not in h.kinds:
+        raise ValueError(f"harness {h.name} does not drive {env.kind!r} environments (it drives {', '.join(h.kinds)})")
+    return h.name, h.mode
+
+
 async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Callable[[], Sandbox],
-                      s: EpisodeSettings, teacher: str, sample: int, slot: ConversationSlot | None = None) -> Rollout:
-    """Run one episode. Raises SandboxError on infrastructure failure (caller retries).
+                      s: EpisodeSettings, teacher: str, sample: int, slot: ConversationSlot | None = None,
+                      harness: str | None = None) -> Rollout:
+    """Run one episode under `harness` (a registered name; None: the kind's own). Raises SandboxError on
+    infrastructure failure (caller retries).
 
     `slot` bounds the conversations with the teacher: it is acquired once the container is starting
     (so a start overlaps other episodes' turns, not only this one's first) and released as soon as the
@@ -280,6 +301,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
     tools: list[dict] = []
     teacher_turn_s = s.teacher_max_wait_s + s.max_tokens / s.agent_tokens_per_s + 30  # the longest a turn may take
     status, error = "max_turns", None
+    label, make_mode = _turn_protocol(env, harness)
     sb = make_sandbox()
     ep = mode = None
     try:
@@ -291,7 +313,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
             await slot.acquire()
             t0 = time.monotonic()
             st.deadline = t0 + (env.agent_timeout_s or s.episode_timeout_s)
-        mode = MODES[kind_of(env).agent_mode](ep, env)
+        mode = make_mode(ep, env)
         tools = await mode.offered()  # tools mode: the server's tools (waits for the first container of an image)
         st.deadline += time.monotonic() - t0
         st.messages += [Message(role="system", content=mode.system_prompt(env)),
@@ -393,7 +415,8 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         # shield: a cancelled episode (shard shutting down) must still remove its container
         await asyncio.shield(asyncio.to_thread(sb.close))
     return Rollout(
-        rollout_id=rollout_id(env.env_id, teacher, sample), env_id=env.env_id, teacher=teacher, harness=harness_label(env),
+        rollout_id=rollout_id(env.env_id, teacher, sample, None if label == kind_of(env).harness else label),
+        env_id=env.env_id, teacher=teacher, harness=label,
         sample=sample, messages=st.messages, tools_json=json.dumps(tools), steps=st.steps, usage=st.usage,
         prompt_tokens=sum(u.prompt_tokens for u in st.usage),
         completion_tokens=sum(u.completion_tokens for u in st.usage),

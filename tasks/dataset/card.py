@@ -68,7 +68,7 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
         with store.fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             names = set(pf.schema_arrow.names)
-            want = [c for c in ("env_id", "teacher", "passed", "status", "hack_flags", "difficulty",
+            want = [c for c in ("env_id", "teacher", "harness", "passed", "status", "hack_flags", "difficulty",
                                 "verification_mode", "tools_json", "messages") if c in names]
             for batch in pf.iter_batches(columns=want, batch_size=1024):
                 n = batch.num_rows
@@ -77,9 +77,10 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                 counts.update(verified=n, passed=passed, failed=n - passed, flagged=flagged)
                 if "verification_mode" in names:
                     modes.update(batch.column("verification_mode").to_pylist())
-                for env, teacher, label in zip(*(batch.column(c).to_pylist() for c in ("env_id", "teacher",
-                                                                                         "difficulty"))):
-                    difficulty[(env, teacher)] = label
+                harness = batch.column("harness").to_pylist() if "harness" in names else [None] * n
+                for env, teacher, h, label in zip(batch.column("env_id").to_pylist(), batch.column("teacher").to_pylist(),
+                                                  harness, batch.column("difficulty").to_pylist()):
+                    difficulty[(env, teacher, h)] = label  # one label per calibrated pair
                     envs.add(env)
                 for env, ok, status in zip(*(batch.column(c).to_pylist() for c in ("env_id", "passed", "status"))):
                     o = outcomes.setdefault(env, [0, 0])

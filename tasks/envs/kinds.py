@@ -4,7 +4,8 @@ place instead of `kind == ...` branches.
 
 A kind says:
 - `agent_mode`: which turn loop the harness runs (`tasks/agent/harness.py` `MODES`: `bash` or `mcp`);
-- `harness`: the `Rollout.harness` label its episodes carry;
+- `harness`: the `Rollout.harness` label its episodes carry by default (its own turn loop, `agent_mode`);
+  `rollout.harnesses` may run its episodes under other registered harnesses (tasks/agent/harnesses);
 - `checks`: validator checks it adds after `no_leak` (`KindCheck`: check name, reject reason, and a
   function of (sandbox, env, timeout) returning why it fails, or None);
 - `replay_call`: how a recorded command replays (None: as a shell command; else a parser giving the tool
@@ -27,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...schemas.environment import ENV_KINDS, EnvSpec
-from ...schemas.trajectory import TOOLS_HARNESS
+from ...schemas.trajectory import BASH_HARNESS, TOOLS_HARNESS
 from .tools.client import outside_store, serve_error
 from .tools.layer import ensure_tools_layer
 from .tools.spec import parse_call_command, tool_view
 
-BASH_HARNESS = "trajforge-bash-v1"
+__all__ = ["BASH_HARNESS", "KINDS", "Kind", "KindCheck", "get", "of", "register"]
 
 
 @dataclass(frozen=True)

@@ -330,7 +330,7 @@ CHECKS: tuple[Check, ...] = (
 def judge_rollout(judge: Judge, r: Rollout) -> tuple[Verdict | None, Reject | None]:
     """Run `CHECKS` in order on `r`: the first that ends the judgement decides, else the full verdict."""
     case = Case(rollout=r, judge=judge, base=dict(
-        rollout_id=r.rollout_id, env_id=r.env_id, teacher=r.teacher, sample=r.sample, status=r.status,
+        rollout_id=r.rollout_id, env_id=r.env_id, teacher=r.teacher, sample=r.sample, status=r.status, harness=r.harness,
         quality=assess(r), changes=r.changes.display() if r.changes else None))
     try:
         for check in CHECKS:

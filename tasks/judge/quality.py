@@ -17,10 +17,12 @@ are tool calls whose arguments are domain data, not shell text (no labels; the c
 
 from __future__ import annotations
 
+import json
+import posixpath
 import re
 import shlex
 
-from ...schemas.trajectory import TOOLS_HARNESS, Rollout, Step
+from ...schemas.trajectory import EDITOR_STEP, TOOLS_HARNESS, Rollout, Step
 from ...schemas.verdict import Quality
 
 WRITE = re.compile(
@@ -59,10 +61,26 @@ def shell_steps(r: Rollout) -> list[Step]:
     return [] if r.harness == TOOLS_HARNESS else list(r.steps)
 
 
+def _edit(command: str) -> tuple[str, str] | None:
+    """(editor command, path) of a step that ran one `str_replace_editor` call (`EDITOR_STEP`), else None."""
+    m = EDITOR_STEP.match(command)
+    return (m["command"], json.loads(m["path"])) if m else None
+
+
 def label_steps(steps: list[Step]) -> list[str]:
+    """`act` / `verify` / `inspect` per step, from its shell text; an editor call (`EDITOR_STEP`) by its command:
+    a `view` inspects (verifies a file an earlier step wrote), every other command acts on its path."""
     labels, produced = [], set()
     for s in steps:
         cmd = s.command
+        if edit := _edit(cmd):
+            names = {edit[1].lstrip("./"), posixpath.basename(edit[1])}
+            if edit[0] != "view":
+                labels.append("act")
+                produced |= names
+            else:
+                labels.append("verify" if names & produced else "inspect")
+            continue
         if WRITE.search(cmd):
             labels.append("act")
             produced |= _written_files(cmd)

@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 from abc import ABC
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterator, Literal, Protocol
+from typing import Any, Callable, ClassVar, Iterator, Literal, Protocol, runtime_checkable
 
 from ...schemas.config import TeacherConfig
 from ...schemas.environment import EnvSpec
@@ -56,6 +56,15 @@ class Turn:
 
 class TeacherSession(Protocol):
     async def next_turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Turn: ...
+
+
+@runtime_checkable
+class Replaying(Protocol):
+    """A session that replays recorded commands (the replay teacher's): the episode's harness may say how
+    the whole list becomes its tool calls, [(tool, arguments)] (tasks/agent/harnesses `Harness.render`),
+    before the first turn."""
+
+    def render_with(self, render: Callable[[list[str]], list[tuple[str, dict[str, Any]]]]) -> None: ...
 
 
 class Teacher(Protocol):

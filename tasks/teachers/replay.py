@@ -68,25 +68,43 @@ class _ReplaySession:
     i: int = field(default=0)
     # how the environment's kind replays a command as a tool call (its `replay_call`; None: as `bash`)
     replay_call: Callable[[str], tuple[str, dict[str, Any]] | None] | None = None
+    # the calls the episode's harness rendered the commands into (`render_with`; None: one per command, as above)
+    calls: list[tuple[str, dict[str, Any]]] | None = None
 
     @property
     def tools_env(self) -> bool:
         return self.replay_call is not None
 
+    def render_with(self, render: Callable[[list[str]], list[tuple[str, dict[str, Any]]]]) -> None:
+        """The harness's rendering of the whole command list (`teachers.base.Replaying`): replayed call by call,
+        a `bash` call as a ```bash block in fenced mode and any other as a ```json {"tool", "arguments"} block."""
+        self.calls = render(self.commands)
+
     def _call(self, command: str) -> tuple[str, dict[str, Any]]:
         parsed = self.replay_call(command) if self.replay_call else None
         return parsed or ("bash", {"command": command})
 
+    def _fenced(self) -> str:
+        if self.calls is not None:
+            if self.i >= len(self.calls):
+                return "SUBMIT"
+            name, args = self.calls[self.i]
+            return (f"```bash\n{args['command']}\n```" if name == "bash"
+                    else f"```json\n{json.dumps({'tool': name, 'arguments': args})}\n```")
+        if self.i >= len(self.commands):
+            return "SUBMIT"
+        name, args = self._call(self.commands[self.i])
+        return (f"```json\n{json.dumps({'tool': name, 'arguments': args})}\n```" if self.tools_env
+                else f"```bash\n{self.commands[self.i]}\n```")
+
     async def next_turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Turn:
         if not tools:  # fenced mode: answer in the format a model without tool calling must use
-            text = "SUBMIT"
-            if self.i < len(self.commands):
-                name, args = self._call(self.commands[self.i])
-                text = (f"```json\n{json.dumps({'tool': name, 'arguments': args})}\n```" if self.tools_env
-                        else f"```bash\n{self.commands[self.i]}\n```")
+            text = self._fenced()
             self.i += 1
             return Turn(Message(role="assistant", content=text), finish_reason="stop")
-        if self.i < len(self.commands):
+        if self.calls is not None:
+            name, args = self.calls[self.i] if self.i < len(self.calls) else ("submit", {})
+        elif self.i < len(self.commands):
             name, args = self._call(self.commands[self.i])
         else:
             name, args = "submit", {}
