@@ -42,9 +42,14 @@ def envs_families():
 @envs_app.command("sample")
 def envs_sample(family: str, level: int = typer.Option(1, "--level"), seed: int = typer.Option(0, "--seed"),
                 tests: bool = typer.Option(False, "--tests", help="include the hidden tests"),
-                full: bool = typer.Option(False, "--full", help="a tool environment's whole spec (server, tools.py)")):
+                full: bool = typer.Option(False, "--full", help="a tool environment's whole spec (server, tools.py)"),
+                harness: list[str] = typer.Option([], "--harness", help="show how an episode starts under this "
+                                                  "harness (repeat it; `all`: every harness that drives the kind)"),
+                tool_calling: bool = typer.Option(True, "--tool-calling/--fenced",
+                                                  help="with --harness: tool calls (default) or fenced blocks")):
     """Print one generated environment as JSON: instruction, files, solution; for a `tools` family the
-    instruction, the tools offered and the oracle calls (`--full`: the whole spec)."""
+    instruction, the tools offered and the oracle calls (`--full`: the whole spec). With `--harness`: how an
+    episode of it starts under each harness named (system prompt, instruction, tools offered)."""
     from ..tasks.envs.families import get_family
     from ..tasks.envs.kinds import of as kind_of
 
@@ -52,11 +57,34 @@ def envs_sample(family: str, level: int = typer.Option(1, "--level"), seed: int 
         env = get_family(family).generate(level, seed)
     except (KeyError, ValueError) as err:
         fail(str(err).strip("'\""))
+    if harness:
+        console.print_json(json.dumps(_episode_starts(env, harness, tool_calling)))
+        return
     view = kind_of(env).view
     if view is not None and not full:
         console.print_json(json.dumps(view(env, tests)))
         return
     console.print_json(env.model_dump_json(exclude=None if tests else {"tests"}))
+
+
+def _episode_starts(env: EnvSpec, names: list[str], tool_calling: bool) -> dict:
+    from ..schemas.config import RolloutConfig
+    from ..tasks.agent.harness import EpisodeSettings, episode_start
+    from ..tasks.agent.harnesses import HARNESSES
+
+    if names == ["all"]:
+        names = [n for n, h in sorted(HARNESSES.items()) if env.kind in h.kinds]
+    unknown = [n for n in names if n not in HARNESSES]
+    if unknown:
+        fail(f"unknown harness {', '.join(map(repr, unknown))}; registered: {', '.join(sorted(HARNESSES))}")
+    wrong = [n for n in names if env.kind not in HARNESSES[n].kinds]
+    if wrong:
+        fail(f"harness {', '.join(wrong)} does not drive {env.kind!r} environments; these do: "
+             f"{', '.join(n for n, h in sorted(HARNESSES.items()) if env.kind in h.kinds)}")
+    r = RolloutConfig()
+    s = EpisodeSettings(max_turns=r.max_turns, command_timeout_s=r.command_timeout_s,
+                        episode_timeout_s=r.episode_timeout_s, tool_calling=tool_calling)
+    return {"env_id": env.env_id, "kind": env.kind, "starts": [episode_start(env, n, s) for n in names]}
 
 
 def _resolve(ref: str, runs: str) -> list[EnvSpec]:

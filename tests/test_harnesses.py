@@ -332,6 +332,13 @@ def test_a_toy_harness_and_the_swe_harness_through_a_small_replay_build(tmp_path
     assert {r.difficulty for r in rows} == {"trivial"}  # each row joined to its own pair's label
     swe_row = next(r for r in rows if r.harness == SWE_HARNESS)
     assert [t["function"]["name"] for t in json.loads(swe_row.tools_json)] == ["bash", "str_replace_editor", "submit"]
+    # the card compares the harnesses: one row per (teacher, harness), every reference solution a pass
+    card = ctx.store.read_text(posixpath.join(exported.dir, "README.md"))
+    table = card.split("## Harnesses compared", 1)[1].split("\n## ", 1)[0]
+    got = {c[1].strip("` "): c for c in (line.split("|")[1:-1] for line in table.splitlines()
+                                          if line.startswith("| `replay"))}
+    assert sorted(got) == sorted([BASH_HARNESS, SWE_HARNESS, TOY]), table
+    assert all(c[2].strip() == "2" and c[3].strip() == "1.0" for c in got.values()), table
 
 
 def test_the_judge_labels_editor_steps_by_their_command():
@@ -444,3 +451,54 @@ def test_calibration_is_per_environment_teacher_and_harness_and_adaptive_rounds_
     shards = RolloutStage().plan(ctx, {"synthesize": up["synthesize"], "calibrate": only})
     assert [w for s in shards for w in s.payload["episodes"]] == [[env.env_id, 4, 0, SWE_HARNESS],
                                                                    [env.env_id, 5, 0, SWE_HARNESS]]
+
+
+def test_the_report_compares_harnesses_only_when_a_build_ran_more_than_one():
+    """The report's per-(teacher, harness) table: solve rate over the episodes not lost to infrastructure, mean
+    turns and tokens; a build of one harness shows no table."""
+    from trajforge.flows.report.episodes import index_row
+    from trajforge.flows.report.gather import breakdowns
+
+    def episode(i, harness, passed, status="ok", turns=4, tokens=100):
+        r = {"rollout_id": f"r{i}", "env_id": "e", "teacher": "t", "harness": harness, "sample": i, "status": status,
+             "turns": turns, "completion_tokens": tokens, "usage": []}
+        v = {"verified": status == "ok", "passed": passed, "reward": float(passed), "hacks": [],
+             "quality": {"labels": ["act", "verify"], "act_verify_share": 0.5}}
+        return index_row(r, v, {"family": "f"}, "", 0)
+
+    rows = [episode(0, BASH_HARNESS, True), episode(1, BASH_HARNESS, False, turns=8, tokens=300),
+            episode(2, SWE_HARNESS, True), episode(3, SWE_HARNESS, False, status="infra_error", turns=0, tokens=0)]
+    b = breakdowns(None, rows, [])
+    table = {r[1]: dict(zip(b.harness_header, r)) for r in b.harnesses}
+    assert table[BASH_HARNESS]["solve rate"] == 0.5 and table[BASH_HARNESS]["mean turns"] == 6.0
+    assert table[BASH_HARNESS]["mean completion tokens"] == 200.0
+    assert table[SWE_HARNESS]["solve rate"] == 1.0 and table[SWE_HARNESS]["episodes"] == 2  # the infra loss not judged
+    assert breakdowns(None, rows[:2], []).harnesses == []
+
+
+def test_envs_sample_shows_how_an_episode_starts_under_each_harness():
+    """`trajforge envs sample FAMILY --harness all`: the system prompt, instruction and tools each harness that drives
+    the kind begins an episode with (what run_episode sends first), fenced without tools; an unknown or unfitting
+    harness is a named error listing the ones that fit."""
+    from typer.testing import CliRunner
+
+    from trajforge.flows.cli import app
+
+    res = CliRunner().invoke(app, ["envs", "sample", "python_bugfix", "--harness", "all"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    starts = {s["harness"]: s for s in out["starts"]}
+    assert {BASH_HARNESS, SWE_HARNESS} <= set(starts) and TOOLS_HARNESS not in starts
+    assert starts[BASH_HARNESS]["tools"] == ["bash", "submit"]
+    assert starts[SWE_HARNESS]["tools"] == ["bash", "str_replace_editor", "submit"]
+    instruction = get_family("python_bugfix").generate(1, 0).instruction
+    for s in starts.values():
+        assert [m["role"] for m in s["messages"]] == ["system", "user"] and s["messages"][1]["content"] == instruction
+    assert "str_replace_editor" in starts[SWE_HARNESS]["messages"][0]["content"]
+    fenced = json.loads(CliRunner().invoke(app, ["envs", "sample", "python_bugfix", "--harness", SWE_HARNESS,
+                                                 "--fenced"]).output)["starts"][0]
+    assert fenced["tools"] == [] and fenced["messages"][0]["content"] != starts[SWE_HARNESS]["messages"][0]["content"]
+    bad = CliRunner().invoke(app, ["envs", "sample", "python_bugfix", "--harness", "nope"])
+    assert bad.exit_code != 0 and "registered:" in bad.output and BASH_HARNESS in bad.output
+    unfit = CliRunner().invoke(app, ["envs", "sample", "python_bugfix", "--harness", TOOLS_HARNESS])
+    assert unfit.exit_code != 0 and "does not drive 'terminal'" in unfit.output and SWE_HARNESS in unfit.output

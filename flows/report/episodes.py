@@ -77,7 +77,7 @@ def episode(r: dict, v: dict | None, env: dict, label: str) -> dict:
         verdict["quality"] = {k: q.get(k) for k in ("inspect_before_act", "act_verify_share", "ends_with_verify",
                                                      "repeated_commands", "failed_commands", "recoveries")}
     return {"id": r["rollout_id"], "env": r["env_id"], "family": env.get("family", ""), "level": env.get("level"),
-            "teacher": r["teacher"], "sample": r["sample"], "status": r["status"], "error": r.get("error"),
+            "teacher": r["teacher"], "harness": r.get("harness"), "sample": r["sample"], "status": r["status"], "error": r.get("error"),
             "label": label, "instruction": cut(instruction, 3 * CUT), "turns": _turns(r, q.get("labels") or []),
             "tokens": {"prompt": r["prompt_tokens"], "completion": r["completion_tokens"]},
             "wall_s": round(r["wall_s"], 3), "verdict": verdict}
@@ -89,7 +89,7 @@ def index_row(r: dict, v: dict | None, env: dict, label: str, chunk: int) -> dic
     hacks = (v or {}).get("hacks") or []
     labels = q.get("labels") or []
     return {"id": r["rollout_id"], "env": r["env_id"], "family": env.get("family", ""), "level": env.get("level"),
-            "teacher": r["teacher"], "sample": r["sample"], "status": r["status"], "label": label,
+            "teacher": r["teacher"], "harness": r.get("harness"), "sample": r["sample"], "status": r["status"], "label": label,
             "verified": bool(v and v["verified"]), "passed": bool(v and v["passed"]),
             "hacks": sorted({h["kind"] for h in hacks}),
             "severity": "hack" if any(h["severity"] == "hack" for h in hacks) else ("review" if hacks else ""),
@@ -98,6 +98,7 @@ def index_row(r: dict, v: dict | None, env: dict, label: str, chunk: int) -> dic
             "latency_s": sum(u["latency_s"] for u in r.get("usage") or []),
             "steps": {lab: labels.count(lab) for lab in ("inspect", "act", "verify")},
             "repeated": q.get("repeated_commands", 0), "recoveries": q.get("recoveries", 0),
+            "act_verify_share": q.get("act_verify_share") if v else None,
             "tool_call_errors": r.get("tool_call_errors") or 0,
             "kinds": {h["kind"]: h["severity"] for h in sorted(hacks, key=lambda h: h["severity"] == "hack")}}
 

@@ -24,7 +24,7 @@ from ...schemas.build import BuildRecord
 from ...tasks.engine.store import RunStore
 
 FigureKey = tuple[str, ...]
-ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "sample", "messages", "steps", "usage", "prompt_tokens",
+ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "harness", "sample", "messages", "steps", "usage", "prompt_tokens",
                    "completion_tokens", "turns", "status", "error", "wall_s", "tool_call_errors"]
 VERDICT_COLUMNS = ["rollout_id", "env_id", "teacher", "sample", "status", "verified", "reward", "tests_passed",
                    "passed", "tests", "hack_flags", "hacks", "quality", "verifier_output", "mode", "changes",
@@ -202,11 +202,16 @@ class Breakdowns(BaseModel):
     repeated_commands: dict[str, int] = {}
     recoveries: dict[str, int] = {}
     flagged: dict[str, list[str]] = {}
+    harness_header: list[str] = []
+    harnesses: list[list[Any]] = []  # per (teacher, harness), when the build ran more than one harness
 
 
 def breakdowns(facts: BuildFacts, episodes: list[dict[str, Any]], calibration: list[dict[str, Any]]) -> Breakdowns:
     """Per-teacher views of the episode index rows (one per rollout, see `episodes.index_row`)."""
+    from ...tasks.dataset.harness_compare import HEADER, HarnessComparison
+
     b = Breakdowns(calibration=calibration)
+    compare = HarnessComparison()
     status: dict[str, Counter] = defaultdict(Counter)
     tokens_s: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     labels: dict[str, Counter] = defaultdict(Counter)
@@ -226,12 +231,17 @@ def breakdowns(facts: BuildFacts, episodes: list[dict[str, Any]], calibration: l
         b.recoveries[t] = b.recoveries.get(t, 0) + e["recoveries"]
         for kind in e["hacks"]:
             flagged[kind].append(e["id"])
+        compare.add(t, e.get("harness"), passed=e["passed"], status=e["status"], turns=e["turns"],
+                    completion_tokens=e["completion_tokens"], flagged=bool(e["hacks"]),
+                    act_verify_share=e.get("act_verify_share"))
     b.status_by_teacher = {t: dict(c) for t, c in sorted(status.items())}
     b.throughput = {t: {"completion_tokens": a[0], "teacher_seconds": round(a[1], 3), "episodes": a[2],
                         "tokens_per_s": round(a[0] / a[1], 2) if a[1] > 0 else 0.0}
                     for t, a in sorted(tokens_s.items())}
     b.step_labels = {t: dict(c) for t, c in sorted(labels.items())}
     b.flagged = dict(flagged)
+    if len(compare.harnesses) > 1:
+        b.harness_header, b.harnesses = HEADER, compare.rows()
     return b
 
 

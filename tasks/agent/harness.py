@@ -276,6 +276,31 @@ def _turn_protocol(env: EnvSpec, harness: str | None) -> tuple[str, Callable[[_E
     return h.name, h.mode
 
 
+class _Preview(_Episode):
+    """An episode with no sandbox (`episode_start`): what a mode needs to say how an episode begins, nothing it
+    needs to run one (`sb` is None: a mode that must ask its sandbox before the first turn cannot preview)."""
+
+    def __init__(self, s: EpisodeSettings):  # not super().__init__: that starts a sandbox
+        self.s, self.sb, self.protected, self.before = s, None, [], {}
+        self.st = _State([], deadline=0.0)
+        self.started = None
+
+
+async def _start_of(env: EnvSpec, harness: str | None, s: EpisodeSettings) -> dict[str, Any]:
+    label, make_mode = _turn_protocol(env, harness)
+    mode = make_mode(_Preview(s), env)
+    tools = await mode.offered()
+    return {"harness": label, "tools": [t["function"]["name"] for t in tools],
+            "messages": [{"role": "system", "content": mode.system_prompt(env)},
+                         {"role": "user", "content": env.instruction}]}
+
+
+def episode_start(env: EnvSpec, harness: str | None, s: EpisodeSettings) -> dict[str, Any]:
+    """How an episode of `env` under `harness` begins, as `run_episode` begins it (the same mode, system prompt,
+    instruction and tools), without a sandbox or a teacher: {harness, tools (names), messages}."""
+    return asyncio.run(_start_of(env, harness, s))
+
+
 async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Callable[[], Sandbox],
                       s: EpisodeSettings, teacher: str, sample: int, slot: ConversationSlot | None = None,
                       harness: str | None = None) -> Rollout:

@@ -32,6 +32,8 @@ from ...schemas.hub import LICENSES, SIZE_CATEGORIES, TASK_CATEGORIES, size_cate
 from ..difficulty.bands import label_definitions  # the labels' one definition, with this config's thresholds
 from ..engine import Manifest, StageContext
 from ..judge.venue import VENUES
+from .harness_compare import HEADER as HARNESS_HEADER
+from .harness_compare import HarnessComparison
 
 LOAD_HEADING = "## How to load"
 BASE_TAGS = ["agent-trajectories", "trajforge", "tool-use"]
@@ -64,12 +66,14 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
     tools: Counter = Counter()
     envs: set[str] = set()
     outcomes: dict[str, list[int]] = {}  # env_id -> [verified passes, verified failures `preference` counts]
+    compare = HarnessComparison()  # per (teacher, harness): the card's "Harnesses compared" table
     for path in parts:
         with store.fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             names = set(pf.schema_arrow.names)
             want = [c for c in ("env_id", "teacher", "harness", "passed", "status", "hack_flags", "difficulty",
-                                "verification_mode", "tools_json", "messages") if c in names]
+                                "verification_mode", "tools_json", "messages", "turns", "completion_tokens",
+                                "act_verify_share") if c in names]
             for batch in pf.iter_batches(columns=want, batch_size=1024):
                 n = batch.num_rows
                 passed = pc.sum(batch.column("passed")).as_py() or 0
@@ -82,6 +86,14 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                                                   harness, batch.column("difficulty").to_pylist()):
                     difficulty[(env, teacher, h)] = label  # one label per calibrated pair
                     envs.add(env)
+                if {"turns", "completion_tokens"} <= names:
+                    flags = pc.greater(pc.list_value_length(batch.column("hack_flags")), 0).to_pylist()
+                    shares = batch.column("act_verify_share").to_pylist() if "act_verify_share" in names else [None] * n
+                    for row in zip(batch.column("teacher").to_pylist(), harness, batch.column("passed").to_pylist(),
+                                   batch.column("status").to_pylist(), batch.column("turns").to_pylist(),
+                                   batch.column("completion_tokens").to_pylist(), flags, shares):
+                        compare.add(row[0], row[1], passed=row[2], status=row[3], turns=row[4],
+                                    completion_tokens=row[5], flagged=row[6], act_verify_share=row[7])
                 for env, ok, status in zip(*(batch.column(c).to_pylist() for c in ("env_id", "passed", "status"))):
                     o = outcomes.setdefault(env, [0, 0])
                     if ok:
@@ -97,7 +109,7 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                         prompts.setdefault(teacher, set()).add(_short(content or ""))
     return {"counts": dict(counts), "verification_modes": dict(modes), "tools": dict(tools),
             "prompts": {t: sorted(h) for t, h in sorted(prompts.items())},
-            "difficulty": dict(Counter(difficulty.values())), "envs": envs, "outcomes": outcomes}
+            "difficulty": dict(Counter(difficulty.values())), "envs": envs, "outcomes": outcomes, "harnesses": compare}
 
 
 def _pairs(ctx: StageContext, upstream: dict[str, Manifest] | None) -> list[tuple[int, int]]:
@@ -343,6 +355,12 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
         "sometimes (0 < p < 1) with their spec; `preference` pairs a success with a failure of the same "
         "environment.",
     ]
+    compare = facts.get("harnesses")
+    if compare is not None and len(compare.harnesses) > 1:
+        lines += ["", "## Harnesses compared", "",
+                  "The same environments under each harness (`rollout.harnesses`): one row per teacher and harness "
+                  "(solve rate = passed / episodes not lost to infrastructure; `act/verify share`: the mean quality "
+                  "signal of that name).", "", _table(HARNESS_HEADER, compare.rows())]
     lines += ["", "## Difficulty labels", "",
               "What each `difficulty` value means in this build (solve rate p of an environment for a teacher):", "",
               _table(["label", "definition"], [[k, v] for k, v in label_definitions(cfg.calibrate).items()])]
