@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import json
 import posixpath
+from pathlib import Path
 
 import pytest
 from helpers import small_config
@@ -502,3 +503,40 @@ def test_envs_sample_shows_how_an_episode_starts_under_each_harness():
     assert bad.exit_code != 0 and "registered:" in bad.output and BASH_HARNESS in bad.output
     unfit = CliRunner().invoke(app, ["envs", "sample", "python_bugfix", "--harness", TOOLS_HARNESS])
     assert unfit.exit_code != 0 and "does not drive 'terminal'" in unfit.output and SWE_HARNESS in unfit.output
+
+
+@pytest.mark.docker
+def test_the_shipped_harness_build_commits_every_reference_solution_under_every_harness(tmp_path, prefect_api_url):
+    """configs/harnesses.yaml as a user runs it without a model (teacher: replay, fenced as the shipped config):
+    `trajforge build` commits 6 environments x each listed harness, every reference solution passes under every
+    harness, rows name their harness, and the card and `trajforge report` compare the harnesses."""
+    import datasets
+    import yaml
+    from helpers import run_cli
+
+    from trajforge.schemas.config import load_config
+
+    root = Path(__file__).parents[1]
+    cfg = yaml.safe_load((root / "configs" / "harnesses.yaml").read_text())
+    listed = cfg["rollout"]["harnesses"]
+    cfg.update(runs=str(tmp_path / "runs"), teacher={"backend": "replay", "tool_calling": False})
+    cfg.pop("extra_teachers")
+    cfg["rollout"].update(samples_per_env=1)
+    (tmp_path / "h.yaml").write_text(yaml.safe_dump(cfg))
+    load_config(tmp_path / "h.yaml")  # the edited shipped config is still valid
+    out = run_cli("build", str(tmp_path / "h.yaml"), cwd=tmp_path, timeout=1200, prefect_api=prefect_api_url)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    folder = tmp_path / "runs" / cfg["dataset"] / "latest" / "dataset"
+    rows = datasets.load_dataset(str(folder), "trajectories")["train"]
+    assert len({r["env_id"] for r in rows}) == 6
+    assert sorted((r["env_id"], r["harness"]) for r in rows) == sorted(
+        (e, h) for e in {r["env_id"] for r in rows} for h in listed)
+    assert all(r["passed"] and not r["hack_flags"] for r in rows), [
+        (r["env_id"], r["harness"], r["status"]) for r in rows if not r["passed"]]
+    card = (folder / "README.md").read_text()
+    assert "## Harnesses compared" in card and all(f"`{h}`" in card.split("## Harnesses compared")[1] for h in listed)
+    rep = run_cli("report", "--runs", str(tmp_path / "runs"), "--dataset", cfg["dataset"], cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    html = next((tmp_path / "runs" / cfg["dataset"]).glob("*/report/index.html")).read_text()
+    section = html.split('<section id="harnesses">', 1)[1].split("</section>", 1)[0]
+    assert all(h in section for h in listed)
