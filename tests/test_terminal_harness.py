@@ -221,8 +221,8 @@ def test_an_image_without_tmux_ends_the_episode_harness_unavailable(docker_clien
 
 @pytest.mark.docker
 def test_reference_solutions_replayed_through_the_terminal_pass_verification(tmp_path, docker_client):
-    """rollout + verify on the engine with the replay teacher: each reference solution typed into the terminal
-    passes the hidden tests."""
+    """rollout + verify on the engine with the replay teacher: the reference solution typed into the terminal
+    passes the hidden tests (verified isolated, as a build does)."""
     from trajforge.schemas.build import BuildRecord
     from trajforge.schemas.environment import EnvSpec
     from trajforge.schemas.trajectory import Rollout
@@ -237,7 +237,7 @@ def test_reference_solutions_replayed_through_the_terminal_pass_verification(tmp
         "rollout.samples_per_env": 1, "rollout.harnesses": [TERMINAL_HARNESS], "sandbox.base_image": BASE}))
     ctx = StageContext.create(cfg, "b1")
     ctx.store.write_build(BuildRecord(build_id="b1", dataset=cfg.dataset, created_at=""))
-    envs = [get_family(n).generate(1, 0) for n in ("python_bugfix", "shell_script")]
+    envs = [get_family("shell_script").generate(1, 0)]  # a heredoc'd script, then chmod: two typed commands
     for e in envs:  # validated as synthesize validates them (what the reference changes is what verify expects)
         v = validate_env(docker_client, e, cfg.sandbox, BASE, cfg.synthesize.image_aliases, 30, 30,
                          audit=AuditSettings(mode="off"))
@@ -245,7 +245,7 @@ def test_reference_solutions_replayed_through_the_terminal_pass_verification(tmp
     root = ctx.store.root
     ctx.store.write_records(posixpath.join(root, "up", "envs.parquet"), EnvSpec, envs)
     up = {"synthesize": Manifest(stage="synthesize", fingerprint="up", build_id="b0", dir="",
-                                 parts=[posixpath.join(root, "up", "envs.parquet")], rows=2, rejects=0,
+                                 parts=[posixpath.join(root, "up", "envs.parquet")], rows=1, rejects=0,
                                  reject_reasons={}, stats={}, components={}, gate={}, created_at="")}
 
     def run(stage, upstream):
@@ -256,9 +256,9 @@ def test_reference_solutions_replayed_through_the_terminal_pass_verification(tmp
 
     rolled = run(RolloutStage(), up)
     rows = ctx.store.read_records(rolled.parts, Rollout)
-    assert [(r.harness, r.status) for r in rows] == [(TERMINAL_HARNESS, "ok")] * 2, [(r.status, r.error) for r in rows]
+    assert [(r.harness, r.status) for r in rows] == [(TERMINAL_HARNESS, "ok")], [(r.status, r.error) for r in rows]
     for r in rows:
         assert {c.function.name for m in r.messages if m.tool_calls for c in m.tool_calls} == {"send_keys", "submit"}
-        assert all(s.exit_code == 0 for s in r.steps) and r.leftover_processes == 0
+        assert [s.exit_code for s in r.steps] == [0, 0] and r.leftover_processes == 0
     verdicts = ctx.store.read_records(run(VerifyStage(), {**up, "rollout": rolled}).parts, Verdict)
-    assert len(verdicts) == 2 and all(v.passed for v in verdicts), [(v.rollout_id, v.passed) for v in verdicts]
+    assert len(verdicts) == 1 and all(v.passed for v in verdicts), [(v.rollout_id, v.passed) for v in verdicts]
