@@ -47,6 +47,7 @@ from typing import Any
 
 from ....schemas.environment import EnvSpec
 from ....schemas.trajectory import TERMINAL_HARNESS, Message, Step
+from ...sandbox import SandboxStopped
 from ..harness import FENCE, TOOLS, HarnessUnavailable
 from ..mcp_relay import parse_fenced
 from . import Call, Harness, register
@@ -196,12 +197,16 @@ class TerminalMode:
 
     async def close(self) -> None:
         """Kill the tmux server and remove its socket (idempotent; a container already stopped: nothing to do)."""
-        if self.closed or not self.ep.started.done() or self.ep.started.exception() is not None:
+        started = self.ep.started
+        if self.closed or not started.done() or started.cancelled() or started.exception() is not None:
             return
         self.closed = True
         if self.ep.sb.stopped:
             return
-        await asyncio.to_thread(self.ep.sb.exec, close_script(), 30)
+        try:
+            await asyncio.to_thread(self.ep.sb.exec, close_script(), 30)
+        except SandboxStopped:  # the agent stopped its own container (`sb.stopped`): no terminal is left to end
+            pass
 
     async def answer(self, turn: int, name: str, args: dict | str) -> str:
         if isinstance(args, str):
