@@ -117,6 +117,29 @@ def test_replies_the_harness_cannot_parse_are_format_errors_with_the_reply_never
     assert mode.st.format_errors == 6 and mode.st.steps == [] and not mode.st.submitted
 
 
+def test_without_tool_calling_a_json_call_or_a_bash_block_is_typed_and_submit_ends(tmp_path):
+    assert parse_config(small_config(tmp_path, **{"rollout.harnesses": [TERMINAL_HARNESS]})).rollout.harnesses == [
+        TERMINAL_HARNESS]
+    mode = terminal.TerminalMode(_Ep(), get_family("log_report").generate(1, 0))
+    sent = []
+
+    async def send(turn, args):
+        sent.append(args)
+        return "~/work$"
+
+    mode.send = send
+
+    async def go():
+        await mode.handle_text(1, Message(role="assistant", content='```json\n{"tool": "send_keys", "arguments": '
+                                                                    '{"keys": ["q"], "wait_seconds": 1}}\n```'))
+        await mode.handle_text(2, Message(role="assistant", content="Let me look.\n```bash\nls -la\n```"))
+        await mode.handle_text(3, Message(role="assistant", content="Done. SUBMIT"))
+
+    asyncio.run(go())
+    assert sent == [{"keys": ["q"], "wait_seconds": 1}, {"keys": ["ls -la\n"], "literal": True}]
+    assert [m.content for m in mode.st.messages] == ["Screen:\n~/work$"] * 2 and mode.st.submitted
+
+
 # -- against real Docker ------------------------------------------------------------------------------
 class _Scripted:
     """A teacher session that answers each turn with the next scripted `send_keys` call (a str: raw arguments)."""
