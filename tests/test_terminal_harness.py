@@ -181,12 +181,12 @@ def _episode(docker_client, calls, sandbox=None, **settings):
 @pytest.mark.docker
 def test_the_terminal_runs_interactive_programs_and_commands_that_outlive_a_turn(docker_client):
     r = _episode(docker_client, [
-        _keys("python3", "Enter", wait=0.5),                     # 1 a REPL: still in the foreground
-        _keys("print(6 * 7)", "Enter", wait=0.5),                # 2 typed into it
+        _keys("python3", "Enter", wait=1.5),                    # 1 a REPL: still in the foreground
+        _keys("print(6 * 7)", "Enter", wait=1),                 # 2 typed into it
         _keys("C-d", wait=5),                                   # 3 back at the shell's prompt
-        _keys("sleep 2; echo done-sleeping", "Enter", wait=0.3),  # 4 still running at the next turn
+        _keys("sleep 4; echo done-sleeping", "Enter", wait=0.3),  # 4 still running at the next turn
         _keys(wait=10),                                         # 5 no keys: wait and look
-        _keys("less notes.txt", "Enter", wait=0.5),              # 6 a pager
+        _keys("less notes.txt", "Enter", wait=1.5),             # 6 a pager
         _keys("q", wait=5),                                     # 7 quit it
         _keys("sleep 600", "Enter", wait=0.3),                  # 8 a hang
         _keys("C-c", wait=5),                                   # 9 interrupted
@@ -197,13 +197,13 @@ def test_the_terminal_runs_interactive_programs_and_commands_that_outlive_a_turn
     ])
     assert r.status == "ok" and r.harness == TERMINAL_HARNESS, (r.status, r.error)
     screens = [m.content for m in r.messages if m.role == "tool"]
-    assert screens[0].startswith("[still running after 0.5 s: python3 in the foreground")
+    assert screens[0].startswith("[still running after 1.5 s: python3 in the foreground")
     assert screens[0].rstrip().endswith(">>>")
     assert "\n42\n>>>" in screens[1]
     assert screens[2].splitlines()[-1].endswith("$") and not screens[2].startswith("[")
     assert screens[3].startswith("[still running after 0.3 s: sleep in the foreground") and "done-sleeping\n" not in screens[3]
     assert "\ndone-sleeping\n" in screens[4] and not screens[4].startswith("[")
-    assert screens[5].startswith("[still running after 0.5 s: less") and "note 1\n" in screens[5] and "note 120" not in screens[5]
+    assert screens[5].startswith("[still running after 1.5 s: less") and "note 1\n" in screens[5] and "note 120" not in screens[5]
     assert not screens[6].startswith("[") and screens[6].splitlines()[-1].endswith("$")
     assert screens[7].startswith("[still running after 0.3 s: sleep")
     assert "^C" in screens[8] and not screens[8].startswith("[")
