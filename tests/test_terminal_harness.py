@@ -140,6 +140,14 @@ def test_without_tool_calling_a_json_call_or_a_bash_block_is_typed_and_submit_en
     assert [m.content for m in mode.st.messages] == ["Screen:\n~/work$"] * 2 and mode.st.submitted
 
 
+def test_keys_too_large_for_one_call_are_a_named_outcome_nothing_sent():
+    mode = terminal.TerminalMode(_Ep(), get_family("log_report").generate(1, 0))
+    text = asyncio.run(mode.answer(1, "send_keys", {"keys": ["x" * (60 << 10)], "literal": True}))
+    assert text.startswith("[too_large: the keys of one call are at most") and mode.st.format_errors == 0
+    (step,) = mode.st.steps
+    assert step.exit_code == terminal.OUTCOMES["too_large"] and step.command.endswith(": too_large, nothing sent")
+
+
 # -- against real Docker ------------------------------------------------------------------------------
 class _Scripted:
     """A teacher session that answers each turn with the next scripted `send_keys` call (a str: raw arguments)."""

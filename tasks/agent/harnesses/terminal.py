@@ -226,16 +226,16 @@ class TerminalMode:
 
     async def send(self, turn: int, args: dict[str, Any]) -> str:
         """Run one call in the sandbox, record it as a step, return the observation."""
-        await self.ep.started
         remaining = max(0.0, self.st.deadline - time.monotonic())
         wait = min(float(args.get("wait_seconds", DEFAULT_WAIT_S)), self.s.command_timeout_s, remaining)
         call = {"keys": args["keys"], "wait_seconds": round(wait, 3), "literal": bool(args.get("literal", False))}
-        script = terminal_script(call, wait, self.env.workdir)
-        if sum(len(k) for k in call["keys"]) * 4 // 3 > MAX_KEY_BYTES:
+        if sum(len(k.encode()) for k in call["keys"]) * 4 // 3 > MAX_KEY_BYTES:  # answered here: nothing sent
             why = f"[too_large: the keys of one call are at most {MAX_KEY_BYTES * 3 // 4} bytes; type in parts]"
             self.st.steps.append(Step(turn=turn, command=_script_head(call) + ": too_large, nothing sent",
                                       exit_code=OUTCOMES["too_large"], duration_s=0.0))
             return why
+        script = terminal_script(call, wait, self.env.workdir)
+        await self.ep.started
         res = await asyncio.to_thread(self.ep.sb.exec, script, wait + 30)
         self.calls += 1
         self.st.steps.append(Step(turn=turn, command=script, exit_code=res.exit_code, duration_s=round(res.duration_s, 4),
