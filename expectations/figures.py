@@ -72,7 +72,7 @@ def _solve_rate_error(df: pd.DataFrame) -> pd.Series:
     return ((df["solve_rate"] - df["passes"] / attempts.where(attempts > 0)).abs()).astype(float)
 
 
-INFRA = ("infra_error", "teacher_error")  # schemas.common.INFRA_STATUSES (kept apart: no import cycle)
+INFRA = ("infra_error", "teacher_error", "harness_unavailable")  # schemas.common.INFRA_STATUSES (kept apart: no import cycle)
 
 
 def _model_final_turns(df: pd.DataFrame) -> pd.Series:

@@ -9,10 +9,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 # The failure taxonomy (docs/teachers.md). The first six are the model's outcome on the task (`agent_killed_sandbox`:
 # its own command stopped its container, e.g. `pkill sleep` as root; its files are judged, never a pass); the last
-# two are infrastructure: retried, never counted as the teacher failing, excluded from difficulty stats.
+# three are not the model's: retried, never counted as the teacher failing, excluded from difficulty stats
+# (`harness_unavailable`: the environment's image lacks what the episode's harness needs, e.g. tmux; no turn ran).
 Status = Literal["ok", "max_turns", "agent_timeout", "context_overflow", "format_error", "agent_killed_sandbox",
-                 "infra_error", "teacher_error"]
-INFRA_STATUSES: frozenset[str] = frozenset({"infra_error", "teacher_error"})
+                 "infra_error", "teacher_error", "harness_unavailable"]
+INFRA_STATUSES: frozenset[str] = frozenset({"infra_error", "teacher_error", "harness_unavailable"})
 
 
 class JsonMark:

@@ -13,12 +13,13 @@ from .verdict import TestResult
 TOOLS_HARNESS = "trajforge-mcp-v1"  # Rollout.harness of `tools` environments: its steps are tool calls, not shell
 BASH_HARNESS = "trajforge-bash-v1"  # Rollout.harness of `terminal` environments by default: `bash` + `submit`
 SWE_HARNESS = "trajforge-swe-v1"  # `bash` + `str_replace_editor` + `submit` (tasks/agent/harnesses/swe.py)
+TERMINAL_HARNESS = "trajforge-terminal-v1"  # `send_keys` (tmux) + `submit` (tasks/agent/harnesses/terminal.py)
 EDITOR_STEP = re.compile(r'\A# str_replace_editor (?P<command>view|create|str_replace|insert|undo_edit) '
                          r'(?P<path>"(?:[^"\\\n]|\\.)*")\n')
 """The first line of a `Step.command` that ran one `str_replace_editor` call (harness `trajforge-swe-v1`): a shell
 comment naming the editor command and its path (a JSON string); the rest of the step is the program that ran it."""
 # the harness names `rollout.harnesses` accepts: filled by registration (tasks/agent/harnesses), the built-in ones here
-HARNESS_NAMES: set[str] = {BASH_HARNESS, TOOLS_HARNESS, SWE_HARNESS}
+HARNESS_NAMES: set[str] = {BASH_HARNESS, TOOLS_HARNESS, SWE_HARNESS, TERMINAL_HARNESS}
 
 
 class FunctionCall(Record):

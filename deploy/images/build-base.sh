@@ -5,7 +5,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # python3-pytest: imported Terminal-Bench / Harbor tasks run pytest offline (no pip install possible)
-packages="python3,python3-pytest,git,sqlite3,jq,procps,coreutils,findutils,grep,sed,gawk,diffutils,less,file,ca-certificates"
+# tmux: the interactive terminal harness (trajforge-terminal-v1, tasks/agent/harnesses/terminal.py)
+packages="python3,python3-pytest,git,sqlite3,jq,procps,coreutils,findutils,grep,sed,gawk,diffutils,less,file,ca-certificates,tmux"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 recipe_hash=$(cat "$0" "$here/base/Dockerfile" | sha256sum | cut -c1-12)
 rootfs="trajforge/rootfs:bookworm-$(echo "$packages" | sha256sum | cut -c1-8)"

@@ -18,7 +18,7 @@ from .gather import Breakdowns, BuildFacts
 
 LABELS = list(get_args(Label))
 STATUSES = ["ok", "max_turns", "agent_timeout", "context_overflow", "format_error", "agent_killed_sandbox",
-            "infra_error", "teacher_error"]
+            "infra_error", "teacher_error", "harness_unavailable"]
 CONFIG = {"displaylogo": False, "responsive": True}
 
 TITLE_TOP = 34  # px from the figure's top to its title: below the mode bar (the toolbar, top right)

@@ -69,6 +69,11 @@ FENCE = re.compile(r"```(?:bash|sh|shell)?\s*\n(.*?)```", re.S)
 MAX_CONSECUTIVE_FORMAT_ERRORS = 3
 
 
+class HarnessUnavailable(RuntimeError):
+    """The episode's image lacks what its harness needs (e.g. tmux): raised by a mode's `offered()`, the episode
+    ends as `harness_unavailable` before any turn (nothing asked of the teacher), its error naming what is missing."""
+
+
 def harness_label(env: EnvSpec, harness: str | None = None) -> str:
     """`Rollout.harness` of an episode of `env` under `harness` (None: its kind's own)."""
     return harness or kind_of(env).harness
@@ -339,11 +344,15 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
             t0 = time.monotonic()
             st.deadline = t0 + (env.agent_timeout_s or s.episode_timeout_s)
         mode = make_mode(ep, env)
-        tools = await mode.offered()  # tools mode: the server's tools (waits for the first container of an image)
+        turns = s.max_turns
+        try:
+            tools = await mode.offered()  # tools mode: the server's tools (waits for the first container of an image)
+        except HarnessUnavailable as err:
+            status, error, turns = "harness_unavailable", str(err)[:500], 0
         st.deadline += time.monotonic() - t0
         st.messages += [Message(role="system", content=mode.system_prompt(env)),
                         Message(role="user", content=env.instruction)]
-        for turn in range(1, s.max_turns + 1):
+        for turn in range(1, turns + 1):
             remaining = st.deadline - time.monotonic()
             if remaining <= 0:
                 status = "agent_timeout"

@@ -84,4 +84,4 @@ def bind_rendering(session: Any, env: EnvSpec, name: str | None) -> Any:
     return session
 
 
-from . import bash, mcp, swe  # noqa: E402,F401  (the built-in harnesses register themselves)
+from . import bash, mcp, swe, terminal  # noqa: E402,F401  (the built-in harnesses register themselves)
