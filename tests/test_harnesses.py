@@ -16,7 +16,14 @@ from helpers import small_config
 from pydantic import ValidationError
 
 from trajforge.schemas.config import ConfigError, RolloutConfig, parse_config
-from trajforge.schemas.trajectory import BASH_HARNESS, HARNESS_NAMES, SWE_HARNESS, TOOLS_HARNESS, Message
+from trajforge.schemas.trajectory import (
+    BASH_HARNESS,
+    HARNESS_NAMES,
+    SWE_HARNESS,
+    TERMINAL_HARNESS,
+    TOOLS_HARNESS,
+    Message,
+)
 from trajforge.tasks.agent import harnesses
 from trajforge.tasks.agent.harness import MODES, rollout_id
 from trajforge.tasks.agent.harnesses import swe
@@ -489,9 +496,10 @@ def test_envs_sample_shows_how_an_episode_starts_under_each_harness():
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     starts = {s["harness"]: s for s in out["starts"]}
-    assert {BASH_HARNESS, SWE_HARNESS} <= set(starts) and TOOLS_HARNESS not in starts
+    assert {BASH_HARNESS, SWE_HARNESS, TERMINAL_HARNESS} <= set(starts) and TOOLS_HARNESS not in starts
     assert starts[BASH_HARNESS]["tools"] == ["bash", "submit"]
     assert starts[SWE_HARNESS]["tools"] == ["bash", "str_replace_editor", "submit"]
+    assert starts[TERMINAL_HARNESS]["tools"] == ["send_keys", "submit"]
     instruction = get_family("python_bugfix").generate(1, 0).instruction
     for s in starts.values():
         assert [m["role"] for m in s["messages"]] == ["system", "user"] and s["messages"][1]["content"] == instruction

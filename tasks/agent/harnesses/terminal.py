@@ -183,7 +183,10 @@ class TerminalMode:
         self.closed = False
 
     async def offered(self) -> list[dict]:
-        """The tools; raises HarnessUnavailable when the image has no tmux (checked once the container runs)."""
+        """The tools; raises HarnessUnavailable when the image has no tmux (checked once the container runs; an
+        episode's preview, `harness.episode_start`, has no sandbox to check)."""
+        if self.ep.sb is None:
+            return TERMINAL_TOOLS if self.s.tool_calling else []
         await self.ep.started
         res = await asyncio.to_thread(self.ep.sb.exec, "command -v tmux", 30)
         if res.exit_code != 0:
