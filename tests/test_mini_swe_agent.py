@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import posixpath
+import subprocess
 import sys
 import tarfile
 import threading
@@ -206,7 +207,10 @@ def test_every_reference_solution_renders_into_replies_the_scaffold_parses():
               for _, args in calls]
     assert [p[0]["command"] for p in parsed[:1] + parsed[2:]] == [commands[0], commands[3], msa.SUBMIT]
     wrapped = parsed[1][0]["command"]  # its lines starting with ``` would end the block: carried base64-encoded
-    assert wrapped.endswith("| base64 -d | bash") and base64.b64decode(wrapped.split()[1]).decode() == commands[2]
+    assert wrapped.startswith("printf %s ") and wrapped.endswith(" | base64 -d | bash")
+    assert base64.b64decode("".join(wrapped.split()[2:-4])).decode() == commands[2]
+    assert subprocess.run(["bash", "-c", wrapped.replace("| bash", "")], capture_output=True, text=True,
+                          check=True).stdout == commands[2]  # what the sandbox's bash is given
     session = _ReplaySession(commands)
     session.render_with(lambda cmds: msa.render(_env(), cmds))
     first = asyncio.run(session.next_turn([], []))
@@ -279,3 +283,18 @@ def test_a_replay_build_through_the_scaffold_commits_a_passing_row_with_its_call
     [row] = ctx.store.read_records(exported.parts, TrajectoryRow)
     assert (row.rollout_id, row.harness, row.passed) == (r.rollout_id, NAME, True)
     assert json.loads(row.tools_json) == [] and len(row.messages) == len(r.messages) and row.turns == r.turns
+
+
+def test_each_familys_reference_solution_round_trips_through_the_scaffolds_parser():
+    from trajforge.tasks.envs.families import FAMILIES, get_family
+
+    pkg = msa.load()
+    for name in sorted(FAMILIES):
+        env = get_family(name).generate(1, 0)
+        commands = [c.strip() for c in env.solution if c.strip()]
+        replies = [args["content"] for _, args in msa.render(env, env.solution)]
+        parsed = [pkg["parse"](text, action_regex=msa.ACTION_REGEX, format_error_template="{{error}}")[0]["command"]
+                  for text in replies]
+        sent = [base64.b64decode("".join(p.split()[2:-4])).decode().strip() if p.endswith("| base64 -d | bash")
+                and not c.endswith("| base64 -d | bash") else p for p, c in zip(parsed, commands)]
+        assert sent == commands and parsed[-1] == msa.SUBMIT, name

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 import platform
 import queue
@@ -107,6 +108,7 @@ def load() -> dict[str, Any]:
         raise MiniSweAgentMissing(
             f"harness {NAME} needs the mini-swe-agent package ({err}): pip install 'trajforge[mini-swe-agent]' "
             f"(or pip install 'mini-swe-agent{VERSION}') in trajforge's environment") from err
+    logging.getLogger("minisweagent").setLevel(logging.WARNING)  # its import sets DEBUG on a console handler
     return {"version": __version__, "DefaultAgent": DefaultAgent, "FormatError": FormatError,
             "InterruptAgentFlow": InterruptAgentFlow, "LimitsExceeded": LimitsExceeded,
             "check_finished": LocalEnvironment._check_finished, "parse": parse_regex_actions,
@@ -140,7 +142,8 @@ class _Model:
             raise
         message = {"role": "assistant", "content": content,
                    "extra": {"actions": actions, "cost": 0.0, "timestamp": time.time()}}
-        self.mode.received[id(message)] = reply
+        # stored as received, but as the scaffold sends it back: its text (tool calls, offered none, are not read)
+        self.mode.received[id(message)] = reply.model_copy(update={"tool_calls": None}) if reply.tool_calls else reply
         return message
 
     def format_message(self, **kwargs: Any) -> dict:
@@ -333,12 +336,14 @@ class MiniSweAgentMode:
 
 # -- replay rendering ---------------------------------------------------------------------------------
 FENCE_BREAK = re.compile(r"(?m)^```")
+CHUNK = 96 << 10
 
 
 def reply(command: str, thought: str) -> str:
     """A reply in the scaffold's format: a THOUGHT line, then the command in its one fenced block."""
     if FENCE_BREAK.search(command):  # the block would end early: the same command, carried base64-encoded
-        command = f"echo {base64.b64encode(command.encode()).decode()} | base64 -d | bash"
+        blob = base64.b64encode(command.encode()).decode()  # in argv strings of at most 96 KiB (Linux: 128 KiB each)
+        command = f"printf %s {' '.join(blob[i:i + CHUNK] for i in range(0, len(blob), CHUNK))} | base64 -d | bash"
     return f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```"
 
 
