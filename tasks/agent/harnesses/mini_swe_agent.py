@@ -27,7 +27,9 @@ What is the scaffold's and what is trajforge's:
   `opening(env)` starts the thread and returns the scaffold's first two messages (its templates rendered
   with the instruction as `task`); each `handle_text` gives the reply to the blocked `query`, and waits
   until the scaffold asks again (its observation or format-error message appended) or ends. The command runs
-  on the event loop (`run_coroutine_threadsafe`) while the thread waits.
+  on the event loop (`run_coroutine_threadsafe`) while the thread waits. Why the episode loop asks the teacher
+  rather than the scaffold's thread: budgets, teacher errors and backoff, token-id recording and the agent's
+  time accounting stay one code path for every harness; the scaffold still decides every prompt's content.
 - **messages** are the scaffold's conversation as it sent it (its `extra` fields dropped, the teacher's reply
   messages as received). mini-swe-agent 2.x drops a reply it cannot parse from its history (only its
   format-error message follows): so does the trajectory, and the next prompt does not extend the previous
