@@ -101,6 +101,8 @@ class Scripted:
         item = self.replies.pop(0)
         if isinstance(item, Exception):
             raise item
+        if isinstance(item, Turn):
+            return item
         k = len(self.seen)
         return Turn(Message(role="assistant", content=item), prompt_tokens=10 * k, completion_tokens=k,
                     latency_s=0.001, finish_reason="stop", prompt_token_ids=list(range(10 * k)),
@@ -175,6 +177,21 @@ def test_unparseable_replies_end_as_format_error_naming_the_reply():
     assert "RepeatedFormatError" in r.error and "the last: 'two\\n" in r.error
     assert "Expected exactly 1 action, found 2." in r.messages[-1].content  # the scaffold's own message
     assert not _alive()
+
+
+def test_a_cut_reply_a_tool_call_and_a_lone_surrogate_are_the_scaffolds_to_read():
+    from trajforge.schemas.trajectory import FunctionCall, ToolCall
+
+    call = ToolCall(id="c1", function=FunctionCall(name="bash", arguments='{"command": "ls"}'))
+    replies = [Turn(Message(role="assistant", content="THOUGHT: first let me"), finish_reason="length"),
+               Turn(Message(role="assistant", content=block("echo \ud800x"), tool_calls=[call]), finish_reason="stop"),
+               block(f"echo {MARK}")]
+    r, session, _ = _episode(replies)
+    assert r.status == "ok"
+    assert "reached the output token limit (finish_reason=length)" in session.seen[1][-1]["content"]
+    stored = [m for m in r.messages if m.role == "assistant"]
+    assert stored[0].content == block("echo \ufffdx") and stored[0].tool_calls is None  # as the scaffold sends it back
+    assert r.steps[0].command == "echo \ufffdx"
 
 
 def test_the_episode_budget_stops_the_scaffold_and_its_thread():
