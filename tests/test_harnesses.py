@@ -36,7 +36,7 @@ TOY = "toy-echo-v1"
 def test_the_built_in_harnesses_are_registered_and_an_unknown_name_is_named():
     assert {BASH_HARNESS, TOOLS_HARNESS, SWE_HARNESS} <= set(harnesses.HARNESSES) <= HARNESS_NAMES
     assert harnesses.get(BASH_HARNESS).mode is MODES["bash"] and harnesses.get(TOOLS_HARNESS).mode is MODES["mcp"]
-    with pytest.raises(KeyError, match="unknown harness 'tmux'; registered: trajforge-bash-v1, trajforge-mcp-v1"):
+    with pytest.raises(KeyError, match="unknown harness 'tmux'; registered: mini-swe-agent, trajforge-bash-v1, trajforge-mcp-v1"):
         harnesses.get("tmux")
 
 
@@ -46,7 +46,7 @@ def test_an_unknown_harness_in_the_config_is_a_validation_error_listing_the_regi
         parse_config(small_config(tmp_path, **{"rollout.harnesses": [BASH_HARNESS, "tmux"]}))
     text = str(err.value)
     assert "rollout.harnesses: Value error, unknown harness 'tmux'" in text
-    assert f"registered: {BASH_HARNESS}, {TOOLS_HARNESS}, {SWE_HARNESS}" in text
+    assert f"registered: mini-swe-agent, {BASH_HARNESS}, {TOOLS_HARNESS}, {SWE_HARNESS}" in text
     with pytest.raises(ValidationError, match="unknown harness 'tmux'"):  # the pydantic error under it
         RolloutConfig(harnesses=["tmux"])
 

@@ -111,6 +111,7 @@ class _State:
     format_errors: int = 0  # consecutive
     call_errors: int = 0  # tools mode: the model's call errors in the whole episode (Rollout.tool_call_errors)
     sequence: list[int] = field(default_factory=list)  # the last turn's prompt + completion ids (teachers.tokens)
+    ended: tuple[str, str | None] | None = None  # (status, error): a mode whose own loop ended the episode
 
     def prompt_delta(self, prompt: list[int] | None, completion: list[int] | None) -> dict[str, Any]:
         """TurnUsage's `prompt_shared_len` / `prompt_new_token_ids` for a turn whose server returned
@@ -350,8 +351,9 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         except HarnessUnavailable as err:
             status, error, turns = "harness_unavailable", str(err)[:500], 0
         st.deadline += time.monotonic() - t0
-        st.messages += [Message(role="system", content=mode.system_prompt(env)),
-                        Message(role="user", content=env.instruction)]
+        opening = getattr(mode, "opening", None)  # a mode that writes its own first messages (a scaffold's templates)
+        st.messages += await opening(env) if opening is not None else [
+            Message(role="system", content=mode.system_prompt(env)), Message(role="user", content=env.instruction)]
         for turn in range(1, turns + 1):
             remaining = st.deadline - time.monotonic()
             if remaining <= 0:
@@ -391,6 +393,9 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
                 else:
                     await mode.handle_text(turn, out.message, cut=out.finish_reason == "length")
             except SandboxStopped:  # the agent's own processes stopped its container: the episode ends there
+                break
+            if st.ended is not None:
+                status, error = st.ended
                 break
             if st.submitted:
                 status = "ok"

@@ -28,6 +28,8 @@ from ...schemas.trajectory import FunctionCall, Message, ToolCall
 from ..envs.kinds import of as kind_of
 from .base import ConfiguredTeacher, TeacherBackend, Turn
 
+TEXT = ""  # a rendered call with no tool name: a text reply (`_ReplaySession.render_with`)
+
 
 class ReplayConfig(Section):
     """`solution`: each environment's reference solution. Otherwise a JSONL or Parquet file of
@@ -77,7 +79,9 @@ class _ReplaySession:
 
     def render_with(self, render: Callable[[list[str]], list[tuple[str, dict[str, Any]]]]) -> None:
         """The harness's rendering of the whole command list (`teachers.base.Replaying`): replayed call by call,
-        a `bash` call as a ```bash block in fenced mode and any other as a ```json {"tool", "arguments"} block."""
+        a `bash` call as a ```bash block in fenced mode and any other as a ```json {"tool", "arguments"} block; a
+        call with no tool name (`TEXT`, {"content": text}) is a reply of that text as it is, in either mode (a
+        text-based scaffold's own reply format)."""
         self.calls = render(self.commands)
 
     def _call(self, command: str) -> tuple[str, dict[str, Any]]:
@@ -89,6 +93,8 @@ class _ReplaySession:
             if self.i >= len(self.calls):
                 return "SUBMIT"
             name, args = self.calls[self.i]
+            if name == TEXT:
+                return args["content"]
             return (f"```bash\n{args['command']}\n```" if name == "bash"
                     else f"```json\n{json.dumps({'tool': name, 'arguments': args})}\n```")
         if self.i >= len(self.commands):
@@ -104,6 +110,9 @@ class _ReplaySession:
             return Turn(Message(role="assistant", content=text), finish_reason="stop")
         if self.calls is not None:
             name, args = self.calls[self.i] if self.i < len(self.calls) else ("submit", {})
+            if name == TEXT:
+                self.i += 1
+                return Turn(Message(role="assistant", content=args["content"]), finish_reason="stop")
         elif self.i < len(self.commands):
             name, args = self._call(self.commands[self.i])
         else:

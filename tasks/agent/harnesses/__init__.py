@@ -6,7 +6,8 @@ A harness is one module and one `register(Harness(...))`. It declares:
 - `mode`: (episode, env) -> the object that runs its turns over the episode's sandbox (`offered()`: the
   OpenAI tool schemas; `system_prompt(env)`; `handle_tool_calls` / `handle_text`: how a reply becomes
   actions and observations, `submit` ending the episode; `what`: what a valid reply carries; optional
-  `close()`). The episode lifecycle around it (start, budget, settle, capture, in-place tests) is
+  `close()`; optional `async opening(env)`: the first messages, when the harness writes them itself instead of
+  system prompt + instruction; a mode whose own loop ends the episode sets `st.ended = (status, error)`). The episode lifecycle around it (start, budget, settle, capture, in-place tests) is
   tasks/agent/harness.py's and never changes with the harness;
 - `render`: how the replay teacher renders a recorded command list (a reference solution) into this
   harness's tool calls, [(tool, arguments)], "bash" calls included (None: each command as a `bash` call).
@@ -84,4 +85,4 @@ def bind_rendering(session: Any, env: EnvSpec, name: str | None) -> Any:
     return session
 
 
-from . import bash, mcp, swe, terminal  # noqa: E402,F401  (the built-in harnesses register themselves)
+from . import bash, mcp, mini_swe_agent, swe, terminal  # noqa: E402,F401  (the built-in harnesses register themselves)
