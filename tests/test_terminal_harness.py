@@ -25,7 +25,7 @@ from trajforge.tasks.teachers.replay import ReplayTeacher, ReplayTeacherConfig
 
 # the image the Docker tests build environments from: trajforge/base:latest once it has tmux (the lead rebuilds it
 # at merge, deploy/images/build-base.sh); until then a side image of it with tmux added from .debs
-BASE = "trajforge/base:tmux-dev"
+BASE = "trajforge/base:latest"
 
 
 def test_the_terminal_harness_is_registered_for_terminal_environments():
