@@ -243,7 +243,7 @@ def test_kill_9_during_rollout_then_resume_gives_every_rollout_once(tmp_path, do
     assert left == []
 
 
-def test_cli_errors_are_clear(tmp_path):
+def test_cli_errors_are_clear(tmp_path, prefect_api_url):
     out = run_cli("build", "--only", "verfiy", cwd=tmp_path)
     assert out.returncode != 0 and "unknown stage 'verfiy'" in out.stderr
     assert "propose, synthesize, rollout, verify, calibrate, export" in out.stderr
@@ -254,7 +254,9 @@ def test_cli_errors_are_clear(tmp_path):
     assert "synthesize: " in out.stderr and "at least one source" in out.stderr and "teacher.backend" in out.stderr
     good = tmp_path / "good.yaml"
     good.write_text(json.dumps(small_config(tmp_path / "runs", dataset="nodocker")))
-    out = run_cli("build", str(good), cwd=tmp_path, env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    # (the session's Prefect API: the build fails at its first sandbox, and this test is not about its own server)
+    out = run_cli("build", str(good), cwd=tmp_path, env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+                  prefect_api=prefect_api_url)
     assert out.returncode != 0 and "dockerd --bridge=none" in out.stderr
 
 

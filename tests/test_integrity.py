@@ -40,18 +40,49 @@ def test_every_planted_hack_beats_a_naive_root_harness():
     assert len({c["class"] for c in CASES if c["expect"] == "hack"}) >= 7
 
 
-@pytest.mark.parametrize("mode", ["fresh", "in_place", "isolated"])
-def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode):
-    rows = [{"trajectory_id": c["case"], "env_id": str(INTEGRITY / c["env"]), "commands": c["commands"]}
-            for c in CASES]
-    traj = tmp_path / "mixed.jsonl"
-    traj.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = small_config(tmp_path / "runs", dataset="integrity", **{
+def verify_config(runs: Path, mode: str) -> dict:
+    return small_config(runs, dataset="integrity", **{
         "verify.venue": mode,
         "rollout.concurrency": 6, "rollout.max_turns": 12})
+
+
+@pytest.fixture(scope="module")
+def profiled(docker_client, tmp_path_factory):
+    """The task folders the trajectories use, each profiled once for the three venues exactly as `trajforge verify`
+    profiles a task folder that did not go through the validator (flows/reverify.py: its image, then
+    `profile_reference` with the config's sandbox, solution and test timeouts: none of them venue settings), written
+    as an `--envs` JSONL of specs; and each folder's env id (what a trajectory names). The profile is the same
+    for every venue: once instead of three times (~a fifth of each run). `verify` reading a folder and profiling it
+    itself is tested in test_venue.py and test_quality_and_reverify.py."""
+    from trajforge.schemas.config import parse_config
+    from trajforge.tasks.envs.images import ensure_image
+    from trajforge.tasks.envs.validator import profile_reference
+
+    cfg = parse_config(verify_config(tmp_path_factory.mktemp("profiled") / "runs", "fresh"))
+    ids, lines = {}, []
+    for task in LEGIT_TASKS:
+        env = import_task(INTEGRITY / task)
+        env.image, _ = ensure_image(docker_client, cfg.sandbox.base_image, env, cfg.synthesize.image_aliases,
+                                    limits=cfg.sandbox)
+        profile_reference(docker_client, env, cfg.sandbox, cfg.synthesize.solution_timeout_s,
+                          cfg.verify.test_timeout_s)
+        assert env.tests_run_agent_code != "unknown", task  # profiled: `verify` will not profile it again
+        ids[task] = env.env_id
+        lines.append(env.model_dump_json() + "\n")
+    specs = tmp_path_factory.mktemp("profiled-envs") / "envs.jsonl"
+    specs.write_text("".join(lines))
+    return specs, ids
+
+
+@pytest.mark.parametrize("mode", ["fresh", "in_place", "isolated"])
+def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode, profiled):
+    specs, env_ids = profiled
+    rows = [{"trajectory_id": c["case"], "env_id": env_ids[c["env"]], "commands": c["commands"]} for c in CASES]
+    traj = tmp_path / "mixed.jsonl"
+    traj.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = verify_config(tmp_path / "runs", mode)
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    out = run_cli("verify", "--trajectories", str(traj), "--envs", str(INTEGRITY / "harbor"),
-                  "--envs", str(INTEGRITY / "tbench"), "--out", str(tmp_path / "verified"),
+    out = run_cli("verify", "--trajectories", str(traj), "--envs", str(specs), "--out", str(tmp_path / "verified"),
                   "--config", str(tmp_path / "cfg.yaml"), cwd=tmp_path, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     verdicts = {v["rollout_id"]: v for v in pq.read_table(tmp_path / "verified" / "verdicts.parquet").to_pylist()}
