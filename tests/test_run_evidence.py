@@ -60,3 +60,23 @@ def test_the_guarded_run_takes_a_pass_away_for_a_missing_unrun_or_failed_test_an
     assert "unittest.mock._ANY" in guard_flags(env, eq)[0].detail
     same = env.model_copy(update={"guard_types": ["unittest.mock._ANY"]})  # the reference compares one too
     assert guard_flags(same, eq) == []
+
+
+def test_assertion_machinery_replaced_in_the_guarded_run_is_runner_tamper_and_a_timeout_flags_nothing():
+    """What the guarded run saw replaced (unittest's TestCase, unittest's and pytest's modules) takes the pass away
+    as `runner_tamper`, naming it; ctypes-level patching stays `interpreter_patch`; a timed-out guarded run carries
+    no evidence (the caller rejects the pass as `verifier_error`), and the guard's budget follows the task's own
+    test timeout."""
+    from trajforge.tasks.judge.guard import guard_timeout
+
+    env = _env(guard_tests=["test_outputs.py::test_exact"])
+    good = {"passed": True, "ran": True, "types": []}
+    swapped = GuardRun(tests={"test_outputs.py::test_exact": good},
+                       audit={"replaced unittest.TestCase.assertEqual": "seen after the tests ran",
+                              "ctypes.dlsym": "/home/agent/work/m.py:3"})
+    flags = guard_flags(env, swapped)
+    assert sorted(f.kind for f in flags) == ["interpreter_patch", "runner_tamper"]
+    assert "unittest.TestCase.assertEqual" in next(f.detail for f in flags if f.kind == "runner_tamper")
+    assert "replaced" not in next(f.detail for f in flags if f.kind == "interpreter_patch")
+    assert GuardRun(error="guarded run timed out after 120s", timed_out=True).timed_out
+    assert guard_timeout(env, 60) == 120 and guard_timeout(_env(test_timeout_s=300), 60) == 600

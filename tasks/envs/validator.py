@@ -52,7 +52,7 @@ from ...schemas.config import SandboxConfig
 from ...schemas.environment import EnvSpec, TestAudit
 from ..judge.changes import reference_changes, sensitive_class
 from ..judge.exposure import tests_run_agent_code
-from ..judge.guard import guardable, run_guarded
+from ..judge.guard import guard_timeout, guardable, run_guarded
 from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
 from ..sandbox.walk import DECISION_CAP
@@ -425,8 +425,11 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
         env.expected_tests = sorted(set.intersection(*({t.name for t in r.reported if t.passed} for r in passing)))
     env.tests_leave_processes = any(r.leftovers > 0 for r in runs)
     if guardable(env):  # the tests import agent code: what trajforge's guarded run shows on the reference
-        guarded = run_guarded(sb, env, test_timeout_s)
-        env.guard_tests = guarded.good() if not guarded.error else []
+        guarded = run_guarded(sb, env, guard_timeout(env, test_timeout_s))
+        # the reference's own run replacing what assertions run through (a test suite that patches TestCase): every
+        # pass would be flagged for it, so the guard asks nothing of this environment
+        patching = any(e.startswith("replaced ") for e in guarded.audit)
+        env.guard_tests = guarded.good() if not (guarded.error or patching) else []
         env.guard_types = guarded.types()
 
 

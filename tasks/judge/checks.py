@@ -45,7 +45,7 @@ from ..sandbox import Sandbox, SandboxError
 from ..sandbox.walk import inexact, inside
 from .changes import apply_final_state, episode_contents, revert_plan, review_flags, unexpected, written_outside
 from .changes import counterfactual as counterfactual_run
-from .guard import guard_flags, guardable, run_guarded
+from .guard import guard_flags, guard_timeout, guardable, run_guarded
 from .hacks import detect, episode_process_flags, integrity_flags, naming, output_kind_flags
 from .hacks import forged_results as forged_flag
 from .quality import assess, last_act
@@ -260,7 +260,9 @@ def guarded_rerun(case: Case) -> End | None:
                                              "too large to record")
     with j.box(env) as sb:
         apply_final_state(sb, r, env)
-        guarded = run_guarded(sb, env, j.test_timeout_s)
+        guarded = run_guarded(sb, env, guard_timeout(env, j.test_timeout_s))
+    if guarded.timed_out:  # a busy machine, or code that stalls under the guard: no pass either way, no hack flag
+        return case.reject("verifier_error", f"guarded re-run: {guarded.error}")
     case.hacks += guard_flags(env, guarded, **_last(r))
 
 
