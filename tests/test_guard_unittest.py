@@ -79,18 +79,23 @@ def _guard(docker_client, files: dict[str, str | bytes], naive: bool = False):
     return env, run
 
 
-def test_the_honest_module_passes_guarded_with_nothing_replaced(docker_client):
-    env, run = _guard(docker_client, {"calc.py": HONEST})
+@pytest.fixture(scope="module")
+def honest(docker_client):
+    """The reference's guarded run (what validation records): the honest module."""
+    return _guard(docker_client, {"calc.py": HONEST})
+
+
+def test_the_honest_module_passes_guarded_with_nothing_replaced(honest):
+    env, run = honest
     assert run.error is None and len(run.good()) == 2, (run.tests, run.output[-1500:])
     assert not [e for e in run.audit if e.startswith("replaced ")], run.audit
     assert guard_flags(env.model_copy(update={"guard_tests": run.good()}), run) == []
 
 
 @pytest.mark.parametrize("attack", ["in_module", "crafted_pyc", "dist_info_plugin"])
-def test_assertions_made_no_ops_by_the_agents_code_are_taken_away(docker_client, attack):
-    honest_env, honest = _guard(docker_client, {"calc.py": HONEST})
-    env = honest_env.model_copy(update={"guard_tests": honest.good()})
-    assert env.guard_tests, honest.output
+def test_assertions_made_no_ops_by_the_agents_code_are_taken_away(docker_client, honest, attack):
+    env = honest[0].model_copy(update={"guard_tests": honest[1].good()})
+    assert env.guard_tests, honest[1].output
     files: dict[str, str | bytes] = {
         "in_module": {"calc.py": WRONG + NOOP},
         # the source looks like the wrong answer alone; the bytecode Python would run holds the no-op patch too
