@@ -28,11 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import host_report, no_target, parse_quick, print_table, target  # noqa: E402
 
+from trajforge.schemas.common import Reject  # noqa: E402
 from trajforge.schemas.config import SandboxConfig, load_config  # noqa: E402
 from trajforge.schemas.environment import EnvSpec  # noqa: E402
 from trajforge.tasks.envs.images import BuildOptions  # noqa: E402
 from trajforge.tasks.envs.repos import make  # noqa: E402
 from trajforge.tasks.envs.repos.plan import items  # noqa: E402
+from trajforge.tasks.envs.repos.probe import SuiteTooSlow  # noqa: E402
 from trajforge.tasks.sandbox import docker_client  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +56,8 @@ def main() -> int:
     ap.add_argument("--config", default=str(ROOT / "configs" / "swe.yaml"))
     ap.add_argument("--commits", type=int, default=None, help="commit tasks tried (default: the config's)")
     ap.add_argument("--bugs", type=int, default=None, help="planted-bug tasks tried (default: the config's)")
+    ap.add_argument("--validate", type=int, default=0, help="then validate this many kept environments, timing each "
+                                                            "of the validator's checks (the build's validate stage)")
     args = parse_quick(ap, commits=2, bugs=2)
     os.environ["TRAJFORGE_OFFLINE"] = "1"  # the sources come from the cache only
     config = load_config(args.config)
@@ -69,13 +73,17 @@ def main() -> int:
     per_kind: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     reasons: Counter[str] = Counter()
     kept = 0
+    made: list = []
     start = time.monotonic()
     for n, item in enumerate(todo, 1):
         phases = per_kind[item["task"]]
         make.ensure_image = timed(phases, "image", original_image)
         make.probe = timed(phases, "probe", original_probe)
         t = time.monotonic()
-        out = make.make_env(client, 0, cfg, item, sandbox, options, config.synthesize.image_aliases)
+        try:
+            out = make.make_env(client, 0, cfg, item, sandbox, options, config.synthesize.image_aliases)
+        except SuiteTooSlow as err:  # infrastructure: the item is not decided (a build would run it again)
+            out = Reject(key=item["task"], reason="infra_suite_too_slow", detail=str(err))
         phases["total"] += time.monotonic() - t
         phases["items"] += 1
         if isinstance(out, EnvSpec):
@@ -84,6 +92,7 @@ def main() -> int:
             reasons["kept"] += 1
         else:
             reasons[out.reason] += 1
+        made.append(out)
         what = "kept" if isinstance(out, EnvSpec) else f"{out.reason}: {out.detail[:160]!r}"
         print(f"  [{n}/{len(todo)}] {item['task']}: {what} ({time.monotonic() - t:.1f}s)", flush=True)
     wall = time.monotonic() - start
@@ -96,6 +105,8 @@ def main() -> int:
     total = max(sum(reasons.values()), 1)
     print_table("candidates by outcome", ["outcome", "items", "share"],
                 [[r, c, f"{c / total:.0%}"] for r, c in reasons.most_common()])
+    if args.validate:
+        validate_phases(client, [e for e in made if isinstance(e, EnvSpec)][:args.validate], config, sandbox, options)
     per_min = kept / (wall / 60) if wall else float("nan")
     print(f"environments per minute: {per_min:.2f} ({kept} kept of {len(todo)} items in {wall:.0f}s)")
     host_report("end", args.quick)
@@ -104,6 +115,33 @@ def main() -> int:
     codes = [target(f"{kind} environments kept", per_kind[kind]["kept"] if kind in per_kind else 0, ">=", 10,
                     args.quick) for kind in ("commit", "planted_bug")]
     return max(codes)
+
+
+def validate_phases(client, envs: list[EnvSpec], config, sandbox: SandboxConfig, options: BuildOptions) -> None:
+    """The validator (a build's settings) on `envs`, one after another, with the wall seconds of each check."""
+    from dataclasses import replace
+
+    from trajforge.tasks.envs import validator
+    from trajforge.tasks.envs.audit import AuditSettings
+
+    s = config.synthesize
+    spent: dict[str, float] = defaultdict(float)
+    original = validator.CHECKS
+    validator.CHECKS = tuple(replace(c, run=timed(spent, c.name, c.run)) for c in original)
+    t0 = time.monotonic()
+    try:
+        results = [validator.validate_env(client, env.model_copy(deep=True), sandbox, sandbox.base_image,
+                                          s.image_aliases, s.solution_timeout_s, s.test_timeout_s, build=options,
+                                          audit=AuditSettings(s.audit, s.audit_mutants)) for env in envs]
+    finally:
+        validator.CHECKS = original
+    wall = time.monotonic() - t0
+    n = max(len(envs), 1)
+    rows = [[name, f"{sec / n:.1f}", f"{sec / wall:.0%}"] for name, sec in sorted(spent.items(), key=lambda x: -x[1])]
+    rows.append(["(image, containers, rest)", f"{(wall - sum(spent.values())) / n:.1f}",
+                 f"{(wall - sum(spent.values())) / wall:.0%}"])
+    print_table(f"validation of {len(envs)} environments ({sum(v.ok for v in results)} kept, {wall:.0f}s): wall s "
+                "per environment by check", ["check", "s/env", "share"], rows)
 
 
 original_image = make.ensure_image

@@ -40,6 +40,7 @@ def envs_from_repo(
     from ..tasks.envs.repos.history import RepositoryError
     from ..tasks.envs.repos.make import make_env
     from ..tasks.envs.repos.plan import items
+    from ..tasks.envs.repos.probe import SuiteTooSlow
     from ..tasks.sandbox import docker_client
     from ..tasks.synthesize import build_options
 
@@ -62,11 +63,19 @@ def envs_from_repo(
     client = docker_client(pool_size=4, sandbox=sandbox)
     made: list[EnvSpec] = []
     reasons: dict[str, int] = {}
+    infra = 0  # items not decided: the solved state's suite ran past `test_timeout_s` (run again later)
     with Progress(TextColumn("[bold]from-repo"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[why]}"), console=console) as bar:
         task = bar.add_task("from-repo", total=len(todo), why="")
         for item in todo:
-            env = make_env(client, 0, cfg, item, sandbox, build_options(s), s.image_aliases)
+            try:
+                env = make_env(client, 0, cfg, item, sandbox, build_options(s), s.image_aliases)
+            except SuiteTooSlow as err:  # infrastructure, not the item's fault: counted apart, never a reject
+                infra += 1
+                err_console.print(f"[yellow]![/] {item['task']} {item.get('sha') or item.get('rev', '')[:12]}: "
+                                  f"not decided (infrastructure): {err}")
+                bar.update(task, advance=1)
+                continue
             if isinstance(env, EnvSpec):
                 made.append(env)
             else:
@@ -87,7 +96,8 @@ def envs_from_repo(
         by_kind[kind] = by_kind.get(kind, 0) + 1
     console.print(f"kept {len(kept)} of {len(todo)} ({', '.join(f'{k}={v}' for k, v in sorted(by_kind.items()))}); "
                   f"rejected: {', '.join(f'{k}={v}' for k, v in sorted(reasons.items())) or 'none'}; "
-                  f"{time.monotonic() - t0:.0f}s")
+                  + (f"not decided (infrastructure, run again): {infra}; " if infra else "")
+                  + f"{time.monotonic() - t0:.0f}s")
     if out:
         out.write_text("".join(e.model_dump_json() + "\n" for e in kept))
         console.print(f"wrote {len(kept)} environment(s) to {out}")

@@ -236,7 +236,7 @@ class BuildImagesConfig(Section):
         return tuple(pairs + [(k.upper(), v) for k, v in pairs])
 
 
-PROJECT_KEYS = ("install", "test_command", "test_paths")  # what a repository's `project` may override
+PROJECT_KEYS = ("install", "test_command", "test_paths", "deselect")  # what a repository's `project` may override
 
 
 class RepoSourceConfig(Section):
@@ -264,7 +264,7 @@ class RepoSourceConfig(Section):
     test_timeout_s: float = Field(600, gt=0, description="one run of the suite in a candidate's container")
     project: dict[str, Any] = Field(default_factory=dict, description=(
         "replaces what is detected of the project: `install` (commands, `[]` installs nothing), "
-        "`test_command`, `test_paths` (tasks/envs/repos/project.py)"))
+        "`test_command`, `test_paths`, `deselect` (tests left out of every run) (tasks/envs/repos/project.py)"))
     issue_text: Literal["commit", "teacher"] = Field("commit", description=(
         "who writes a task's instruction: `commit` (its message, change notes, interface and failing tests) or "
         "`teacher` (the build's teacher writes an issue text, checked for copies of the solution or the tests; "

@@ -3,9 +3,9 @@ fail-to-pass list names its new test; a commit whose tests never fail before it,
 a dependency that cannot install are each rejected with their reason. One module-scoped pass shared by the assertions
 (37 s measured under load).
 
-Not here yet: the real project's yield (more-itertools, `configs/swe.yaml`: at least 10 environments of each kind, the
-validator keeping them). Its test is on branch `wt-repos`: one pass over swe.yaml's items ran past 2,400 s on this
-2-core machine under load, too long for CI's 90 minutes until the probe is cheaper (issue 43's note)."""
+The real project's yield (more-itertools, `configs/swe.yaml`: at least 10 validated environments of each kind) is
+tests/test_repos_real.py (`make test-real`). Also here: a looping bug stopped at its hang budget, and a solved state
+past the ceiling raised as infrastructure."""
 
 from __future__ import annotations
 
@@ -122,3 +122,44 @@ def test_the_teacher_written_issue_is_the_instruction_and_the_row_says_so(docker
         assert env.instruction.startswith(issue if written else "The Python project `calc`"), env.instruction
         assert "- `tests/test_calc.py::test_sub`:" in env.instruction and "return a - b" not in env.instruction
         assert knobs["issue_text"] == "written" if written else "reference solution" in knobs["issue_text"]
+
+
+STEPS = '''def countdown(n):
+    steps = 0
+    while n > 0:
+        n -= 1
+        steps += 1
+    return steps
+'''
+TEST_STEPS = "from calc.steps import countdown\n\n\ndef test_countdown():\n    assert countdown(3) == 3\n"
+
+
+def test_a_bug_that_loops_is_stopped_at_its_hang_budget_not_the_ceiling(docker_client, tmp_path, monkeypatch):
+    """A planted bug that makes a test loop forever (`n -= 0`) is `tests_hang` once its suite has run a few times
+    the revision's own suite time: far below `test_timeout_s` (what a loop cost before, and what made a busy
+    machine's slow suite look like a hang)."""
+    from trajforge.tasks.envs.repos import probe
+
+    monkeypatch.setattr(probe, "HANG_FLOOR_S", 5.0)  # the default 30 s floor would only cost the suite time here
+    monkeypatch.setattr(probe, "HANG_FACTOR", 3)
+    shas = calc_repo(tmp_path / "calc", extra={"calc/steps.py": STEPS, "tests/test_steps.py": TEST_STEPS})
+    cfg = RepoSourceConfig(path=str(tmp_path / "calc"), bugs=0, project={"install": []}, test_timeout_s=300)
+    loop = next(i for i, p in enumerate(plant(STEPS, "calc/steps.py")) if p.description.startswith("`1` became `0`"))
+    out = make_env(docker_client, 0, cfg, {"kind": "repo", "repo": 0, "task": "planted_bug", "rev": shas["sub"],
+                                           "plants": [["calc/steps.py", loop]]}, SandboxConfig(), OPTIONS, {})
+    assert not isinstance(out, EnvSpec) and out.reason == "tests_hang", out
+    budget = float(out.detail.split("timed out after ")[1].split("s ")[0])
+    assert 5.0 <= budget < 300 and "the hang budget" in out.detail, out.detail
+
+
+def test_a_solved_state_past_the_ceiling_is_infrastructure_never_a_reject(docker_client, tmp_path):
+    """A suite that runs past `test_timeout_s` on the commit's own (solved) revision says nothing about the task
+    (a busy machine, or a ceiling too small): `SuiteTooSlow`, so the stage's shard fails and runs again."""
+    from trajforge.tasks.envs.repos.probe import SuiteTooSlow
+
+    slow = "import time\n\n\ndef test_slow():\n    time.sleep(8)\n"
+    shas = calc_repo(tmp_path / "calc", extra={"tests/test_slow.py": slow})
+    cfg = RepoSourceConfig(path=str(tmp_path / "calc"), bugs=0, project={"install": []}, test_timeout_s=3)
+    with pytest.raises(SuiteTooSlow, match="solved state's own suite ran past test_timeout_s=3s"):
+        make_env(docker_client, 0, cfg, {"kind": "repo", "repo": 0, "task": "commit", "sha": shas["sub"]},
+                 SandboxConfig(), OPTIONS, {})

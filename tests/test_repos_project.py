@@ -279,6 +279,30 @@ class TestCase:
     assert not (tree / ".pytest_cache").exists()
 
 
+def test_deselected_tests_are_left_out_of_every_run_and_a_bad_entry_is_named(tmp_path):
+    """`project.deselect` (a slow test the probe would pay for on every run): pytest really leaves it out of the
+    whole suite and of a selection naming it, with the detected command and with a `test_command` override."""
+    tree = make(tmp_path, {"mod.py": "", "tests/test_s.py": "def test_slow():\n    pass\n\n\n"
+                                                             "class TestK:\n    def test_fast(self):\n        pass\n"})
+    env = {**os.environ, **TEST_ENV, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    for override in ({"deselect": "tests/test_s.py::test_slow"},
+                     {"deselect": ["tests/test_s.py::test_slow"],
+                      "test_command": [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o",
+                                       "junit_family=xunit1"]}):
+        project = detect(tree, override)
+        assert project.deselect == ("tests/test_s.py::test_slow",)
+        for selection in (None, ["tests/test_s.py::test_slow", "tests/test_s.py::TestK::test_fast"]):
+            report = tmp_path / "report.xml"
+            report.unlink(missing_ok=True)
+            command = test_command(project, str(report), selection, python=sys.executable)
+            proc = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stdout[-2000:]
+            assert parse_junit(report.read_text()) == {"tests/test_s.py::TestK::test_fast": "passed"}
+    for bad in ({"deselect": []}, {"deselect": ["--collect-only"]}, {"deselect": [3]}):
+        with pytest.raises(ProjectError, match="deselect"):
+            detect(tree, bad)
+
+
 def test_links_leading_out_of_the_tree_are_never_read(tmp_path):
     outside = make(tmp_path / "host", {"secret.txt": "leaked-package==1\n", "pyproject.toml": "[project\n"})
     tree = make(tmp_path / "tree", {"pkg/__init__.py": "", "tests/test_a.py": "def test_a():\n    pass\n",

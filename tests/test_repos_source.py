@@ -18,6 +18,7 @@ from trajforge.tasks.envs.repos.image import recipe, requirements, split
 from trajforge.tasks.envs.repos.make import REPORT, hidden_tests, instruction, solution
 from trajforge.tasks.envs.repos.plan import items
 from trajforge.tasks.envs.repos.project import detect, test_command
+from trajforge.tasks.sandbox import SandboxError
 
 PIP = b"not really a wheel"
 
@@ -67,7 +68,7 @@ def test_the_grader_runs_the_suite_and_the_lists_on_the_host(tmp_path, monkeypat
     project = detect(tree)
     spec = {"command": test_command(project, REPORT, ["x"], python=sys.executable)[:-1],
             "paths": list(project.test_paths), "timeout_s": 60, "fail_to_pass": ["tests/test_calc.py::test_sub"],
-            "pass_to_pass": ["tests/test_calc.py::test_add"]}
+            "pass_to_pass": ["tests/test_calc.py::test_add"], "workdir": str(tree)}
     here = tmp_path / "verifier"
     for f in hidden_tests(split(tree)[1], spec, "/w"):  # the test files in `tree/`, the code where it is
         (here / f.path).parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +86,16 @@ def test_the_grader_runs_the_suite_and_the_lists_on_the_host(tmp_path, monkeypat
     assert grade.main("reward") == 1
     reward = json.loads((tmp_path / "logs" / "reward.json").read_text())
     assert reward["reward"] == 0.0 and reward["tests"][0]["message"].startswith("failed: ")
+    # the red team's plugin: a dist-info the agent adds to the work dir declares a [pytest11] entry point whose
+    # module turns every test into a pass; the grader loads plugins only from outside the work dir
+    (tree / "evil_pass.py").write_text("def pytest_collection_modifyitems(items):\n"
+                                       "    for item in items:\n        item.runtest = lambda: None\n")
+    (tree / "evil_pass-1.0.dist-info").mkdir()
+    (tree / "evil_pass-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: evil-pass\nVersion: 1.0\n")
+    (tree / "evil_pass-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nevil = evil_pass\n")
+    assert "evil_pass" not in grade._trusted_plugins(str(tree)) and "evil_pass" in grade._trusted_plugins(None)
+    assert grade.main("reward") == 1
+    assert json.loads((tmp_path / "logs" / "reward.json").read_text())["reward"] == 0.0
 
 
 def test_solution_and_instruction_name_no_test_code():
@@ -240,3 +251,17 @@ def test_the_host_digest_of_a_restored_file_is_the_sandbox_checksum(tmp_path):
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got == {name: file_digest(data) for name, data in files.items()}
     assert file_digest(b"x = 1\n" * 1000) != file_digest(b"x = 2\n" + b"x = 1\n" * 999)
+
+
+def test_a_hang_is_judged_against_the_solved_states_own_suite_time():
+    """A busy machine slows the solved state's suite as much as the starting state's: a timeout counts as a hang
+    only when it is far past the solved state's own time; too close to tell is infrastructure, never a reject."""
+    from trajforge.tasks.envs.repos.probe import HANG_FLOOR_S, Run, SuiteTooSlow, check_hang, hang_budget
+
+    assert hang_budget(0.5, 120) == HANG_FLOOR_S and hang_budget(4, 120) == 40 and hang_budget(30, 120) == 120
+    timed_out = Run(error="timed out", seconds=121, budget_s=120)
+    check_hang(timed_out, [Run(seconds=3.0), Run(seconds=3.4)], 120)  # 120 s is past 10x 3.4 s: a hang
+    check_hang(Run(seconds=50), [Run(seconds=20)], 120)  # no timeout: nothing to judge
+    with pytest.raises(SuiteTooSlow, match="test_timeout_s=120s and the solved state's own took 20s"):
+        check_hang(timed_out, [Run(seconds=3.0), Run(seconds=20.0)], 120)
+    assert issubclass(SuiteTooSlow, SandboxError)  # a stage's shard fails and runs again: never a final reject

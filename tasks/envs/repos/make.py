@@ -9,8 +9,9 @@ SWE-style (all of them pass), with per-test results.
 Reasons (the first that applies): `repo_unusable` (the revision cannot be read, the tree is no testable Python
 project), `binary_test_file`, `image_build_failed` (`[cause] log tail`: a dependency that cannot install is
 `package_not_found` or `build_step_failed`), `solution_fails` (the reference does not apply), `tests_do_not_run`
-(the solved state runs no test: the output's tail), `tests_hang` (the suite runs past `test_timeout_s` on the
-starting state), `flaky_suite`, `does_not_import` (a planted bug breaks the
+(the solved state runs no test: the output's tail), `tests_hang` (the suite on the starting state runs past
+`probe.hang_budget` of the solved state's own suite time: a busy machine slows both, so it is never read as a
+hang; a solved state's suite past `test_timeout_s` is `probe.SuiteTooSlow`, infrastructure), `flaky_suite`, `does_not_import` (a planted bug breaks the
 import of test modules that import after the fix), `no_fail_to_pass` (a commit whose tests never fail before it),
 `bug_not_seen` (a planted bug no test sees). Docker failing raises `SandboxError` (infrastructure: the caller's).
 
@@ -48,7 +49,7 @@ from .fetch import repository_path
 from .history import RepositoryError, checkout, open_repository, scan
 from .image import import_names, recipe, split, src_layout
 from .issue import tests_to_pass, write_issue
-from .probe import Run, probe
+from .probe import HANG_FACTOR, HANG_FLOOR_S, Run, SuiteTooSlow, check_hang, hang_budget, probe
 from .project import ProjectError, detect, test_command
 
 HERE = Path(__file__).parent
@@ -116,6 +117,9 @@ def solved_runs(client, image: str, sandbox: SandboxConfig, workdir: str, tests:
     with _SOLVED_LOCK:  # one probe of a revision at a time (a shard's items run one after another anyway)
         if key not in _SOLVED_RUNS:
             first = probe(client, image, sandbox, workdir, tests, [], timeout_s, labels, repeats=1)
+            if first.before.error == "timed out":  # the revision's own suite: never a verdict on one bug
+                raise SuiteTooSlow(f"the revision's own suite ran past test_timeout_s={timeout_s:g}s (a busy machine, "
+                                   "or a ceiling too small for this project: raise `test_timeout_s`)")
             if len(_SOLVED_RUNS) > 16:
                 _SOLVED_RUNS.clear()
             _SOLVED_RUNS[key] = [first.before, *first.after]
@@ -198,7 +202,7 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
                                "install" in cfg.project) if item["task"] == "planted_bug" else None
     prefix = test_command(project, REPORT, ["x"], python="python3")[:-1]
     spec: dict[str, Any] = {"command": prefix, "paths": list(project.test_paths), "timeout_s": cfg.test_timeout_s,
-                            "fail_to_pass": [], "pass_to_pass": []}
+                            "workdir": workdir, "fail_to_pass": [], "pass_to_pass": []}
     files = hidden_tests(tests, spec, workdir)
     if files is None:
         return Reject(key=key, reason="binary_test_file", detail="a test file is not UTF-8 text")
@@ -215,6 +219,7 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
     if solved_recipe is None:
         seen = probe(client, env.image, sandbox, workdir, files, env.solution, cfg.test_timeout_s, labels)
         after = seen.after
+        check_hang(seen.before, after, cfg.test_timeout_s)
     else:  # the revision's own suite runs (shared by its bugs), then this bug's starting state and its inverse patch
         solved_env = env.model_copy(update=dict(zip(("dockerfile", "context", "blobs"), solved_recipe)))
         try:
@@ -224,11 +229,18 @@ def make_env(client, index: int, cfg: RepoSourceConfig, item: dict[str, Any], sa
             return Reject(key=key, reason="image_build_failed", detail=f"[{err.cause}] {err.log_tail[-1500:]}")
         after = solved_runs(client, solved_image, sandbox, workdir, files, cfg.test_timeout_s, labels)
         seen = probe(client, env.image, sandbox, workdir, files, env.solution, cfg.test_timeout_s, labels, repeats=0,
-                     restores=restores)
+                     restores=restores,
+                     before_timeout_s=hang_budget(max(r.seconds for r in after), cfg.test_timeout_s))
     if seen.solution_error:
         return Reject(key=key, reason="solution_fails", detail=seen.solution_error)
-    if seen.before.error:  # e.g. a planted bug that makes a test loop forever: no outcome to compare with
-        return Reject(key=key, reason="tests_hang" if seen.before.error == "timed out" else "tests_do_not_run",
+    if seen.before.error == "timed out":  # e.g. a planted bug that makes a test loop forever
+        clean = max(r.seconds for r in after)
+        return Reject(key=key, reason="tests_hang", detail=(
+            f"before the reference solution: timed out after {seen.before.budget_s:g}s (the hang budget: "
+            f"{HANG_FACTOR}x the solved state's own {clean:.1f}s suite, at least {HANG_FLOOR_S:g}s, at most "
+            f"test_timeout_s={cfg.test_timeout_s:g}s): {seen.before.tail[-1200:]}"))
+    if seen.before.error:  # the grader printed no result: no outcome to compare with
+        return Reject(key=key, reason="tests_do_not_run",
                       detail=f"before the reference solution: {seen.before.error}: {seen.before.tail[-1500:]}")
     if any(r.error for r in after) or not any(o == "passed" for o in after[0].outcomes.values()):
         bad = next((r for r in after if r.error), after[0])

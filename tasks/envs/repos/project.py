@@ -25,7 +25,9 @@ Invariants:
   the top-most `tests`/`test`/`testing` folder of each test file (or the file itself).
 - `override` (from config) replaces what is detected: `test_command` (a string or argument list that runs pytest;
   the report and the selection are appended), `install` (a command string, or a list of strings or argument
-  lists; `[]` installs nothing), `test_paths` (each must match something; the "no tests" check is then skipped).
+  lists; `[]` installs nothing), `test_paths` (each must match something; the "no tests" check is then skipped),
+  `deselect` (node ids or node-id prefixes, as pytest's `--deselect` takes them: tests left out of every run, e.g.
+  a slow test that would make each probe of a candidate cost seconds more; never in a task's lists).
   Any other key raises `ProjectError` naming it.
 - Bad input is a `ProjectError` naming the file and, where there is one, the line: a pyproject, config file or
   `setup.py` that does not parse, a file that is not UTF-8, a tree that is not a folder.
@@ -90,6 +92,7 @@ class Project:
     test_command: tuple[str, ...] | None = None  # from `override`: replaces pytest's own invocation
     runner: str = "pytest"
     test_requires: tuple[str, ...] = ()  # the requirements of the chosen extras and dependency groups
+    deselect: tuple[str, ...] = ()  # from `override`: node ids (or prefixes) left out of every run
 
 
 # -- reading files ------------------------------------------------------------------------------------------------
@@ -352,6 +355,11 @@ def _override(override: dict | None) -> dict:
         if not listed["test_paths"] or not all(isinstance(p, str) and p for p in listed["test_paths"]):
             raise ProjectError("override", None, "test_paths: expected a path or a non-empty list of paths")
         out["test_paths"] = list(listed["test_paths"])
+    if "deselect" in out:
+        bad = [d for d in listed["deselect"] if not isinstance(d, str) or not d or d.startswith("-") or "\0" in d]
+        if bad or not listed["deselect"]:
+            raise ProjectError("override", None, f"deselect: expected node ids (tests/x.py::test_y), not {bad[:3]}")
+        out["deselect"] = tuple(listed["deselect"])
     return out
 
 
@@ -439,7 +447,7 @@ def detect(tree: str | Path, override: dict | None = None) -> Project:
         install=given.get("install", (tuple(pip),)), evidence=tuple(evidence),
         pytest_config=found[0] if found else None, test_paths=test_paths,
         addopts=kept_addopts(_args(options.get("addopts"), where)), test_command=given.get("test_command"),
-        test_requires=tuple(groups + [r for e in extras for r in extras_req[e]]))
+        test_requires=tuple(groups + [r for e in extras for r in extras_req[e]]), deselect=given.get("deselect", ()))
 
 
 def test_command(project: Project, report: str, node_ids: list[str] | None = None, *,
@@ -457,7 +465,8 @@ def test_command(project: Project, report: str, node_ids: list[str] | None = Non
       is one error, not an interrupted run with every other test missing.
     - `--rootdir=.`: node ids are relative to the tree's root even when a config file sits deeper.
     - `-o junit_family=xunit1`: each test case names its `file`, so `testlists.parse_junit` maps it back exactly.
-    A `test_command` override is used as given, with only `--junitxml=REPORT` and the selection appended.
+    A `test_command` override is used as given, with only `--junitxml=REPORT`, the `deselect` override's
+    `--deselect` options and the selection appended.
     """
     if node_ids is not None and not node_ids:
         raise ValueError("no node ids: pass None to run every test")
@@ -465,11 +474,12 @@ def test_command(project: Project, report: str, node_ids: list[str] | None = Non
     if bad:
         raise ValueError(f"not node ids: {bad[:3]}")
     selection = list(node_ids) if node_ids is not None else list(project.test_paths)
+    left_out = [a for d in project.deselect for a in ("--deselect", d)]
     if project.test_command:
-        return [*project.test_command, f"--junitxml={report}", *selection]
+        return [*project.test_command, f"--junitxml={report}", *left_out, *selection]
     return [python, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=",
             "-o", "junit_family=xunit1", "--rootdir=.", "--continue-on-collection-errors", f"--junitxml={report}",
-            "-q", "--tb=short", *project.addopts, *selection]
+            "-q", "--tb=short", *project.addopts, *left_out, *selection]
 
 
 test_command.__test__ = False  # a library function, not a test, wherever a test module imports it
