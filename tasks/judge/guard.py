@@ -221,14 +221,29 @@ def guardable(env: EnvSpec) -> bool:
     return env.tests_run_agent_code == "in_process" and bool(_test_files(env))
 
 
+LISTS = "lists.json"  # a repository task's graded node ids (tasks/envs/repos/grade.py), its test files in `tree/`
+
+
 def _test_files(env: EnvSpec) -> list[str]:
+    """What the guarded session runs: the test files whole, or, for a task whose hidden tests grade a list of node
+    ids (a repository task's `lists.json`: fail-to-pass and pass-to-pass, run from `/tests/tree`), exactly those
+    (the reward counts no other test; a project's whole suite would cost its slowest tests on every guarded run)."""
+    lists = next((t for t in env.tests if t.path == LISTS), None)
+    if lists is not None:
+        try:
+            spec = json.loads(lists.content)
+            listed = [*spec["fail_to_pass"], *spec["pass_to_pass"]]
+        except (ValueError, KeyError, TypeError):
+            listed = []
+        if listed and all(isinstance(n, str) and n and not n.startswith(("-", "/")) for n in listed):
+            return [f"/tests/tree/{n}" for n in listed]
     names = [t.path for t in env.tests if t.path.rsplit("/", 1)[-1].startswith("test_") and t.path.endswith(".py")]
     return [f"/tests/{p.lstrip('/')}" for p in sorted(names)]
 
 
 def guard_timeout(env: EnvSpec, timeout_s: float) -> float:
-    """The guarded run's budget: it runs every test file whole, each test recompiled, so twice the longer of the
-    verifier's test timeout and the task's own (a repository's suite is given its own `test_timeout_s`)."""
+    """The guarded run's budget: it runs every test file whole (or a repository task's listed tests), each test
+    recompiled, so twice the longer of the verifier's test timeout and the task's own (a repository's suite is given its own `test_timeout_s`)."""
     return 2 * max(timeout_s, env.test_timeout_s or 0)
 
 
