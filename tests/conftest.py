@@ -90,10 +90,20 @@ def pytest_xdist_make_scheduler(config, log):
     return SuiteGroups(config, log)
 
 
+REAL_PROJECT = "test_repos_real.py"  # `make test-real`: collected, deselected unless asked for (below)
+
+
 def pytest_collection_modifyitems(config, items):
     """`TRAJFORGE_SUITE_PART` (set by tests/_suite.py): `model` keeps only the second tier's `MODEL_GROUP` tests,
     `shared` only the others (they run side by side on two workers; the embedded teacher's CPU-bound tests run
-    after them, alone). Then: """
+    after them, alone). The real project's tests (`REAL_PROJECT`: about 6 minutes on two cores, more than `make
+    test` has left of CI's 90) run when their file is named or `TRAJFORGE_REAL_PROJECT=1` (`make test-real`; CI
+    runs it after `make test` when its time allows). Then: """
+    if os.environ.get("TRAJFORGE_REAL_PROJECT") != "1" and not any(REAL_PROJECT in str(a) for a in config.args):
+        real = [i for i in items if Path(str(i.path)).name == REAL_PROJECT]
+        if real:
+            config.hook.pytest_deselected(items=real)
+            items[:] = [i for i in items if Path(str(i.path)).name != REAL_PROJECT]
     part = os.environ.get("TRAJFORGE_SUITE_PART")
     if part in ("model", "shared"):
         keep, dropped = [], []
