@@ -133,8 +133,10 @@ def test_a_build_keeps_its_sandboxes_within_the_fleet_cap_on_the_engine(tmp_path
 
     def count() -> None:
         while not done.is_set():
-            boxes = client.containers.list(filters={"label": "trajforge.env"})
-            seen.append([c.labels.get("trajforge.build") for c in boxes])
+            # the list call alone (containers.list inspects each one after: a container removed in between raised
+            # NotFound in this thread, which then stopped counting while the build went on)
+            boxes = client.api.containers(filters={"label": "trajforge.env"})
+            seen.append([(c.get("Labels") or {}).get("trajforge.build") for c in boxes])
             time.sleep(0.05)
 
     watcher = threading.Thread(target=count, daemon=True)
