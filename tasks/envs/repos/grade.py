@@ -2,7 +2,8 @@
 a copy of this package's `testlists.py`, and `/tests/lists.json`): stdlib only, run as `python3 -I` in the task's
 container from the project's work dir.
 
-- `grade.py outcomes [SECONDS]`: runs the project's whole suite (within SECONDS, default `lists.json`'s) (the test paths) and prints one line after `MARK`: JSON
+- `grade.py outcomes [SECONDS]`: runs the project's whole suite (the test paths; within SECONDS, default
+  `lists.json`'s `timeout_s`) and prints one line after `MARK`: JSON
   `{"outcomes": {node id: outcome}, "messages": {node id: first line of its failure}, "exit": code, "tail": ...}`
   (what `probe.py` reads, before and after the reference solution).
 - `grade.py reward`: runs the fail-to-pass and pass-to-pass tests only and writes `/logs/verifier/reward.json`:

@@ -99,8 +99,9 @@ def probe(client, image: str, cfg: SandboxConfig, workdir: str, tests: list[File
     """The suite before the reference solution (within `before_timeout_s`, default `timeout_s`), then `repeats`
     times after it, in one container of `image`. `restores` (work-dir path -> `checksums.file_digest`): the files
     the solution must leave with exactly these contents (a planted bug's inverse patch gives back the revision's
-    files, whose suite runs are shared: `repeats=0`); a file that differs is a `solution_error`. A run after the
-    solution that times out raises `SuiteTooSlow`."""
+    files, whose suite runs are shared: `repeats=0`); a file that differs is a `solution_error`. A run of the solved
+    state that times out raises `SuiteTooSlow`: every run after the solution, and the first one too when there is
+    no solution (`solution=[]`: the image is the solved state, a revision's own suite runs)."""
     with Sandbox(client, image, cfg, workdir=workdir, labels={"trajforge.role": "repo-probe", **(labels or {})}) as sb:
         sb.put_files([FileSpec(path=t.path, content=t.content, mode=t.mode | 0o500) for t in tests], parent="/",
                      root=TESTS.strip("/"), uid=0, dir_mode=0o700)
@@ -120,7 +121,7 @@ def probe(client, image: str, cfg: SandboxConfig, workdir: str, tests: list[File
                                    f"its output's tail: {out.tail[-300:]}")
             return out
 
-        before = suite(before_timeout_s or timeout_s)
+        before = suite(before_timeout_s or timeout_s) if solution else solved()
         for cmd in solution:
             res = sb.exec(cmd, timeout_s=120)
             if res.timed_out or res.exit_code != 0:
