@@ -106,7 +106,7 @@ def main() -> int:
     print_table("candidates by outcome", ["outcome", "items", "share"],
                 [[r, c, f"{c / total:.0%}"] for r, c in reasons.most_common()])
     if args.validate:
-        validate_phases(client, [e for e in made if isinstance(e, EnvSpec)][:args.validate], config, sandbox, options)
+        validate_phases([e for e in made if isinstance(e, EnvSpec)][:args.validate], config, sandbox)
     per_min = kept / (wall / 60) if wall else float("nan")
     print(f"environments per minute: {per_min:.2f} ({kept} kept of {len(todo)} items in {wall:.0f}s)")
     host_report("end", args.quick)
@@ -117,22 +117,20 @@ def main() -> int:
     return max(codes)
 
 
-def validate_phases(client, envs: list[EnvSpec], config, sandbox: SandboxConfig, options: BuildOptions) -> None:
-    """The validator (a build's settings) on `envs`, one after another, with the wall seconds of each check."""
+def validate_phases(envs: list[EnvSpec], config, sandbox: SandboxConfig) -> None:
+    """The validator `trajforge envs from-repo` runs (`flows/envs_settings.validate_all`, the config's settings) on
+    `envs`, one after another, with the wall seconds of each check."""
     from dataclasses import replace
 
+    from trajforge.flows.envs_settings import validate_all
     from trajforge.tasks.envs import validator
-    from trajforge.tasks.envs.audit import AuditSettings
 
-    s = config.synthesize
     spent: dict[str, float] = defaultdict(float)
     original = validator.CHECKS
     validator.CHECKS = tuple(replace(c, run=timed(spent, c.name, c.run)) for c in original)
     t0 = time.monotonic()
     try:
-        results = [validator.validate_env(client, env.model_copy(deep=True), sandbox, sandbox.base_image,
-                                          s.image_aliases, s.solution_timeout_s, s.test_timeout_s, build=options,
-                                          audit=AuditSettings(s.audit, s.audit_mutants)) for env in envs]
+        results = [v for _, v in validate_all([e.model_copy(deep=True) for e in envs], config.synthesize, sandbox, 1)]
     finally:
         validator.CHECKS = original
     wall = time.monotonic() - t0

@@ -131,26 +131,23 @@ def flaky_repo(root: Path) -> dict[str, str]:
 
 def make_and_validate(config_path: str, item: dict):
     """In a worker process, one item of the first repository of the build config at `config_path`, with its
-    settings: (`make.make_env`'s environment or reject, or the `SuiteTooSlow` it raised; the validator's
-    `Validation` of the environment, or None)."""
+    settings: (`make.make_env`'s environment or reject, or the `SuiteTooSlow` it raised; the `Validation` of the
+    environment by the validator `trajforge envs from-repo` runs, `flows/envs_settings.validate_all`, or None)."""
+    from trajforge.flows.envs_settings import validate_all
     from trajforge.schemas.config import load_config
     from trajforge.schemas.environment import EnvSpec
-    from trajforge.tasks.envs.audit import AuditSettings
     from trajforge.tasks.envs.repos.make import make_env
     from trajforge.tasks.envs.repos.probe import SuiteTooSlow
-    from trajforge.tasks.envs.validator import validate_env
     from trajforge.tasks.sandbox import docker_client
     from trajforge.tasks.synthesize import build_options
 
     config = load_config(config_path)
     s, sandbox = config.synthesize, config.sandbox
-    client = docker_client(sandbox=sandbox)
     try:
-        env = make_env(client, 0, s.repos[0], item, sandbox, build_options(s), s.image_aliases)
+        env = make_env(docker_client(sandbox=sandbox), 0, s.repos[0], item, sandbox, build_options(s), s.image_aliases)
     except SuiteTooSlow as err:
         return err, None
     if not isinstance(env, EnvSpec):
         return env, None
-    return env, validate_env(client, env.model_copy(deep=True), sandbox, sandbox.base_image, s.image_aliases,
-                             s.solution_timeout_s, s.test_timeout_s, build=build_options(s),
-                             audit=AuditSettings(s.audit, s.audit_mutants))
+    [(_, validation)] = validate_all([env.model_copy(deep=True)], s, sandbox, 1)
+    return env, validation
