@@ -129,6 +129,31 @@ def _order_markers(items) -> None:
             items.insert(same[-1] + 1 if same else len(items), item)
 
 
+_TEST_T0: dict[str, float] = {}
+_TEST_OUTCOME: dict[str, str] = {}
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _TEST_T0[nodeid] = time.monotonic()
+
+
+def pytest_runtest_logreport(report):
+    """A failure is named the moment it happens (with `-q` pytest names it only in the end summary, which a run cut
+    at CI's limit never prints); with `TRAJFORGE_TEST_LOG=FILE` every test's outcome and wall seconds (setup + call
+    + teardown) are appended to FILE as it ends: where a run's time went, even for a run that was killed."""
+    if report.failed:
+        print(f"\n{report.when.upper()} FAILED {report.nodeid} ({report.duration:.1f} s)", flush=True)
+    if report.failed or report.skipped:
+        _TEST_OUTCOME.setdefault(report.nodeid, "failed" if report.failed else "skipped")
+    log = os.environ.get("TRAJFORGE_TEST_LOG")
+    if report.when == "teardown":
+        t0 = _TEST_T0.pop(report.nodeid, None)
+        outcome = _TEST_OUTCOME.pop(report.nodeid, "passed")
+        if log and t0 is not None:
+            with open(log, "a") as f:
+                f.write(f"{time.monotonic() - t0:8.1f} {outcome:7} {report.nodeid}\n")
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """The order's seed last (pytest-randomly prints it in the header, which `-q` hides): a failure replays."""
     seed = getattr(config.option, "randomly_seed", None)
