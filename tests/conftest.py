@@ -142,7 +142,8 @@ def pytest_runtest_logreport(report):
     at CI's limit never prints); with `TRAJFORGE_TEST_LOG=FILE` every test's outcome and wall seconds (setup + call
     + teardown) are appended to FILE as it ends: where a run's time went, even for a run that was killed."""
     if report.failed:
-        print(f"\n{report.when.upper()} FAILED {report.nodeid} ({report.duration:.1f} s)", flush=True)
+        tail = "\n".join(str(report.longreprtext).splitlines()[-25:])
+        print(f"\n{report.when.upper()} FAILED {report.nodeid} ({report.duration:.1f} s)\n{tail}", flush=True)
     if report.failed or report.skipped:
         _TEST_OUTCOME.setdefault(report.nodeid, "failed" if report.failed else "skipped")
     log = os.environ.get("TRAJFORGE_TEST_LOG")

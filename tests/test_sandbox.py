@@ -385,3 +385,32 @@ def test_an_exec_whose_output_the_engine_lost_is_infrastructure_not_a_result(sb,
         sb.exec("echo hi", 10)
     monkeypatch.setattr(container, "run_exec", lambda *a, **kw: (137, b""))
     assert sb.exec("echo hi", 10).exit_code == 137  # a killed capture stays the command's outcome
+
+
+def test_a_judging_container_removes_what_the_agent_added_or_says_it_cannot(docker_client, sandbox_cfg):
+    """The counterfactual reverts a file the agent added to its work dir by removing it from a judging container
+    (VERIFIER_CAPS: its root has no CAP_DAC_OVERRIDE, so root's `rm` is refused in a folder the agent owns, which
+    once left the file in place and let a pass that depended on it hold). `remove_paths` removes it as the agent
+    (a mode-000 folder too), and raises when a path is still there: never a silent keep."""
+    from trajforge.tasks.judge.changes import remove_paths
+    from trajforge.tasks.judge.verifier import VERIFIER_CAPS, restore_state
+    from trajforge.tasks.sandbox.errors import SandboxError
+
+    with Sandbox(docker_client, sandbox_cfg.base_image, sandbox_cfg) as ep:
+        assert ep.exec("mkdir -p pkg locked && echo X=1 > pkg/helper.py && touch locked/f && chmod 000 locked",
+                       30).exit_code == 0
+        state = ep.get_archive(ep.workdir, 64 << 20)
+        work = ep.workdir.rstrip("/")
+    with Sandbox(docker_client, sandbox_cfg.base_image, sandbox_cfg, cap_add=VERIFIER_CAPS) as judge:
+        restore_state(judge, state)
+        helper, locked = f"{work}/pkg/helper.py", f"{work}/locked"
+        judge.exec(f"rm -rf -- {helper}", 30, user="root", workdir="/")
+        assert judge.path_kind(helper) == "file"  # the fault: root alone cannot remove it here
+        remove_paths(judge, [helper, locked])
+        assert judge.path_kind(helper) is None and judge.path_kind(locked) is None
+        assert judge.path_kind(f"{work}/pkg") == "dir"  # only the named paths go
+        # a file in a read-only folder of root's: neither root (no CAP_DAC_OVERRIDE) nor the agent can remove it
+        assert judge.exec("mkdir -p /srv/ro && touch /srv/ro/keep && chmod 555 /srv/ro", 30, user="root",
+                          workdir="/").exit_code == 0
+        with pytest.raises(SandboxError, match="/srv/ro/keep"):
+            remove_paths(judge, ["/srv/ro/keep"])

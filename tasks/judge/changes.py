@@ -233,17 +233,37 @@ def apply_final_state(sb: Sandbox, r: Rollout, env: EnvSpec, revert: list[str] =
         restore_state(sb, r.final_state)
     deleted = [p for p in (r.changes.deleted if r.changes else []) if not inside(p, env.workdir)]
     gone = [p for p in deleted if not any(inside(p, x) for x in whole)]
-    if gone:
-        sb.exec("rm -rf -- " + " ".join(map(shlex.quote, gone)), 60, user="root", workdir="/")
+    remove_paths(sb, gone)
     if r.outside_state:
         sb.put_archive("/", _without(r.outside_state, whole))
     for p in revert:
         if p in folders:
             sb.put_archive(posixpath.dirname(p) or "/", folders[p])
             continue
-        sb.exec(f"rm -rf -- {shlex.quote(p)}", 30, user="root", workdir="/")
+        remove_paths(sb, [p])
         if p in originals:
             sb.put_archive(posixpath.dirname(p) or "/", originals[p])
+
+
+def remove_paths(sb: Sandbox, paths: list[str]) -> None:
+    """Remove `paths` from the container, or raise SandboxError naming the first that is still there. A judging
+    container's root has no CAP_DAC_OVERRIDE (it keeps only SETUID and SETGID): it cannot remove what lies in a
+    folder the agent owns (a file the agent added to its work dir), so what root leaves is removed as the agent,
+    who owns it (after making its own folders readable and writable: a mode-000 folder the agent made). The engine
+    then says whether each path is gone: a revert that silently kept the agent's file would let a pass that
+    depends on it hold."""
+    if not paths:
+        return
+    quoted = " ".join(map(shlex.quote, paths))
+    sb.exec(f"rm -rf -- {quoted}", 60, user="root", workdir="/")
+    left = [p for p in paths if sb.path_kind(p) is not None]
+    if left:
+        rest = " ".join(map(shlex.quote, left))
+        sb.exec(f"chmod -R u+rwX -- {rest} 2>/dev/null; rm -rf -- {rest}", 60, user=sb.agent, workdir="/")
+        still = [p for p in left if sb.path_kind(p) is not None]
+        if still:
+            raise SandboxError(f"could not remove {still[0]} from {sb.name} (neither root nor the agent "
+                               f"{sb.agent!r} can): the episode's state cannot be rebuilt without it")
 
 
 def _folder_entry(tar_bytes: bytes | None) -> bytes | None:
