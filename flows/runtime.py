@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import faulthandler
 import logging
 import os
+import signal
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -24,6 +26,11 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # distributed configures its own loggers at INFO; a build's console shows our progress, not its chatter
 os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+
+# `kill -USR1 PID` prints every thread's stack of a trajforge process to its stderr and lets it run on: what a
+# build that seems stuck is waiting for (tests/helpers.run_cli sends it to a CLI run past its timeout)
+if hasattr(signal, "SIGUSR1"):
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 _server = None
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -41,5 +43,16 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600,
     full_env.pop("PREFECT_API_URL", None)
     if prefect_api:
         full_env["PREFECT_API_URL"] = prefect_api
-    return subprocess.run([venv_bin("trajforge"), *args], cwd=cwd, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.Popen([venv_bin("trajforge"), *args], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # what it was waiting for: every thread's stack (flows/runtime.py registers SIGUSR1), then it is stopped
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"trajforge {' '.join(args)} still ran after {timeout} s; its stderr's end, with "
+                             f"every thread's stack:\n{err[-12000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -91,3 +91,26 @@ def test_doctor_states_the_network_policy_per_phase():
     host = rows("host")["network: build"]
     assert host.status == "warn" and "loopback" in host.detail
     assert rows("none")["network: build"].detail.startswith("none")
+
+
+def test_a_trajforge_process_prints_its_threads_stacks_on_sigusr1_and_runs_on():
+    """What a build that seems stuck waits for: `kill -USR1 PID` (flows/runtime.py) prints every thread's stack
+    to stderr, and the process goes on (tests/helpers.run_cli sends it to a CLI run past its timeout)."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import threading, time, trajforge.flows.runtime\n"
+            "threading.Thread(target=lambda: time.sleep(60), name='waiter', daemon=True).start()\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(6)\n"
+            "print('went on', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "went on" in out, err
+    assert err.lower().count("thread 0x") >= 2 and "line 2 in <lambda>" in err, err
