@@ -4,7 +4,9 @@ CPython 3.11 keeps the AST converters' recursion depth in per-interpreter state,
 parsing at once (`ast.parse`, `compile` of source or of a tree) can fail with "SystemError: AST constructor
 recursion depth mismatch" (gh-106905; seen here when families were generated and environments validated in
 thread pools). Every parse and compile of trajforge goes through this module's one lock; the trees returned
-are plain objects, safe to walk in any thread.
+are plain objects, safe to walk in any thread. Code that is not trajforge's (a library parsing in a thread of its
+own) can still convert a tree beside ours: that error is spurious (the converter resets its depth at each start),
+so a conversion that meets it is run again, up to `ATTEMPTS` times.
 """
 
 from __future__ import annotations
@@ -14,15 +16,26 @@ import threading
 from types import CodeType
 
 _LOCK = threading.Lock()
+ATTEMPTS = 5
+MISMATCH = "recursion depth mismatch"
+
+
+def _retried(convert, *args):
+    for attempt in range(ATTEMPTS):
+        try:
+            with _LOCK:
+                return convert(*args)
+        except SystemError as err:
+            if MISMATCH not in str(err) or attempt == ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def parse(source: str | bytes, filename: str = "<unknown>") -> ast.Module:
     """`ast.parse(source, filename)` under the process-wide lock (SyntaxError / ValueError as ast raises them)."""
-    with _LOCK:
-        return ast.parse(source, filename)
+    return _retried(ast.parse, source, filename)
 
 
 def compile_code(source: str | ast.Module, filename: str, mode: str = "exec") -> CodeType:
     """`compile(source, filename, mode)` of source text or a tree, under the same lock."""
-    with _LOCK:
-        return compile(source, filename, mode)
+    return _retried(compile, source, filename, mode)

@@ -50,3 +50,44 @@ def test_parses_from_many_threads_give_the_same_trees():
         dumps = set(pool.map(lambda _: __import__("ast").dump(parse(source)), range(64)))
         codes = list(pool.map(lambda _: compile_code(source, "<t>"), range(16)))
     assert len(dumps) == 1 and all(c.co_filename == "<t>" for c in codes)
+
+
+
+def test_a_spurious_depth_mismatch_from_code_beside_ours_is_converted_again():
+    """A library converting a tree in a thread of its own (outside the lock) can make one of ours fail with the
+    converter's "recursion depth mismatch": that conversion runs again (`parse` and `compile_code` both go through
+    `_retried`); any other SystemError, or a mismatch past the attempts, is raised as it came."""
+    import ast
+
+    import pytest
+
+    from trajforge.schemas import pysource
+
+    calls = []
+
+    def flaky(source, filename):
+        calls.append(filename)
+        if len(calls) < 3:
+            raise SystemError("AST constructor recursion depth mismatch (before=90, after=65)")
+        return ast.parse(source, filename)
+
+    tree = pysource._retried(flaky, "x = 1\n", "m.py")
+    assert isinstance(tree.body[0], ast.Assign) and calls == ["m.py"] * 3
+
+    def other(*_):
+        calls.append("other")
+        raise SystemError("other")
+
+    calls.clear()
+    with pytest.raises(SystemError, match="other"):
+        pysource._retried(other, "x = 1\n")
+    assert calls == ["other"]
+
+    def always(*_):
+        calls.append("always")
+        raise SystemError("AST constructor recursion depth mismatch (before=1, after=2)")
+
+    calls.clear()
+    with pytest.raises(SystemError, match="mismatch"):
+        pysource._retried(always, "x = 1\n")
+    assert len(calls) == pysource.ATTEMPTS
