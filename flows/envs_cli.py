@@ -145,10 +145,8 @@ def envs_audit(ref: str = typer.Argument(..., help="task folder(s), family-l<L>-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from ..tasks.envs.audit import AuditSettings
-    from ..tasks.envs.catalogue import sibling_of
-    from ..tasks.envs.validator import validate_env
+    from ..tasks.envs.validator import validate_configured
     from ..tasks.sandbox import docker_client
-    from ..tasks.synthesize import build_options
 
     s, sandbox = validator_settings(config)
     budget = mutants or s.audit_mutants
@@ -169,9 +167,7 @@ def envs_audit(ref: str = typer.Argument(..., help="task folder(s), family-l<L>-
                 bar.console.print(f"  {mark[m.outcome]} {m.mutator} {m.path}: {m.what}"
                                   + (f"\n      {m.cause.splitlines()[0][:200]}" if m.cause else ""), highlight=False)
 
-            v = validate_env(client, env, sandbox, sandbox.base_image, s.image_aliases, s.solution_timeout_s,
-                             s.test_timeout_s, sibling=sibling_of, build=build_options(s),
-                             audit=AuditSettings("flag", budget, progress=said))
+            v = validate_configured(client, env, s, sandbox, audit=AuditSettings("flag", budget, progress=said))
         a = env.audit
         if not v.ok:
             bad += 1

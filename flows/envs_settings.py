@@ -25,9 +25,7 @@ def validator_settings(config: Optional[Path]) -> tuple[SynthesizeConfig, Sandbo
 
 def validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs: int):
     """(environment, validation) of each of `envs`, `jobs` at a time, with the validator a build runs."""
-    from ..tasks.envs.audit import AuditSettings
-    from ..tasks.envs.catalogue import sibling_of
-    from ..tasks.envs.validator import validate_env
+    from ..tasks.envs.validator import validate_configured
     from ..tasks.sandbox import docker_client
 
     try:
@@ -35,12 +33,8 @@ def validate_all(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfi
     except Exception as err:
         fail(str(err), 1)
 
-    from ..tasks.synthesize import build_options
-
     def one(env: EnvSpec):
-        return env, validate_env(client, env, sandbox, sandbox.base_image, s.image_aliases, s.solution_timeout_s,
-                                 s.test_timeout_s, sibling=sibling_of, build=build_options(s),
-                                 audit=AuditSettings(s.audit, s.audit_mutants))
+        return env, validate_configured(client, env, s, sandbox)
 
     with ThreadPoolExecutor(jobs) as pool:
         return list(pool.map(one, envs))

@@ -25,11 +25,10 @@ from ..schemas.common import Reject
 from ..schemas.config import BuildConfig, fingerprint_view
 from ..schemas.environment import EnvSpec
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext
-from .envs.audit import AuditSettings
-from .envs.catalogue import merge_candidates, sibling_of, source_kind, source_priority
+from .envs.catalogue import merge_candidates, source_kind, source_priority
 from .envs.images import BuildOptions, ImageBuildError, ensure_image
 from .envs.registry import lookup, push
-from .envs.validator import dedup, validate_env
+from .envs.validator import dedup, validate_configured
 from .sandbox import SandboxError, docker_client
 
 ADMISSION = ("image_aliases", "dedup_threshold", "validate_envs", "solution_timeout_s", "test_timeout_s",
@@ -139,10 +138,8 @@ class SynthesizeStage(Stage):
                     return env, Reject(key=env.env_id, reason="image_build_failed",
                                        detail=f"[{err.cause}] {err.log_tail[-1500:]}"), False, 0.0
             try:
-                v = validate_env(client, env, cfg.sandbox, cfg.sandbox.base_image, s.image_aliases,
-                                 s.solution_timeout_s, s.test_timeout_s, sibling=sibling_of,
-                                 labels={"trajforge.build": ctx.build_id}, build=options, log_sink=keep_log,
-                                 audit=AuditSettings(s.audit, s.audit_mutants))
+                v = validate_configured(client, env, s, cfg.sandbox, build=options, log_sink=keep_log,
+                                        labels={"trajforge.build": ctx.build_id})
             except SandboxError as err:  # e.g. the base image is missing: not this environment's fault
                 return env, Reject(key=env.env_id, reason="validation_infra", detail=str(err)[:1500]), False, 0.0
             return env, v.reject, v.built, v.seconds

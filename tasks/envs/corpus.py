@@ -104,9 +104,7 @@ def admit(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs
     """Build and validate `envs` (the journalled ones are skipped and returned as they were), `jobs` at a
     time; each outcome goes to the journal and to `on_result` as it comes."""
     from ..sandbox import docker_client
-    from .audit import AuditSettings
-    from .catalogue import sibling_of
-    from .validator import validate_env
+    from .validator import validate_configured
 
     options = BuildOptions.from_config(s.build)
     client = client or docker_client(pool_size=2 * jobs + 4)
@@ -121,9 +119,7 @@ def admit(envs: list[EnvSpec], s: SynthesizeConfig, sandbox: SandboxConfig, jobs
         if env.oracle == "absent" and s.require_solution:
             return Outcome(env.env_id, env.source, "no_reference_solution", env.oracle, content=content)
         t0 = time.monotonic()
-        v = validate_env(client, env, sandbox, sandbox.base_image, s.image_aliases, s.solution_timeout_s,
-                         s.test_timeout_s, sibling=sibling_of, build=options, log_sink=keep_log,
-                         audit=AuditSettings(s.audit, s.audit_mutants))
+        v = validate_configured(client, env, s, sandbox, build=options, log_sink=keep_log)
         return Outcome(env.env_id, env.source, "kept" if v.ok else v.reject.reason, env.oracle, v.build_cause,
                        round(time.monotonic() - t0, 3), v.built, env.image, "" if v.ok else v.reject.detail,
                        env.model_dump_json() if v.ok else None, content)

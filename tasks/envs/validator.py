@@ -123,6 +123,19 @@ def validate_env(client, env: EnvSpec, sandbox: SandboxConfig, base_image: str, 
         v.seconds = round(time.monotonic() - t0, 3)
 
 
+def validate_configured(client, env: EnvSpec, s, sandbox: SandboxConfig, *, build: BuildOptions | None = None,
+                        audit: AuditSettings | None = None, **extra) -> Validation:
+    """`validate_env` with a build config's settings, as a build runs it: `s` (SynthesizeConfig) gives the aliases,
+    the solution and test timeouts, the image build options and the audit (each overridable: `build`, `audit`), and
+    every environment is checked against its catalogue sibling. `extra`: `labels`, `log_sink`. The one place these
+    settings are spelled out (a build, `envs import`, `envs validate`, `envs audit`, the benchmarks)."""
+    from .catalogue import sibling_of
+
+    return validate_env(client, env, sandbox, sandbox.base_image, s.image_aliases, s.solution_timeout_s,
+                        s.test_timeout_s, sibling=sibling_of, build=build or BuildOptions.from_config(s.build),
+                        audit=audit or AuditSettings(s.audit, s.audit_mutants), **extra)
+
+
 @dataclass
 class Case:
     """One environment under validation: what the checks so far found. `sb` is the container the current
