@@ -56,3 +56,16 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600,
         raise AssertionError(f"trajforge {' '.join(args)} still ran after {timeout} s; its stderr's end, with "
                              f"every thread's stack:\n{err[-12000:]}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_stage(stage, ctx, upstream: dict, **prepare_kw):
+    """(plan, manifest) of one stage run in this process as a build runs it: prepared (`prepare_kw`: `force`,
+    `retry`), each pending shard executed, committed; a plan that reuses a committed output returns that."""
+    from trajforge.tasks.engine import commit, execute_shard, prepare
+
+    plan = prepare(stage, ctx, upstream, **prepare_kw)
+    if plan.reused is not None:
+        return plan, plan.reused
+    for shard in plan.pending:
+        execute_shard(stage, ctx, plan.dir, shard, upstream)
+    return plan, commit(stage, ctx, plan, upstream)

@@ -12,7 +12,7 @@ import posixpath
 from pathlib import Path
 
 import pytest
-from helpers import small_config
+from helpers import run_stage, small_config
 from pydantic import ValidationError
 
 from trajforge.schemas.config import ConfigError, RolloutConfig, parse_config
@@ -280,7 +280,7 @@ def test_a_toy_harness_and_the_swe_harness_through_a_small_replay_build(tmp_path
     from trajforge.schemas.trajectory import Rollout
     from trajforge.schemas.verdict import Verdict
     from trajforge.tasks.calibrate import CalibrateStage
-    from trajforge.tasks.engine import Manifest, StageContext, commit, execute_shard, prepare
+    from trajforge.tasks.engine import Manifest, StageContext
     from trajforge.tasks.envs.audit import AuditSettings
     from trajforge.tasks.envs.validator import validate_env
     from trajforge.tasks.export import ExportStage
@@ -303,12 +303,7 @@ def test_a_toy_harness_and_the_swe_harness_through_a_small_replay_build(tmp_path
                                  reject_reasons={}, stats={}, components={}, gate={}, created_at="")}
 
     def run(stage, upstream):
-        plan = prepare(stage, ctx, upstream)
-        if plan.reused is not None:
-            return plan.reused
-        for shard in plan.pending:
-            execute_shard(stage, ctx, plan.dir, shard, upstream)
-        return commit(stage, ctx, plan, upstream)
+        return run_stage(stage, ctx, upstream)[1]
 
     rolled = run(RolloutStage(), up)
     rows = ctx.store.read_records(rolled.parts, Rollout)
@@ -422,7 +417,7 @@ def test_calibration_is_per_environment_teacher_and_harness_and_adaptive_rounds_
     from trajforge.schemas.environment import EnvSpec
     from trajforge.schemas.verdict import Verdict
     from trajforge.tasks.calibrate import CalibrateStage
-    from trajforge.tasks.engine import Manifest, StageContext, commit, execute_shard, prepare
+    from trajforge.tasks.engine import Manifest, StageContext
     from trajforge.tasks.rollout import RolloutStage
 
     cfg = parse_config(small_config(tmp_path / "runs", dataset="cal", **{
@@ -441,10 +436,7 @@ def test_calibration_is_per_environment_teacher_and_harness_and_adaptive_rounds_
                       rows=0, rejects=0, reject_reasons={}, stats={}, components={}, gate={}, created_at="")
           for s, f in (("synthesize", "envs.parquet"), ("verify", "verdicts.parquet"))}
     stage = CalibrateStage()
-    plan = prepare(stage, ctx, up)
-    for shard in plan.pending:
-        execute_shard(stage, ctx, plan.dir, shard, up)
-    m = commit(stage, ctx, plan, up)
+    _, m = run_stage(stage, ctx, up)
     rows = {c.harness: c for c in ctx.store.read_records(m.parts, Calibration)}
     assert set(rows) == {None, SWE_HARNESS}
     assert (rows[None].passes, rows[SWE_HARNESS].passes) == (4, 2) and rows[SWE_HARNESS].label != rows[None].label

@@ -17,7 +17,7 @@ import posixpath
 from pathlib import Path
 
 import pytest
-from helpers import small_config
+from helpers import run_stage, small_config
 
 from trajforge.schemas.calibration import Calibration, RoundPlan
 from trajforge.schemas.config import parse_config
@@ -26,7 +26,7 @@ from trajforge.schemas.trajectory import Message, Rollout
 from trajforge.schemas.verdict import Verdict
 from trajforge.tasks.agent.harness import HARNESS, rollout_id
 from trajforge.tasks.calibrate import CalibrateStage
-from trajforge.tasks.engine import GateFailed, Manifest, ShardResult, StageContext, commit, execute_shard, prepare
+from trajforge.tasks.engine import GateFailed, Manifest, ShardResult, StageContext, execute_shard, prepare
 from trajforge.tasks.envs.families import get_family
 from trajforge.tasks.rollout import RolloutStage
 
@@ -79,15 +79,6 @@ def _ctx(config, build_id: str) -> StageContext:
     return ctx
 
 
-def _run(stage, ctx, upstream, retry=False):
-    plan = prepare(stage, ctx, upstream, retry=retry)
-    if plan.reused is not None:
-        return plan, plan.reused
-    for s in plan.pending:
-        execute_shard(stage, ctx, plan.dir, s, upstream)
-    return plan, commit(stage, ctx, plan, upstream)
-
-
 def _rows(store, manifest_or_dir) -> dict[str, dict]:
     parts = manifest_or_dir.parts if isinstance(manifest_or_dir, Manifest) else sorted(
         str(p) for p in Path(manifest_or_dir).glob("part-*.parquet"))
@@ -111,7 +102,7 @@ def test_gate_fails_above_the_share_then_resume_reruns_only_the_infra_rows(rollo
     stage = FakeRollout()
     stage.down = {1}  # the teacher is down for every second episode: 3 of 6
     with pytest.raises(GateFailed) as err:
-        _run(stage, ctx, upstream)
+        run_stage(stage, ctx, upstream)
     msg = str(err.value)
     assert "3 of 6 outputs (50.0%) exceed gate.max_infra_share 5.0%" in msg
     assert "first errors: TeacherError: endpoint down for sample 1" in msg and "trace" not in msg
@@ -125,7 +116,7 @@ def test_gate_fails_above_the_share_then_resume_reruns_only_the_infra_rows(rollo
     before = _rows(ctx.store, plan.dir)
 
     stage.down, stage.ran = set(), []  # the teacher is back
-    _, manifest = _run(stage, ctx, upstream)
+    _, manifest = run_stage(stage, ctx, upstream)
     assert sorted(stage.ran) == sorted((r["env_id"], r["sample"]) for r in before.values() if r["status"] in INFRA)
     after = _rows(ctx.store, manifest)
     assert after.keys() == before.keys() and all(r["status"] == "ok" for r in after.values())
@@ -139,7 +130,7 @@ def test_gate_fails_above_the_share_then_resume_reruns_only_the_infra_rows(rollo
     assert manifest.stats["completion_tokens"] == 90, "costs of both runs are kept"
 
     stage.ran = []
-    assert _run(stage, ctx, upstream)[0].reused is not None and stage.ran == [], "committed: reused as is"
+    assert run_stage(stage, ctx, upstream)[0].reused is not None and stage.ran == [], "committed: reused as is"
 
 
 def test_committed_infra_rows_are_rerun_on_request_with_a_new_revision(rollout_ctx):
@@ -147,15 +138,15 @@ def test_committed_infra_rows_are_rerun_on_request_with_a_new_revision(rollout_c
     ctx.config.gate.max_infra_share = 0.5
     stage = FakeRollout()
     stage.down = {1}
-    _, first = _run(stage, ctx, upstream)
+    _, first = run_stage(stage, ctx, upstream)
     assert first.stats["infra"] == 3 and first.stats["infra_share"] == 0.5 and first.revision == 0
     downstream_fp = prepare(CalibrateStage(), ctx, {"verify": first, "synthesize": upstream["synthesize"]},
                         plan_shards=False).fingerprint
 
     stage.down, stage.ran = set(), []
-    assert _run(stage, ctx, upstream)[0].reused is not None and stage.ran == [], "within the share: reused"
+    assert run_stage(stage, ctx, upstream)[0].reused is not None and stage.ran == [], "within the share: reused"
     other = _ctx(ctx.config, "b2")  # `trajforge rerun rollout --build b2`
-    plan, second = _run(stage, other, upstream, retry=True)
+    plan, second = run_stage(stage, other, upstream, retry=True)
     assert plan.dir != first.dir and len(stage.ran) == 3
     assert second.revision == 1 and second.stats["infra"] == 0 and second.content_id != first.content_id  # other rows: another digest
     assert ctx.store.exists(posixpath.join(first.dir, "manifest.json")), "another build's output is never changed"
@@ -167,7 +158,7 @@ def test_committed_infra_rows_are_rerun_on_request_with_a_new_revision(rollout_c
 
     ctx.config.gate.max_infra_share = 0.1  # a tighter threshold re-checks a committed output on reuse
     stage.down, stage.ran = {1}, []
-    _, third = _run(stage, _ctx(ctx.config, "b3"), upstream, retry=True)
+    _, third = run_stage(stage, _ctx(ctx.config, "b3"), upstream, retry=True)
     assert stage.ran == [] and third.dir == second.dir, "nothing left to re-run: reused"
 
 
@@ -201,9 +192,9 @@ def test_verify_infra_rejects_fail_the_gate_and_their_shard_runs_again(rollout_c
     ctx.config.verify.rollouts_per_shard = 2
     stage = FakeVerify()
     with pytest.raises(GateFailed, match=r"1 of 4 outputs \(25.0%\).*first errors: r0: docker: connection reset"):
-        _run(stage, ctx, upstream)
+        run_stage(stage, ctx, upstream)
     stage.down, stage.ran = False, []
-    _, m = _run(stage, ctx, upstream)
+    _, m = run_stage(stage, ctx, upstream)
     assert stage.ran == ["part-00000"] and m.rows == 4 and m.rejects == 0 and m.stats["retried"] == 1
 
 
@@ -266,7 +257,7 @@ def test_a_late_shard_commits_nothing_once_its_lease_is_gone_or_it_was_abandoned
     _plant_lease(store, "b1", "run-3")
     ctx.runtime[RUNTIME_KEY] = "run-3"
     stage.ran = []
-    plan, manifest = _run(stage, ctx, upstream)
+    plan, manifest = run_stage(stage, ctx, upstream)
     assert len(stage.ran) == 6 and manifest.rows == 6
     assert len(_rows(store, manifest)) == 6
 
@@ -281,7 +272,7 @@ def _calibrate(tmp_path, verdicts: list[Verdict], adaptive: dict | None = None) 
     upstream = {"synthesize": _manifest("synthesize", [posixpath.join(root, "up", "envs.parquet")]),
                 "verify": _manifest("verify", [posixpath.join(root, "up", "verdicts.parquet")])}
     stage = CalibrateStage()
-    _, m = _run(stage, ctx, upstream)
+    _, m = run_stage(stage, ctx, upstream)
     return ctx.store.read_records(m.parts, Calibration), RoundPlan.of(m.stats)
 
 

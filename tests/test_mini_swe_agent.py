@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import run_stage
 
 from trajforge.schemas.common import ChangeSet
 from trajforge.schemas.environment import EnvSpec, FileSpec
@@ -254,7 +255,7 @@ def test_a_replay_build_through_the_scaffold_commits_a_passing_row_with_its_call
     from trajforge.schemas.trajectory import Rollout
     from trajforge.schemas.verdict import Verdict
     from trajforge.tasks.calibrate import CalibrateStage
-    from trajforge.tasks.engine import Manifest, StageContext, commit, execute_shard, prepare
+    from trajforge.tasks.engine import Manifest, StageContext
     from trajforge.tasks.envs.families import get_family
     from trajforge.tasks.envs.images import ensure_image
     from trajforge.tasks.export import ExportStage
@@ -278,10 +279,7 @@ def test_a_replay_build_through_the_scaffold_commits_a_passing_row_with_its_call
                                  reject_reasons={}, stats={}, components={}, gate={}, created_at="")}
 
     def run(stage, upstream):
-        plan = prepare(stage, ctx, upstream)
-        for shard in plan.pending:
-            execute_shard(stage, ctx, plan.dir, shard, upstream)
-        return commit(stage, ctx, plan, upstream)
+        return run_stage(stage, ctx, upstream)[1]
 
     rolled = run(RolloutStage(), up)
     [r] = ctx.store.read_records(rolled.parts, Rollout)

@@ -10,7 +10,7 @@ import posixpath
 
 import pyarrow as pa
 import pytest
-from helpers import small_config
+from helpers import run_stage, small_config
 
 from trajforge.schemas.arrow import to_table
 from trajforge.schemas.build import BuildRecord
@@ -52,15 +52,6 @@ def _ctx(config, build_id: str) -> StageContext:
     return ctx
 
 
-def _run(stage, ctx, upstream, force=False):
-    plan = prepare(stage, ctx, upstream, force=force)
-    if plan.reused is not None:
-        return plan, plan.reused
-    for s in plan.pending:
-        execute_shard(stage, ctx, plan.dir, s, upstream)
-    return plan, commit(stage, ctx, plan, upstream)
-
-
 def _downstream_fp(ctx, rollout: Manifest, synth: Manifest) -> str:
     """The fingerprint calibrate would have reading `rollout` (as its verify input: only the key matters)."""
     return prepare(CalibrateStage(), ctx, {"verify": rollout, "synthesize": synth}, plan_shards=False).fingerprint
@@ -81,20 +72,20 @@ def setup(tmp_path):
 
 def test_a_forced_rerun_with_other_rows_changes_what_downstream_hashes(setup):
     cfg, ctx, up = setup
-    _, first = _run(WordRollout("alpha"), ctx, up)
-    plan, second = _run(WordRollout("beta"), _ctx(cfg, "b2"), up, force=True)
+    _, first = run_stage(WordRollout("alpha"), ctx, up)
+    plan, second = run_stage(WordRollout("beta"), _ctx(cfg, "b2"), up, force=True)
     assert second.fingerprint == first.fingerprint, "same config, code and input: same fingerprint"
     assert second.digest and second.digest != first.digest
     assert _downstream_fp(ctx, second, up["synthesize"]) != _downstream_fp(ctx, first, up["synthesize"])
-    again, _ = _run(WordRollout("gamma"), _ctx(cfg, "b3"), up)
+    again, _ = run_stage(WordRollout("gamma"), _ctx(cfg, "b3"), up)
     assert again.reused is not None and again.reused.build_id == "b2", "the newest copy of a fingerprint is reused"
 
 
 def test_a_forced_rerun_with_the_same_rows_lets_downstream_be_reused(setup):
     cfg, ctx, up = setup
     stage = WordRollout("alpha")
-    _, first = _run(stage, ctx, up)
-    _, second = _run(stage, _ctx(cfg, "b2"), up, force=True)  # other timings, endpoints: measurements
+    _, first = run_stage(stage, ctx, up)
+    _, second = run_stage(stage, _ctx(cfg, "b2"), up, force=True)  # other timings, endpoints: measurements
     rows = [ctx.store.read_table(m.parts, Rollout) for m in (first, second)]
     assert rows[0].column("wall_s") != rows[1].column("wall_s"), "the re-run really ran again"
     assert second.digest == first.digest
@@ -104,7 +95,7 @@ def test_a_forced_rerun_with_the_same_rows_lets_downstream_be_reused(setup):
 def test_a_part_changed_after_its_commit_is_never_reused(setup):
     cfg, ctx, up = setup
     stage = WordRollout("alpha")
-    _, first = _run(stage, ctx, up)
+    _, first = run_stage(stage, ctx, up)
     victim = first.parts[0]
     table = ctx.store.read_table([victim], Rollout)
     edited = table.set_column(table.schema.get_field_index("status"), "status",
@@ -129,12 +120,12 @@ def test_a_part_changed_after_its_commit_is_never_reused(setup):
 def test_a_manifest_from_before_digests_is_reused_by_the_digest_of_its_parts(setup):
     cfg, ctx, up = setup
     stage = WordRollout("alpha")
-    _, first = _run(stage, ctx, up)
+    _, first = run_stage(stage, ctx, up)
     path = posixpath.join(first.dir, "manifest.json")
     old = ctx.store.read_json(path)
     del old["digest"], old["files"]  # as written before issue 45
     ctx.store.write_json(path, old)
-    plan, reused = _run(stage, _ctx(cfg, "b2"), up)
+    plan, reused = run_stage(stage, _ctx(cfg, "b2"), up)
     assert plan.reused is not None and reused.digest == first.digest
 
 
