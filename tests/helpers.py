@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,14 +48,19 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600,
                             stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # what it was waiting for: every thread's stack (flows/runtime.py registers SIGUSR1), then it is stopped
+    except BaseException as stop:  # past `timeout`, or the test itself stopped (pytest-timeout, Ctrl-C)
+        # what it was waiting for: every thread's stack (flows/runtime.py registers SIGUSR1); then it is killed,
+        # never left running beside the tests that come next
         proc.send_signal(signal.SIGUSR1)
         time.sleep(3)
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"trajforge {' '.join(args)} still ran after {timeout} s; its stderr's end, with "
-                             f"every thread's stack:\n{err[-12000:]}") from None
+        said = (f"trajforge {' '.join(args)} was stopped ({type(stop).__name__}); its stderr's end, with every "
+                f"thread's stack:\n{err[-12000:]}")
+        if isinstance(stop, subprocess.TimeoutExpired):
+            raise AssertionError(said.replace("was stopped (TimeoutExpired)", f"still ran after {timeout} s")) from None
+        print(said, file=sys.stderr, flush=True)
+        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

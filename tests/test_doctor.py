@@ -1,6 +1,7 @@
 """`trajforge doctor`: the real CLI against the real engine, a dead engine, and real endpoints."""
 
 import socket
+from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI
@@ -114,3 +115,25 @@ def test_a_trajforge_process_prints_its_threads_stacks_on_sigusr1_and_runs_on():
         proc.kill()
     assert proc.returncode == 0 and "went on" in out, err
     assert err.lower().count("thread 0x") >= 2 and "line 2 in <lambda>" in err, err
+
+
+def test_a_cli_run_past_its_timeout_fails_with_its_stacks_and_is_killed(tmp_path, monkeypatch):
+    """tests/helpers.run_cli: a trajforge process still running at the timeout is asked for its threads' stacks
+    (SIGUSR1), killed, and the test fails naming the timeout with those stacks (CI's cut-off runs said nothing
+    of what a hung verify waited for)."""
+    import stat
+    import sys
+
+    import helpers
+    import pytest
+
+    script = tmp_path / "trajforge"
+    pid = tmp_path / "pid"
+    script.write_text(f"#!{sys.executable}\nimport os, time\nimport trajforge.flows.runtime\n"
+                      f"open({str(pid)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(helpers, "venv_bin", lambda name: str(script))
+    with pytest.raises(AssertionError, match=r"still ran after 3 s") as err:
+        helpers.run_cli("verify", cwd=tmp_path, timeout=3)
+    assert "line 5 in <module>" in str(err.value), str(err.value)  # the main thread's stack: at its sleep
+    assert not Path(f"/proc/{pid.read_text()}").exists()  # killed and reaped
