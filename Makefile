@@ -6,7 +6,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export TRAJFORGE_VLLM_PYTHON ?= $(CURDIR)/.venv-vllm/bin/python
 
-.PHONY: setup docker system-packages base-image teacher demo test test-real test-fast bench bench-quick lint docs clean
+.PHONY: setup docker system-packages base-image teacher demo test test-long test-real test-fast bench bench-quick lint docs clean
 
 setup: $(VENV)/.installed docker base-image system-packages
 
@@ -47,6 +47,12 @@ demo-tools-model: setup teacher
 # on two workers, by module group), then the embedded teacher's tests alone. `-m`, `-n`, `--dist` or `--junitxml` in PYTEST_ARGS: one plain serial run instead.
 test: setup teacher
 	$(PY) tests/_suite.py --workers $(FAST_WORKERS) $(PYTEST_ARGS)
+
+# The tests marked `long` (minutes each: the integrity venues in_place and isolated, the two-engine spread, the driver
+# killed inside each stage; a shorter test in `make test` makes each claim in part), about 10 minutes on two cores:
+# not in `make test`, so that `make test` fits CI's 90 minutes (CI runs them after `make test` when its time allows).
+test-long: setup
+	TRAJFORGE_LONG=1 $(PY) -m pytest -q -ra -m long $(PYTEST_ARGS)
 
 # The real project (configs/swe.yaml's more-itertools: >= 10 validated environments of each kind, issue 43), about 6
 # minutes on two cores: not in `make test` (CI runs it after `make test` when its 90 minutes allow).

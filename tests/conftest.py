@@ -98,12 +98,21 @@ def pytest_collection_modifyitems(config, items):
     `shared` only the others (they run side by side on two workers; the embedded teacher's CPU-bound tests run
     after them, alone). The real project's tests (`REAL_PROJECT`: about 6 minutes on two cores, more than `make
     test` has left of CI's 90) run when their file is named or `TRAJFORGE_REAL_PROJECT=1` (`make test-real`; CI
-    runs it after `make test` when its time allows). Then: """
+    runs it after `make test` when its time allows). So do the tests marked `long` (minutes each, their claim also
+    made in part by a shorter test that stays): when their file is named or `TRAJFORGE_LONG=1` (`make test-long`,
+    which CI runs first after `make test` when its time allows). Then: """
     if os.environ.get("TRAJFORGE_REAL_PROJECT") != "1" and not any(REAL_PROJECT in str(a) for a in config.args):
         real = [i for i in items if Path(str(i.path)).name == REAL_PROJECT]
         if real:
             config.hook.pytest_deselected(items=real)
             items[:] = [i for i in items if Path(str(i.path)).name != REAL_PROJECT]
+    if os.environ.get("TRAJFORGE_LONG") != "1":  # `long` tests: `make test-long`, or their file or id named
+        named = [str(a) for a in config.args]
+        long = [i for i in items if i.get_closest_marker("long")
+                and not any(Path(a.split("::")[0]).name == Path(str(i.path)).name for a in named)]
+        if long:
+            config.hook.pytest_deselected(items=long)
+            items[:] = [i for i in items if i not in long]
     part = os.environ.get("TRAJFORGE_SUITE_PART")
     if part in ("model", "shared"):
         keep, dropped = [], []

@@ -54,6 +54,7 @@ def _live_sandbox(client, build_id: str, role: str | None = None) -> bool:
                and c.attrs.get("State") == "running" for c in kit.build_containers(client, build_id))
 
 
+@pytest.mark.long  # ~3 min (a kill and a resume per stage); a worker killed mid-shard: the test below
 def test_driver_killed_inside_each_stage_then_resumed_loses_and_duplicates_nothing(tmp_path, docker_client,
                                                                                     reference):
     """One build, killed (SIGKILL of the driver alone) once inside each stage, each kill followed by a

@@ -108,3 +108,22 @@ def test_the_images_the_tests_build_are_removed_and_the_base_image_kept(second_e
     assert not left & set(made) and "trajforge/base:latest" in left
     assert by_digest.id not in {img.id for img in client.images.list()}
     assert _fresh.built_images() == []
+
+
+def test_long_tests_leave_make_test_and_run_by_name_or_in_make_test_long():
+    """`long` tests are deselected from a run that does not name their file (`make test`'s tiers), run when it does
+    (`pytest path::test` alone), and all run with TRAJFORGE_LONG=1 (`make test-long`, CI after `make test`)."""
+    def collected(*args: str, **env: str) -> set[str]:
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly", *args],
+                             cwd=ROOT, env={**os.environ, "TRAJFORGE_LONG": "", **env}, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return {line for line in out.stdout.splitlines() if "::" in line}
+
+    chaos = "tests/test_chaos.py::test_driver_killed_inside_each_stage_then_resumed_loses_and_duplicates_nothing"
+    venue = "tests/test_integrity.py::test_trajforge_verify_flags_every_hack_and_passes_every_solve"
+    suite = collected("tests/", "-m", "docker")
+    assert chaos not in suite and f"{venue}[fresh]" in suite and f"{venue}[in_place]" not in suite
+    assert f"{venue}[isolated]" in collected(f"{venue}[isolated]")  # named: runs alone
+    every = collected("tests/", "-m", "long", TRAJFORGE_LONG="1")
+    assert {chaos, f"{venue}[in_place]", f"{venue}[isolated]"} <= every and f"{venue}[fresh]" not in every

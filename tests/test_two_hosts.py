@@ -57,6 +57,7 @@ def _without_environment_images(*engines: docker.DockerClient) -> None:
             client.images.remove(image.id, force=True)
 
 
+@pytest.mark.long  # ~3.5 min (two builds); pulls by digest on a second engine: also test_registry.py
 def test_a_build_spreads_over_two_engines_pulls_by_digest_and_matches_one_host(hosts, tmp_path):
     a, b = hosts.engine("a"), hosts.engine("b")
     _without_environment_images(a, b)
