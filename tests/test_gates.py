@@ -274,7 +274,8 @@ def test_a_config_override_lets_an_unusual_build_through_and_gate_json_records_i
 
 
 def test_a_tightened_threshold_reruns_only_the_gate_and_accept_commits_it_on_purpose(tmp_path):
-    from test_infra_outcomes import FakeRollout, _run
+    from helpers import run_stage
+    from test_infra_outcomes import FakeRollout
 
     from trajforge.tasks.engine.runner import fingerprint_components
 
@@ -285,7 +286,7 @@ def test_a_tightened_threshold_reruns_only_the_gate_and_accept_commits_it_on_pur
     from test_infra_outcomes import _manifest
     upstream = {"synthesize": _manifest("synthesize", [part])}
     stage = FakeRollout()
-    _, first = _run(stage, ctx, upstream)
+    _, first = run_stage(stage, ctx, upstream)
     runs = stage.runs
     # the same config: reused as it is
     assert prepare(stage, ctx, upstream).reused is not None
