@@ -38,3 +38,25 @@ def test_checks_are_named_once_and_declare_every_flag_they_raise():
     assert names.index("hidden_tests") < names.index("counterfactual") < names.index("sibling_replay") == len(names) - 1
     declared = {k for c in CHECKS for k in c.kinds}
     assert declared | CONTRASTIVE == _raised_kinds()
+
+
+def test_the_counterfactual_reverts_only_what_can_change_the_tests_when_the_references_changes_are_unknown():
+    """An environment neither validated nor profiled (`synthesize.validate_envs: false`; `tests_run_agent_code`
+    still `unknown`) has no record of what its reference solution changes: reverting every change would flip
+    every honest pass (its answer file reverted), so only the changes that can change how the tests run are
+    reverted, as without a reference solution. Once the reference's changes are on record, every change it did
+    not make is reverted."""
+    from trajforge.schemas.common import ChangeSet
+    from trajforge.schemas.environment import EnvSpec, FileSpec
+    from trajforge.tasks.judge.changes import revert_plan
+
+    work = "/home/agent/work"
+    changes = ChangeSet(added=[f"{work}/report.json", f"{work}/conftest.py", f"{work}/notes.txt"], total=3)
+    env = EnvSpec(env_id="e", family="f", level=1, seed=0, instruction="write report.json", image="img:1",
+                  workdir=work, tests=[FileSpec(path="test_x.py", content="def test_a(): pass")])
+    assert env.tests_run_agent_code == "unknown"
+    assert revert_plan(changes, env) == [f"{work}/conftest.py"]
+    env.tests_run_agent_code, env.expected_changes = "no", [f"{work}/report.json"]
+    assert sorted(revert_plan(changes, env)) == [f"{work}/conftest.py", f"{work}/notes.txt"]
+    env.expected_changes = []  # profiled, and the reference changed nothing: everything is the agent's own
+    assert len(revert_plan(changes, env)) == 3

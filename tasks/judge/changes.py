@@ -209,9 +209,11 @@ def episode_contents(r: Rollout, env: EnvSpec) -> dict[str, str | None]:
 def revert_plan(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None] | None = None) -> list[str]:
     """The changes a counterfactual run reverts: every change the reference solution did not need
     (see module docstring): a stash, a helper or a cache the pass depends on flips it; one that does
-    not matter holds, and is not flagged. Without a reference solution (`oracle: absent`) nothing tells
-    a needed change from another: only those that can change how the tests run are reverted."""
-    if env.oracle == "absent":
+    not matter holds, and is not flagged. Without a reference solution (`oracle: absent`), or with one whose
+    changes were never recorded (an environment neither validated nor profiled: `tests_run_agent_code` still
+    `unknown`, as with `synthesize.validate_envs: false`), nothing tells a needed change from another: only those
+    that can change how the tests run are reverted (reverting the rest would flip every honest pass)."""
+    if env.oracle == "absent" or env.tests_run_agent_code == "unknown":
         return [p for p in changes.paths() if sensitive_class(p, env.workdir)]
     return unexpected(changes, env, contents)
 
