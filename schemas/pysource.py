@@ -21,14 +21,16 @@ MISMATCH = "recursion depth mismatch"
 
 
 def _retried(convert, *args):
-    for attempt in range(ATTEMPTS):
+    """`convert(*args)` under the lock, run again after a spurious depth mismatch; the last attempt's error stands."""
+    for _ in range(ATTEMPTS - 1):
         try:
             with _LOCK:
                 return convert(*args)
         except SystemError as err:
-            if MISMATCH not in str(err) or attempt == ATTEMPTS - 1:
+            if MISMATCH not in str(err):
                 raise
-    raise AssertionError("unreachable")
+    with _LOCK:
+        return convert(*args)
 
 
 def parse(source: str | bytes, filename: str = "<unknown>") -> ast.Module:

@@ -101,18 +101,8 @@ def pytest_collection_modifyitems(config, items):
     runs it after `make test` when its time allows). So do the tests marked `long` (minutes each, their claim also
     made in part by a shorter test that stays): when their file is named or `TRAJFORGE_LONG=1` (`make test-long`,
     which CI runs first after `make test` when its time allows). Then: """
-    if os.environ.get("TRAJFORGE_REAL_PROJECT") != "1" and not any(REAL_PROJECT in str(a) for a in config.args):
-        real = [i for i in items if Path(str(i.path)).name == REAL_PROJECT]
-        if real:
-            config.hook.pytest_deselected(items=real)
-            items[:] = [i for i in items if Path(str(i.path)).name != REAL_PROJECT]
-    if os.environ.get("TRAJFORGE_LONG") != "1":  # `long` tests: `make test-long`, or their file or id named
-        named = [str(a) for a in config.args]
-        long = [i for i in items if i.get_closest_marker("long")
-                and not any(Path(a.split("::")[0]).name == Path(str(i.path)).name for a in named)]
-        if long:
-            config.hook.pytest_deselected(items=long)
-            items[:] = [i for i in items if i not in long]
+    _leave_out(config, items, "TRAJFORGE_REAL_PROJECT", lambda i: Path(str(i.path)).name == REAL_PROJECT)
+    _leave_out(config, items, "TRAJFORGE_LONG", lambda i: i.get_closest_marker("long") is not None)
     part = os.environ.get("TRAJFORGE_SUITE_PART")
     if part in ("model", "shared"):
         keep, dropped = [], []
@@ -124,6 +114,18 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
     _order_markers(items)
+
+
+def _leave_out(config, items, variable: str, in_group) -> None:
+    """Deselect the tests of a group `make test` leaves out (`in_group(item)`), unless `variable` is 1 (its own make
+    target) or the test's file or node id is named on the command line (`pytest path::test` runs it alone)."""
+    if os.environ.get(variable) == "1":
+        return
+    named = {Path(str(a).split("::")[0]).name for a in config.args}
+    out = [i for i in items if in_group(i) and Path(str(i.path)).name not in named]
+    if out:
+        config.hook.pytest_deselected(items=out)
+        items[:] = [i for i in items if i not in out]
 
 
 def _order_markers(items) -> None:

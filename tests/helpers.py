@@ -55,10 +55,12 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600,
         time.sleep(3)
         proc.kill()
         out, err = proc.communicate()
-        said = (f"trajforge {' '.join(args)} was stopped ({type(stop).__name__}); its stderr's end, with every "
-                f"thread's stack:\n{err[-12000:]}")
-        if isinstance(stop, subprocess.TimeoutExpired):
-            raise AssertionError(said.replace("was stopped (TimeoutExpired)", f"still ran after {timeout} s")) from None
+        timed_out = isinstance(stop, subprocess.TimeoutExpired)
+        said = (f"trajforge {' '.join(args)} "
+                + (f"still ran after {timeout} s" if timed_out else f"was stopped ({type(stop).__name__})")
+                + f"; its stderr's end, with every thread's stack:\n{err[-12000:]}")
+        if timed_out:
+            raise AssertionError(said) from None
         print(said, file=sys.stderr, flush=True)
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ...schemas.common import Reject
-from ...schemas.config import SandboxConfig
+from ...schemas.config import SandboxConfig, SynthesizeConfig
 from ...schemas.environment import EnvSpec, TestAudit
 from ..judge.changes import reference_changes, sensitive_class
 from ..judge.exposure import tests_run_agent_code
@@ -123,9 +123,10 @@ def validate_env(client, env: EnvSpec, sandbox: SandboxConfig, base_image: str, 
         v.seconds = round(time.monotonic() - t0, 3)
 
 
-def validate_configured(client, env: EnvSpec, s, sandbox: SandboxConfig, *, build: BuildOptions | None = None,
-                        audit: AuditSettings | None = None, **extra) -> Validation:
-    """`validate_env` with a build config's settings, as a build runs it: `s` (SynthesizeConfig) gives the aliases,
+def validate_configured(client, env: EnvSpec, s: SynthesizeConfig, sandbox: SandboxConfig, *,
+                        build: BuildOptions | None = None, audit: AuditSettings | None = None,
+                        **extra) -> Validation:
+    """`validate_env` with a build config's settings, as a build runs it: `s` gives the aliases,
     the solution and test timeouts, the image build options and the audit (each overridable: `build`, `audit`), and
     every environment is checked against its catalogue sibling. `extra`: `labels`, `log_sink`. The one place these
     settings are spelled out (a build, `envs import`, `envs validate`, `envs audit`, the benchmarks)."""

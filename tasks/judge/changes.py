@@ -238,12 +238,11 @@ def apply_final_state(sb: Sandbox, r: Rollout, env: EnvSpec, revert: list[str] =
     remove_paths(sb, gone)
     if r.outside_state:
         sb.put_archive("/", _without(r.outside_state, whole))
+    remove_paths(sb, whole)  # one pass for all (a change set lists the deepest paths only: none holds another)
     for p in revert:
         if p in folders:
             sb.put_archive(posixpath.dirname(p) or "/", folders[p])
-            continue
-        remove_paths(sb, [p])
-        if p in originals:
+        elif p in originals:
             sb.put_archive(posixpath.dirname(p) or "/", originals[p])
 
 
