@@ -372,6 +372,30 @@ def test_every_module_is_fingerprinted_or_named():
     assert {m for m in modules - covered if not is_operational(m)} == outside_builds
 
 
+def test_code_facts_cached_by_text_give_what_a_parse_gives(tmp_path, monkeypatch):
+    """A module's digest and imports come from `$TRAJFORGE_CACHE/codeversion` only for the same bytes: a cold
+    process and a warm one compute the same closure; an entry that does not parse as facts is computed again."""
+    from trajforge.tasks.engine import codeversion as cv
+
+    monkeypatch.setenv("TRAJFORGE_CACHE", str(tmp_path))
+    name = "trajforge.tasks.verify"
+
+    def fresh() -> tuple[frozenset[str], str]:
+        cv._file_facts.cache_clear()
+        return cv._file_facts(name)
+
+    tree = cv.parse_python(cv.module_file(name).read_text())
+    parsed = (frozenset(cv._imports_in(name, tree)), cv._tree_digest(tree))
+    cold = fresh()
+    entries = list((tmp_path / "codeversion").glob("*.json"))
+    assert cold == parsed and len(entries) == 1
+    assert fresh() == parsed  # from the entry
+    entries[0].write_text('{"digest": 1')
+    assert fresh() == parsed
+    assert json.loads(entries[0].read_text())["digest"] == parsed[1]  # written again, whole
+    cv._file_facts.cache_clear()
+
+
 def test_source_digest_ignores_comments_docstrings_and_layout():
     from trajforge.tasks.engine.codeversion import source_digest
 

@@ -13,6 +13,12 @@ How: comments never reach the tree; docstrings (the first string statement of a 
 function) are removed; line and column numbers are not dumped. So reformatting, comments and
 documentation keep every committed stage reusable, while any changed expression, name or constant
 in a module of the closure changes its digest.
+
+Cost: parsing and dumping the closure's trees is seconds of CPU in every cold process (a build's driver, each
+`trajforge` command). What a file's text alone decides (its digest, the import targets it names) is kept in
+`$TRAJFORGE_CACHE/codeversion/`, one JSON file per module text, keyed by the module's name, whether it is a package,
+the SHA-256 of its bytes, the Python version and `FACTS_VERSION`; which of those targets exist as modules is
+looked up on disk each time. A changed byte is a new key: a cached fact never outlives the text it was made from.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ import ast
 import hashlib
 import importlib
 import inspect
+import json
+import os
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable
@@ -112,13 +121,23 @@ def imported_modules(name: str, source: str) -> set[str]:
 
 def _imports_in(name: str, tree: ast.Module) -> set[str]:
     """`imported_modules` of module `name` parsed as `tree` (left as it is)."""
+    return _existing(name, *_import_targets(name, tree))
+
+
+def _package_of(name: str) -> str:
     path = module_file(name)
-    package = name if path is not None and path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
+    return name if path is not None and path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _import_targets(name: str, tree: ast.Module) -> tuple[list[str], list[str]]:
+    """(the package's dotted names its imports name, the strings that look like a sibling module's file name):
+    what the text alone says, before any look-up on disk."""
+    package = _package_of(name)
+    targets: set[str] = set()
+    siblings: set[str] = set()
     for node in ast.walk(tree):
-        targets: list[str] = []
         if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
+            targets.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
@@ -128,26 +147,63 @@ def _imports_in(name: str, tree: ast.Module) -> set[str]:
                 base = f"{base}.{node.module}" if node.module else base
             else:
                 base = node.module or ""
-            targets = [base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and path is not None \
-                and _SIBLING_FILE.fullmatch(node.value) and (path.parent / node.value).is_file():
-            targets = [f"{package}.{node.value[:-3]}"]
-        for target in targets:
-            parts = target.split(".")
-            if parts[0] != PACKAGE:
-                continue
-            # `import a.b.c` runs a, a.b, a.b.c; `from a.b import c` runs c only if it is a module
-            found.update(m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if module_file(m))
+            targets.update([base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _SIBLING_FILE.fullmatch(node.value):
+            siblings.add(node.value)
+    return sorted(t for t in targets if t.split(".")[0] == PACKAGE), sorted(siblings)
+
+
+def _existing(name: str, targets: Iterable[str], siblings: Iterable[str]) -> set[str]:
+    """The modules of the package that importing `targets` runs (with their parent packages: `import a.b.c` runs
+    a, a.b, a.b.c; `from a.b import c` runs c only if it is a module), plus the `siblings` named as files that
+    exist beside `name`'s file; `name` itself left out."""
+    path = module_file(name)
+    package = _package_of(name)
+    found: set[str] = set()
+    if path is not None:
+        targets = [*targets, *(f"{package}.{s[:-3]}" for s in siblings if (path.parent / s).is_file())]
+    for target in targets:
+        parts = target.split(".")
+        found.update(m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if module_file(m))
     found.discard(name)
     return found
 
 
+FACTS_VERSION = 1  # bump when `_import_targets` or `_tree_digest` changes what they compute
+
+
+def _facts_dir() -> Path:
+    return Path(os.environ.get("TRAJFORGE_CACHE", "~/.cache/trajforge")).expanduser() / "codeversion"
+
+
 @lru_cache(maxsize=None)
 def _file_facts(name: str) -> tuple[frozenset[str], str]:
-    """(what it imports, its digest) of a module of the package with a file: one parse for both."""
-    tree = parse_python(module_file(name).read_text())
-    imports = frozenset(_imports_in(name, tree))  # (before the digest strips the tree's docstrings)
-    return imports, _tree_digest(tree)
+    """(what it imports, its digest) of a module of the package with a file: one parse for both, or none when
+    the same text was parsed before (the cache of the module docstring)."""
+    path = module_file(name)
+    data = path.read_bytes()
+    key = hashlib.sha256(f"{FACTS_VERSION}|{sys.version_info[:2]}|{name}|{path.name}|".encode() + data).hexdigest()
+    cached = _facts_dir() / f"{key[:40]}.json"
+    try:
+        facts = json.loads(cached.read_text())
+        targets, siblings, digest = facts["targets"], facts["siblings"], facts["digest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        tree = parse_python(data)
+        targets, siblings = _import_targets(name, tree)  # (before the digest strips the tree's docstrings)
+        digest = _tree_digest(tree)
+        _store_facts(cached, {"name": name, "targets": targets, "siblings": siblings, "digest": digest})
+    return frozenset(_existing(name, targets, siblings)), digest
+
+
+def _store_facts(path: Path, facts: dict) -> None:
+    """Written whole or not at all (a rename); a cache that cannot be written is only slower."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(facts))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _imports_of_file(name: str) -> frozenset[str]:
