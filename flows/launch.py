@@ -1,7 +1,8 @@
 """Starting a build from a library call: the CLI's `build`, `stage` and `rerun`, the deployments and
 the tests all go through `run_build`.
 
-Invariant: the build's lease is taken before anything is started or reaped (the `sandboxes` service
+Invariant: the build's lease is taken before anything of the build is started or reaped (only the process's
+Prefect API server may be booting already: it holds nothing of any build) (the `sandboxes` service
 reaps inside the flow, flows/services.py), so a build another live
 process holds raises LeaseHeld and touches nothing; a relative `runs` is resolved here, against the
 current directory, before anything reaches a worker.
@@ -37,6 +38,7 @@ def run_build(cfg: BuildConfig, build_id: str | None = None, from_stage: str | N
     another live process holds raises LeaseHeld before anything is started or reaped. `accept`: gate
     expectations (`rollout.format_error_share`, or the name in its suite) committed although they fail.
     A relative `runs` is resolved here, against the current directory, before anything reaches a worker."""
+    runtime.launch_prefect_api()  # it boots in its own process while this one imports Prefect and claims the build
     from .build import claim_build
 
     cfg = cfg.with_absolute_runs()
@@ -53,9 +55,10 @@ def _run_claimed(store: RunStore, cfg: BuildConfig, build_id: str, from_stage: s
                  accept: list[str] | None = None) -> dict:
     from .build import build_dataset
 
-    runtime.ensure_prefect_api()  # leftover sandboxes are reaped by the stages' `sandboxes` service (services.py)
     address = dask_address or cfg.dask.address
     runner = runtime.task_runner(address, cfg.dask.n_workers, cfg.dask.threads_per_worker)
+    runtime.warm_gate()  # the driver's imports are done: Great Expectations loads while it waits below
+    runtime.ensure_prefect_api()  # leftover sandboxes are reaped by the stages' `sandboxes` service (services.py)
     err_console.print(f"build {build_id} of dataset {cfg.dataset!r} in {store.url(store.build_dir(build_id))}"
                       + (f" on Dask scheduler {address}" if address else " on a local Dask cluster"))
     from ..tasks.redaction.secrets import shown_config  # Prefect stores flow-run parameters: env values redacted

@@ -14,6 +14,10 @@ import faulthandler
 import logging
 import os
 import signal
+import subprocess
+import sys
+import threading
+import time
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -32,54 +36,135 @@ os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 if hasattr(signal, "SIGUSR1"):
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
-_server = None
+_server: "ApiServer | None" = None
+_gx_warm: threading.Thread | None = None
+
+
+def launch_prefect_api() -> None:
+    """Start this process tree's Prefect API server without waiting for it (unless PREFECT_API_URL names one):
+    it boots in its own process while this one imports and plans; `ensure_prefect_api` then waits for it.
+    PREFECT_API_URL is set at once (its port is chosen here): Prefect reads its settings when it is imported."""
+    global _server
+    if os.environ.get("PREFECT_API_URL") or _server is not None:
+        return
+    _server = _server_dying_with_parent()
+    _server.launch()
+    os.environ["PREFECT_API_URL"] = _server.api_url
+    atexit.register(stop_prefect_api)
 
 
 def ensure_prefect_api() -> str:
-    """Return the Prefect API URL, starting a local server for this process tree if none is set."""
-    global _server
-    url = os.environ.get("PREFECT_API_URL")
-    if url:
-        return url
-    _server = _server_dying_with_parent()
-    # The first start on a fresh machine creates and migrates the SQLite database: on 2 cores that
-    # takes longer than Prefect's default 30 s startup timeout.
-    _server.start(timeout=int(os.environ.get("TRAJFORGE_PREFECT_STARTUP_TIMEOUT", "240")))
-    os.environ["PREFECT_API_URL"] = _server.api_url
-    atexit.register(stop_prefect_api)
-    return _server.api_url
+    """Return the Prefect API URL, starting a local server for this process tree if none is set, and waiting
+    for the one `launch_prefect_api` started to answer."""
+    launch_prefect_api()
+    if _server is not None and not _server.running:
+        # The first start on a fresh machine creates and migrates the SQLite database: on 2 cores that
+        # takes longer than Prefect's default 30 s startup timeout.
+        _server.start(timeout=int(os.environ.get("TRAJFORGE_PREFECT_STARTUP_TIMEOUT", "240")))
+    return os.environ["PREFECT_API_URL"]
 
 
-def _server_dying_with_parent():
-    """Prefect's `SubprocessASGIServer` whose uvicorn process gets SIGTERM when the process that
-    started it dies (Linux `PR_SET_PDEATHSIG`): a SIGKILLed driver leaves no API server behind
-    (atexit cannot run then). The signal follows the starting *thread*: start it from the main one."""
-    import subprocess
-    import sys
-    import types
+def warm_gate() -> None:
+    """Import Great Expectations (seconds of CPU) in a background thread while the driver waits on its API
+    server and Dask workers: the first gate then finds it imported. Call it once the driver's own imports are
+    done (a thread importing beside them could meet a half-made module)."""
+    global _gx_warm
+    if _gx_warm is None:
+        _gx_warm = threading.Thread(target=_import_gx, name="trajforge-warm-gate", daemon=True)
+        _gx_warm.start()
 
-    from prefect.server.api import server as prefect_server
 
-    from ..tasks.teachers.vllm_server import die_with_parent
+def _import_gx() -> None:
+    with contextlib.suppress(Exception):  # the gate imports it again and says what is wrong
+        import great_expectations  # noqa: F401
 
-    if not sys.platform.startswith("linux"):  # Prefect's own behaviour
-        return prefect_server.SubprocessASGIServer()
-    parent = os.getpid()
 
-    def popen(args, *a, **kw) -> subprocess.Popen:  # an exec wrapper, never a `preexec_fn` (threads)
-        return subprocess.Popen(die_with_parent(list(args), parent), *a, **kw)
+class ApiServer:
+    """A Prefect API server in a subprocess, as Prefect's `SubprocessASGIServer` runs it (uvicorn serving
+    `prefect.server.api.server:create_app`, UI off, ephemeral), without importing Prefect's server into this
+    process (seconds of CPU a driver never uses) and in two steps: `launch` (no wait) and `start` (wait until
+    `/health` answers, `timeout` s at most; a server that exits is an error naming its code and output's end).
+    The uvicorn process gets SIGTERM when the thread that launched it dies (Linux `PR_SET_PDEATHSIG`): a
+    SIGKILLed driver leaves no API server behind (atexit cannot run then); launch it from the main thread."""
 
-    class Server(prefect_server.SubprocessASGIServer):
-        def _run_uvicorn_command(self) -> subprocess.Popen:
-            # Prefect builds the command itself: hand it a Popen that runs it behind the wrapper
-            real = prefect_server.subprocess
-            prefect_server.subprocess = types.SimpleNamespace(Popen=popen)
+    def __init__(self) -> None:
+        self.port: int | None = None
+        self.process: subprocess.Popen | None = None
+        self._log = None
+        self.running = False
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def launch(self) -> None:
+        import importlib.util
+        import tempfile
+        from pathlib import Path
+
+        from ..tasks.teachers.vllm_server import die_with_parent, free_port
+
+        if self.process is not None:
+            return
+        spec = importlib.util.find_spec("prefect")
+        if spec is None or spec.origin is None:
+            raise RuntimeError("Prefect is not installed: `make setup` installs it")
+        self.port = free_port("127.0.0.1")
+        self._log = tempfile.TemporaryFile()
+        cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent), "--factory",
+               "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+               "--log-level", "error", "--lifespan", "on"]
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        self.process = subprocess.Popen(die_with_parent(cmd, os.getpid()), env=env, stdout=self._log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def start(self, timeout: float = 240) -> None:
+        import urllib.request
+
+        self.launch()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:  # (3: its port was taken between choosing and binding it)
+                out = self._output()
+                self.stop()
+                raise RuntimeError(f"the Prefect API server (port {self.port}) exited with code {code} before it "
+                                   f"answered: {out}")
             try:
-                return super()._run_uvicorn_command()
-            finally:
-                prefect_server.subprocess = real
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        self.running = True
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"the Prefect API server did not answer within {timeout:g} s "
+                           f"(TRAJFORGE_PREFECT_STARTUP_TIMEOUT): {self._output()}")
 
-    return Server()
+    def _output(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-2000:].strip() or "(no output)"
+
+    def stop(self) -> None:
+        proc, self.process, self.running = self.process, None, False
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def _server_dying_with_parent() -> ApiServer:
+    """The API server a driver (or the test session) starts: see `ApiServer`."""
+    return ApiServer()
 
 
 def stop_prefect_api() -> None:
