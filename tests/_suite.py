@@ -25,8 +25,8 @@ Order: with pytest-randomly installed (the dev extra) each run shuffles its modu
 module, from one seed; every run gets the same seed, printed first and last (`--randomly-seed=N` in the arguments
 replays it, `-p no:randomly` keeps file order).
 
-At the end: each run's outcome, the combined counts and every test that failed, errored or was skipped,
-with its reason (from each run's JUnit XML). Exit code: 0 when every run passed (or one had nothing to
+At the end: each run's outcome and wall time, the combined counts, every test that failed, errored or was skipped,
+with its reason, and the `SLOWEST` slowest tests of all runs (from each run's JUnit XML). Exit code: 0 when every run passed (or one had nothing to
 collect), else the first failing run's code.
 
 Usage: python tests/_suite.py [--workers N] [PYTEST ARGS ...]
@@ -83,6 +83,22 @@ def outcomes(xml: Path) -> tuple[dict[str, int], list[str]]:
             reason = (c.get("message") or "").strip().splitlines()
             lines.append(f"{kind.upper()} {name} - {reason[0][:200] if reason else ''}")
     return counts, lines
+
+
+SLOWEST = 20  # the slowest tests `make test` names at the end, over every tier
+
+
+def slowest(reports: list[tuple[str, Path]], n: int = SLOWEST) -> list[tuple[float, str, str]]:
+    """(seconds, tier, test id) of the `n` slowest tests of the runs' JUnit reports (setup, call and teardown:
+    the time pytest's report gives a test case), slowest first."""
+    found: list[tuple[float, str, str]] = []
+    for tier, xml in reports:
+        if not xml.exists():
+            continue
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            name = "::".join(p for p in (case.get("classname", "").replace(".", "/") + ".py", case.get("name", "")) if p)
+            found.append((float(case.get("time") or 0.0), tier, name))
+    return sorted(found, key=lambda t: -t[0])[:n]
 
 
 def order_seed(args: list[str]) -> int | None:
@@ -175,6 +191,11 @@ def main(argv: list[str]) -> int:
             print(f"{label}: exit code {c}, {shown}, {wall:.1f} s")
         for line in problems:
             print(line)
+        top = slowest([(label.split(" (")[0], xml) for (label, _, _), xml in zip(tiers, reports)])
+        if top:
+            print(f"the {len(top)} slowest tests (s, tier, test):")
+            for seconds, tier, name in top:
+                print(f"{seconds:8.1f}  {tier:<26} {name}")
         shown = ", ".join(f"{v} {k}" for k, v in total.items() if v or k == "passed")
         given = next((a for a in argv if a.startswith("--randomly-seed")), None)
         if given:

@@ -76,6 +76,10 @@ def test_each_run_gets_a_seed_that_is_printed(tmp_path):
     first = next(line for line in out.splitlines() if "test order seed" in line)
     seed = first.split("test order seed ")[1].split()[0]
     assert f"-p randomly --randomly-seed={seed}" in first and f"--randomly-seed={seed}" in out.splitlines()[-2], out
+    # and the summary names the slowest tests of every tier, with their seconds (here: the only one)
+    lines = out.splitlines()
+    at = lines.index("the 1 slowest tests (s, tier, test):")
+    assert lines[at + 1].split()[-1] == "test_planted.py::test_one" and float(lines[at + 1].split()[0]) >= 0, out
 
 
 @pytest.mark.docker
