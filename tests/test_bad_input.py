@@ -215,3 +215,21 @@ def test_malformed_tool_calls_and_lone_surrogates_are_format_errors_never_a_cras
     part = posixpath.join(ctx.store.stage_dir("b", "rollout", "fp"), "part-00000.parquet")
     assert ctx.store.write_records(part, Rollout, res.rows) == 1
     assert ctx.store.read_records([part], Rollout)[0].status == "format_error"
+
+
+@pytest.mark.slow
+def test_a_prefect_api_server_that_cannot_start_is_named_at_once_with_its_output(tmp_path, monkeypatch):
+    """The build's own API server whose database cannot be opened exits: the driver says so with the server's exit
+    code and the cause from its output as soon as it exits, not after the 240 s start-up timeout, and leaves no
+    process behind."""
+    import time
+
+    from trajforge.flows.runtime import ApiServer
+
+    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{tmp_path}/missing/dir/prefect.db")
+    server = ApiServer()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"exited with code \d+ before it answered") as err:
+        server.start(timeout=240)
+    assert time.monotonic() - t0 < 120 and "unable to open database file" in str(err.value), str(err.value)[-800:]
+    assert server.process is None
