@@ -8,7 +8,9 @@ export TRAJFORGE_VLLM_PYTHON ?= $(CURDIR)/.venv-vllm/bin/python
 
 .PHONY: setup docker system-packages base-image teacher demo test test-long test-real test-fast bench bench-quick lint docs clean
 
-setup: $(VENV)/.installed docker base-image system-packages
+# What a build needs (the venv, the engine, the base image). The Debian packages only the tests, the stack and the
+# benchmarks use (PostgreSQL, Chromium, a registry, compose, npm) are `system-packages`, named by those targets.
+setup: $(VENV)/.installed docker base-image
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,33 +32,36 @@ base-image: docker
 teacher:
 	@bash deploy/teacher/setup-vllm.sh
 
-demo: setup teacher
+# The set-up's two halves side by side (the teacher needs neither the venv nor Docker; apt runs only in the engine's
+# and then the base image's steps, one after the other), each one's output shown whole when it is done.
+demo:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target setup teacher
 	$(VENV)/bin/trajforge build configs/demo.yaml
 
 # Terminal + tool environments (docs/tool-environments.md): the replay teacher, no model; then the tool
 # environments with the embedded model (fenced ```json tool calls).
 .PHONY: demo-tools demo-tools-model
-demo-tools: setup
+demo-tools: setup system-packages
 	$(VENV)/bin/trajforge build configs/tools.yaml
 
-demo-tools-model: setup teacher
+demo-tools-model: setup system-packages teacher
 	$(VENV)/bin/trajforge build configs/tools-smollm2.yaml
 
 # The whole suite, as three pytest runs with one exit code and one summary (tests/_suite.py): the fast tier below
 # on FAST_WORKERS workers (~2 min instead of ~4 serially), then every docker / slow test serially (SLOW_WORKERS=2:
 # on two workers, by module group), then the embedded teacher's tests alone. `-m`, `-n`, `--dist` or `--junitxml` in PYTEST_ARGS: one plain serial run instead.
-test: setup teacher
+test: setup system-packages teacher
 	$(PY) tests/_suite.py --workers $(FAST_WORKERS) $(PYTEST_ARGS)
 
 # The tests marked `long` (minutes each: the integrity venues in_place and isolated, the two-engine spread, the driver
 # killed inside each stage; a shorter test in `make test` makes each claim in part), about 10 minutes on two cores:
 # not in `make test`, so that `make test` fits CI's 90 minutes (CI runs them after `make test` when its time allows).
-test-long: setup
+test-long: setup system-packages
 	TRAJFORGE_LONG=1 $(PY) -m pytest -q -ra -m long $(PYTEST_ARGS)
 
 # The real project (configs/swe.yaml's more-itertools: >= 10 validated environments of each kind, issue 43), about 6
 # minutes on two cores: not in `make test` (CI runs it after `make test` when its 90 minutes allow).
-test-real: setup
+test-real: setup system-packages
 	TRAJFORGE_REAL_PROJECT=1 $(PY) -m pytest -q -ra tests/test_repos_real.py $(PYTEST_ARGS)
 
 # The fast tier: no Docker engine, no Prefect server, no teacher (< 1 minute). A third of its time is spent
@@ -69,7 +74,7 @@ test-fast: $(VENV)/.installed
 # Every benchmark (benchmarks/README.md), never stopping at one; a summary table at the end. Exit code
 # non-zero only if a benchmark broke (a missed target is printed as MISSED, not failed).
 BENCH_ARGS ?=
-bench: setup teacher repo-sources
+bench: setup system-packages teacher repo-sources
 	$(PY) benchmarks/_run.py $(BENCH_ARGS)
 
 # The repositories configs/swe.yaml names, fetched into the trajforge cache (benchmarks read them offline).
@@ -78,7 +83,7 @@ repo-sources: $(VENV)/.installed
 	$(VENV)/bin/trajforge envs fetch configs/swe.yaml
 
 # The same, each benchmark at tiny sizes (--quick: same code path, figures not comparable): CI runs it.
-bench-quick: setup teacher repo-sources
+bench-quick: setup system-packages teacher repo-sources
 	$(PY) benchmarks/_run.py --quick $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
