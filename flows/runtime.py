@@ -47,7 +47,7 @@ def launch_prefect_api() -> None:
     global _server
     if os.environ.get("PREFECT_API_URL") or _server is not None:
         return
-    _server = _server_dying_with_parent()
+    _server = ApiServer()
     _server.launch()
     os.environ["PREFECT_API_URL"] = _server.api_url
     atexit.register(stop_prefect_api)
@@ -58,9 +58,13 @@ def ensure_prefect_api() -> str:
     for the one `launch_prefect_api` started to answer."""
     launch_prefect_api()
     if _server is not None and not _server.running:
-        # The first start on a fresh machine creates and migrates the SQLite database: on 2 cores that
-        # takes longer than Prefect's default 30 s startup timeout.
-        _server.start(timeout=int(os.environ.get("TRAJFORGE_PREFECT_STARTUP_TIMEOUT", "240")))
+        try:
+            # The first start on a fresh machine creates and migrates the SQLite database: on 2 cores that
+            # takes longer than Prefect's default 30 s startup timeout.
+            _server.start(timeout=int(os.environ.get("TRAJFORGE_PREFECT_STARTUP_TIMEOUT", "240")))
+        except BaseException:
+            stop_prefect_api()  # no PREFECT_API_URL left naming a server that is gone: a later call starts anew
+            raise
     return os.environ["PREFECT_API_URL"]
 
 
@@ -160,11 +164,6 @@ class ApiServer:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-
-def _server_dying_with_parent() -> ApiServer:
-    """The API server a driver (or the test session) starts: see `ApiServer`."""
-    return ApiServer()
 
 
 def stop_prefect_api() -> None:

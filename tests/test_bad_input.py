@@ -7,6 +7,7 @@ default turn limit."""
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 from pathlib import Path
 
@@ -233,3 +234,11 @@ def test_a_prefect_api_server_that_cannot_start_is_named_at_once_with_its_output
         server.start(timeout=240)
     assert time.monotonic() - t0 < 120 and "unable to open database file" in str(err.value), str(err.value)[-800:]
     assert server.process is None
+    # as a build meets it (`ensure_prefect_api`): the same error, and no PREFECT_API_URL left naming the dead server
+    # (a later build in this process would attach to it)
+    from trajforge.flows import runtime
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with pytest.raises(RuntimeError, match=r"exited with code \d+ before it answered"):
+        runtime.ensure_prefect_api()
+    assert runtime._server is None and "PREFECT_API_URL" not in os.environ
