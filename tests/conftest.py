@@ -207,7 +207,7 @@ def _prefect_server():
     dying with this process): each start costs ~10-30 s on 2 cores, once per module was minutes."""
     from trajforge.flows import runtime
 
-    server = runtime._server_dying_with_parent()
+    server = runtime.ApiServer()
     server.start(timeout=int(os.environ.get("TRAJFORGE_PREFECT_STARTUP_TIMEOUT", "240")))
     yield server.api_url
     server.stop()

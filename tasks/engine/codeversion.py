@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ...schemas.pysource import parse as parse_python
+from .cache import cache_root
 
 PACKAGE = __package__.split(".")[0]  # "trajforge"
 
@@ -173,7 +174,7 @@ FACTS_VERSION = 1  # bump when `_import_targets` or `_tree_digest` changes what 
 
 
 def _facts_dir() -> Path:
-    return Path(os.environ.get("TRAJFORGE_CACHE", "~/.cache/trajforge")).expanduser() / "codeversion"
+    return cache_root() / "codeversion"
 
 
 @lru_cache(maxsize=None)

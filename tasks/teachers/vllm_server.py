@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Callable
 
 import psutil
 
+from ..engine.cache import cache_root as cache_dir
 from ..redaction.secrets import redact_args
 from .cpu_profile import STARTUP_THREAD_ENV, THREAD_ENV, compile_cache_env, resolve, server_env
 
@@ -60,10 +61,6 @@ ROOT = Path(__file__).resolve().parents[2]  # the source tree (a `.venv-vllm` ma
 
 class TeacherServerError(RuntimeError):
     """The teacher server could not be found, started, or did not become healthy."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TRAJFORGE_CACHE", "~/.cache/trajforge")).expanduser()
 
 
 def compile_env(env: dict[str, str], cpu: bool = True) -> dict[str, str]:

@@ -26,6 +26,7 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
+from ...engine.cache import cache_root as trajforge_cache
 from .history import RepositoryError, open_repository, releases_as_history
 
 
@@ -43,7 +44,7 @@ def _not_cached(what: str) -> SourceError:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("TRAJFORGE_CACHE", "~/.cache/trajforge")).expanduser() / "repos"
+    return trajforge_cache() / "repos"
 
 
 def _unpack(archive: Path, into: Path) -> Path:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import docker
 
+from ...engine.cache import cache_root
+
 LOCK = Path(__file__).resolve().parents[3] / "deploy" / "images" / "tools" / "requirements.txt"
 SDK_DIR = "/opt/trajforge/mcp"  # the server does `sys.path.insert(0, SDK_DIR)` (server.py)
 REPO = "trajforge/tools"
@@ -72,10 +74,6 @@ class UnsafeArtifact(ToolsLayerError):
 
 def lock_text() -> str:
     return LOCK.read_text()
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TRAJFORGE_CACHE", "~/.cache/trajforge")).expanduser()
 
 
 def wheelhouse_dir(lock: str) -> Path:
