@@ -24,6 +24,7 @@ Usage: python benchmarks/build_overhead.py [--rounds 3] [--quick]
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -66,8 +67,6 @@ def stamped_build(cfg: Path) -> tuple[float, list[tuple[float, str]]]:
 
 
 def _env() -> dict[str, str]:
-    import os
-
     env = dict(os.environ)
     env.pop("PREFECT_API_URL", None)  # the build starts its own API server, as a user's does
     return env

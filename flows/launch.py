@@ -1,10 +1,9 @@
 """Starting a build from a library call: the CLI's `build`, `stage` and `rerun`, the deployments and
 the tests all go through `run_build`.
 
-Invariant: the build's lease is taken before anything of the build is started or reaped (only the process's
-Prefect API server may be booting already: it holds nothing of any build) (the `sandboxes` service
-reaps inside the flow, flows/services.py), so a build another live
-process holds raises LeaseHeld and touches nothing; a relative `runs` is resolved here, against the
+Invariant: the build's lease is taken before anything of the build is started or reaped (the `sandboxes`
+service reaps inside the flow, flows/services.py), so a build another live process holds raises LeaseHeld
+and touches nothing (the process's Prefect API server may already be booting: it holds nothing of any build); a relative `runs` is resolved here, against the
 current directory, before anything reaches a worker.
 """
 

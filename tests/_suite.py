@@ -64,6 +64,11 @@ def combine(codes: list[int]) -> int:
     return next((c for c in ran if c != 0), 0)
 
 
+def case_name(case: ET.Element) -> str:
+    """A JUnit test case's id as pytest names it (`tests/test_x.py::test_y[param]`)."""
+    return "::".join(p for p in (case.get("classname", "").replace(".", "/") + ".py", case.get("name", "")) if p)
+
+
 def outcomes(xml: Path) -> tuple[dict[str, int], list[str]]:
     """Counts (passed, failed, error, skipped) and one `OUTCOME id - reason` line per test that did not pass,
     from a JUnit XML report."""
@@ -72,7 +77,7 @@ def outcomes(xml: Path) -> tuple[dict[str, int], list[str]]:
     if not xml.exists():
         return counts, lines
     for case in ET.parse(xml).getroot().iter("testcase"):
-        name = "::".join(p for p in (case.get("classname", "").replace(".", "/") + ".py", case.get("name", "")) if p)
+        name = case_name(case)
         kinds = [c for c in case if c.tag in ("failure", "error", "skipped")]
         if not kinds:
             counts["passed"] += 1
@@ -96,8 +101,7 @@ def slowest(reports: list[tuple[str, Path]], n: int = SLOWEST) -> list[tuple[flo
         if not xml.exists():
             continue
         for case in ET.parse(xml).getroot().iter("testcase"):
-            name = "::".join(p for p in (case.get("classname", "").replace(".", "/") + ".py", case.get("name", "")) if p)
-            found.append((float(case.get("time") or 0.0), tier, name))
+            found.append((float(case.get("time") or 0.0), tier, case_name(case)))
     return sorted(found, key=lambda t: -t[0])[:n]
 
 
