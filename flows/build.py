@@ -35,7 +35,7 @@ from ..tasks.pipeline import Pipeline, instance_name, resolve_inputs
 from ..tasks.redaction.secrets import real_config, redact_settings
 from ..tasks.teachers.cpu_profile import throughput_line
 from .runtime import cluster_limiter
-from .services import PER_STAGE, SERVICES
+from .services import EARLY, PER_STAGE, SERVICES
 
 DEFAULT_PIPELINE = "trajforge.tasks.pipeline:PIPELINE"
 console = Console(stderr=True)
@@ -200,6 +200,7 @@ class _Build:
         self.ctx = StageContext.create(cfg, build_id, {"accept_gates": list(accept)} if accept else None)
         self.manifests: dict[str, Manifest] = {}
         self.services, self.started = contextlib.ExitStack(), set()
+        self.early: dict[str, Any] = {}  # EARLY services begun before their stage: name -> handle (None: nothing to begin)
         self.record = self.ctx.store.read_build(build_id) or BuildRecord(
             build_id=build_id, dataset=cfg.dataset, created_at=dt.datetime.now(dt.timezone.utc).isoformat())
         self.record = self.record.model_copy(update=dict(
@@ -247,8 +248,12 @@ class _Build:
                 if name in PER_STAGE:
                     ctx.runtime.update(around.enter_context(SERVICES[name](self.cfg, ctx, console)))
                 elif name not in self.started:
-                    ctx.runtime.update(self.services.enter_context(SERVICES[name](self.cfg, ctx, console)))
+                    early = self.early.pop(name, None)
+                    service = SERVICES[name](self.cfg, ctx, console, **({"early": early} if early is not None else {}))
+                    ctx.runtime.update(self.services.enter_context(service))
                     self.started.add(name)
+            if plan.pending:
+                self._launch_early(stage.name)
             self._run_shards(stage.name, plan, upstream)
         if self.lease is not None:
             self.lease.check()
@@ -274,6 +279,27 @@ class _Build:
     def run_step(self, name: str, round_: int = 0) -> Manifest:
         step = self.pipeline.step(name)
         return self.run(instance_name(name, round_), resolve_inputs(step, self.manifests, round_))
+
+    def _launch_early(self, stage_name: str) -> None:
+        """Begin the slow start of every `EARLY` service a selected stage downstream of `stage_name` declares: this
+        stage runs shards that stage reads, so it will run too (the teacher starts while environments are made).
+        A handle left unused (that stage reused after all, or the build stops first) is stopped with the build."""
+        for later in self.pipeline.downstream(stage_name):
+            if later not in self.selected:
+                continue
+            for name in self.pipeline.stage(later).services_for(self.cfg):
+                if name in EARLY and name not in self.started and name not in self.early:
+                    self.early[name] = handle = EARLY[name](self.cfg, self.ctx, console)
+                    if handle is not None:
+                        self.services.callback(handle.stop)
+
+    def _early_failures(self, stage_name: str) -> None:
+        """A service begun early that died before its stage fails the build now, naming why (never a wait for
+        its stage to find it, or for a start-up timeout)."""
+        for name, handle in self.early.items():
+            why = handle.failed() if handle is not None else None
+            if why:
+                raise RuntimeError(f"the {name} service, started early while stage {stage_name} ran, failed: {why}")
 
     def _run_shards(self, stage_name: str, plan: StagePlan, upstream: dict[str, Manifest]) -> None:
         """Submit the pending shards; show shard progress and the stage's live counters (summed over
@@ -310,6 +336,7 @@ class _Build:
                         fut.wrapped_future.release()
                     bar.update(t, advance=1)
                 pending = set(not_done)
+                self._early_failures(stage_name)
                 for fut in watchdog.overdue(pending):  # abandoned (fenced, cancelled): the stage fails, naming it
                     errors.append(watchdog.abandon(fut))
                     pending.discard(fut)

@@ -3,7 +3,10 @@
 `teacher`: whatever the configured teacher's backend starts (`tasks.teachers`): the `vllm` backend
 its own server, `openai` a health probe of the endpoints, `replay` nothing. It lives for the whole
 build: started before the first stage that declares it, stopped when the build ends, fails or is
-interrupted.
+interrupted. It is also one of the `EARLY` services: when a stage upstream of one that declares it
+starts running shards (the environments are being made, so the stage that needs the teacher will run),
+its slow start begins then (`teacher_launch`: the vLLM server's process) and the service waits for it
+when its stage comes; a start that dies meanwhile fails the build at once, naming why.
 
 `sandboxes` (synthesize, rollout, verify): reap before, reap after, around each stage that declares
 it. Before its shards: the containers of dead owners and every leftover of this build (a killed
@@ -19,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from ..tasks.teachers import teacher_service
+from ..tasks.teachers import teacher_launch, teacher_service
 
 
 @contextlib.contextmanager
@@ -59,5 +62,8 @@ def _reap(ctx: Any, console: Any, whose: str) -> None:
 
 
 SERVICES = {"teacher": teacher_service, "sandboxes": sandboxes_service}
+# services whose slow start can begin before their stage (a handle with `failed()` and `stop()`, or None), passed to
+# the service as `early=` when its stage comes
+EARLY = {"teacher": teacher_launch}
 PER_STAGE = frozenset({"sandboxes"})
 """Services entered around each stage that declares them (its pending shards); the others live for the build."""

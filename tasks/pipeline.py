@@ -78,6 +78,14 @@ class Pipeline:
     def stage(self, name: str) -> Stage:
         return self.step(name.split(".")[0]).stage
 
+    def downstream(self, name: str) -> list[str]:
+        """The stages that read `name`'s output, directly or through others, in pipeline order."""
+        found: set[str] = {name}
+        for s in self.steps:
+            if {_base(sel) for sel in (*s.inputs, *(s.round_inputs or ()))} & found:
+                found.add(s.name)
+        return [n for n in self.names if n in found and n != name]
+
     def select(self, from_: str | None = None, only: list[str] | None = None) -> list[str]:
         """Stages to run (others are resolved from committed manifests). Validates names."""
         for n in [from_, *(only or [])]:

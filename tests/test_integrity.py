@@ -74,9 +74,7 @@ def profiled(docker_client, tmp_path_factory):
     return specs, ids
 
 
-# `fresh`, the default venue, in `make test`; the other two venues each take as long (about 2.5 minutes on two cores):
-# `make test-long` (`in_place`'s own defences are also in test_venue.py, `isolated`'s re-verification in
-# test_quality_and_reverify.py)
+# each venue about 2.5 minutes on two cores; the other two marked `long` (`-m "not long"` keeps `fresh`, the default)
 @pytest.mark.parametrize("mode", ["fresh", pytest.param("in_place", marks=pytest.mark.long),
                                   pytest.param("isolated", marks=pytest.mark.long)])
 def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode, profiled):

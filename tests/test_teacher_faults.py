@@ -412,9 +412,10 @@ def test_a_pid_file_whose_pid_now_belongs_to_another_process_kills_nothing(tmp_p
 
 @pytest.mark.docker
 @pytest.mark.usefixtures("prefect_api")
-def test_a_build_whose_server_crashes_mid_rollout_commits_no_teacher_error(tmp_path):
-    """The whole path: the build's `teacher` service starts the (stand-in) server, its watchdog
-    restarts it after it crashes mid-rollout, the episodes in flight retry their turn."""
+def test_a_build_whose_server_crashes_mid_rollout_commits_no_teacher_error(tmp_path, capfd):
+    """The whole path: the build's `teacher` service starts the (stand-in) server while the environments are made
+    (issue 52: a CPU server's minute of start-up beside synthesize, not after it), waits for it when the rollout
+    comes, its watchdog restarts it after it crashes mid-rollout, the episodes in flight retry their turn."""
     import glob
     import posixpath
 
@@ -429,9 +430,40 @@ def test_a_build_whose_server_crashes_mid_rollout_commits_no_teacher_error(tmp_p
         "rollout.max_turns": 3, "rollout.concurrency": 4, "rollout.episodes_per_shard": 4})
     rec = run_build(parse_config(cfg))
     assert rec["status"] == "committed", rec.get("error")
+    said = "".join(capfd.readouterr())
+    order = [said.find(line) for line in ("teacher    starting vLLM", "synthesize running", "synthesize committed",
+                                          "teacher    vLLM healthy", "rollout    running")]
+    assert -1 not in order and order[0] < order[2] and order[2] < order[3], said[-3000:]
     assert crashed.exists(), "the server did crash mid-rollout"
     rows = [r for f in sorted(glob.glob(posixpath.join(rec["stages"]["rollout"]["manifest"], "part-*.parquet")))
             for r in pq.read_table(f, columns=["status"]).to_pylist()]
     assert len(rows) == 4 and {r["status"] for r in rows} == {"max_turns"}
     log = next((tmp_path / "runs" / "crash" / rec["build_id"] / "teacher").glob("vllm-*.log")).read_text()
     assert log.count("$ ") == 2  # started once, restarted once
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("prefect_api")
+def test_a_teacher_that_dies_while_environments_are_made_fails_the_build_at_once_naming_why(tmp_path):
+    """Bad input (issue 52): the server begun early exits during start-up (here its launcher is given an argument
+    it refuses): the build fails while the environments are still being made, naming the exit code and the
+    server's own words, never waiting for the rollout or `startup_timeout_s` (an hour here); nothing is left
+    running. (The stand-in refuses a delay that is no number.)"""
+    from trajforge.flows.launch import run_build
+
+    teacher = stand_in(startup_timeout_s=3600, args=["--delay-s", "soon"])
+    cfg = small_config(tmp_path / "runs", dataset="early", **{
+        "teacher": teacher.model_dump(mode="json", exclude_unset=True)})
+    with pytest.raises(RuntimeError) as failed:
+        run_build(parse_config(cfg))
+    error = str(failed.value)
+    assert re.search(r"teacher service, started early while stage (propose|synthesize) ran, failed: "
+                     r"vLLM server exited with code 2 during start-up", error), error
+    assert "argument --delay-s: invalid float value: 'soon'" in error, error
+    [record] = [json.loads(p.read_text()) for p in (tmp_path / "runs" / "early").glob("*/build.json")]
+    assert record["status"] == "failed" and "started early" in record["error"]
+    assert "rollout" not in record["stages"], record["stages"]  # (the stage it was in reads `failed`: deployments.py)
+    from trajforge.tasks.engine.cache import cache_root
+
+    left = [f for f in (cache_root() / "servers").glob("vllm-*.json") if '"soon"' in f.read_text()]
+    assert left == [], "the early server's pid file outlived the build"

@@ -3,8 +3,9 @@
 recorded-trajectory files (`recorded`). See `registry` for how a backend is added."""
 
 from .base import ContextOverflow, Teacher, TeacherBackend, TeacherError, TeacherSession, Turn
-from .registry import BACKENDS, backend, config_model, make_teacher, register, teacher_service
+from .registry import BACKENDS, backend, config_model, make_teacher, register, teacher_launch, teacher_service
 from .replay import ReplayTeacher
 
 __all__ = ["BACKENDS", "ContextOverflow", "ReplayTeacher", "Teacher", "TeacherBackend", "TeacherError",
-           "TeacherSession", "Turn", "backend", "config_model", "make_teacher", "register", "teacher_service"]
+           "TeacherSession", "Turn", "backend", "config_model", "make_teacher", "register", "teacher_launch",
+           "teacher_service"]

@@ -115,6 +115,13 @@ class TeacherBackend(ABC):
             raise NotImplementedError(f"teacher backend {self.name!r}: set `teacher` or override `make`")
         return self.teacher(cfg)
 
+    def launch(self, cfg: Any, ctx: Any, console: Any) -> Any:
+        """Begin a slow start of the service without waiting for it (the build calls this while the stages before
+        the first that needs a teacher run), returning a handle with `failed() -> str | None` (why it died
+        already) and `stop()`; the build then enters `service(cfg, ctx, console, early=handle)`. Default: None
+        (nothing worth starting early; `service` is then called without `early`)."""
+        return None
+
     @contextlib.contextmanager
     def service(self, cfg: Any, ctx: Any, console: Any) -> Iterator[dict[str, Any]]:
         """Start what the backend needs for a build and stop it after; default: nothing."""

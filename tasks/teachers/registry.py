@@ -51,10 +51,18 @@ def make_teacher(cfg: TeacherConfig, runtime: dict[str, Any] | None = None, limi
     return backend(cfg.backend).make(cfg, dict(runtime or {}), limiter)
 
 
+def teacher_launch(cfg: Any, ctx: Any, console: Any) -> Any:
+    """The `teacher` service's early start (`TeacherBackend.launch`): a handle, or None for a backend with
+    nothing slow to start."""
+    return backend(cfg.teacher.backend).launch(cfg.teacher, ctx, console)
+
+
 @contextlib.contextmanager
-def teacher_service(cfg: Any, ctx: Any, console: Any) -> Iterator[dict[str, Any]]:
-    """The build's `teacher` service: whatever the configured teacher's backend starts."""
-    with backend(cfg.teacher.backend).service(cfg.teacher, ctx, console) as runtime:
+def teacher_service(cfg: Any, ctx: Any, console: Any, early: Any = None) -> Iterator[dict[str, Any]]:
+    """The build's `teacher` service: whatever the configured teacher's backend starts (finishing the start
+    `teacher_launch` began, when it returned a handle)."""
+    kw = {"early": early} if early is not None else {}
+    with backend(cfg.teacher.backend).service(cfg.teacher, ctx, console, **kw) as runtime:
         yield runtime
 
 

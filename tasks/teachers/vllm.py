@@ -175,38 +175,68 @@ class VLLMBackend(TeacherBackend):
                 return Readiness("fail", f"{python} cannot import vllm", fix)
         return Readiness("ok", f"vLLM via {python}, model {model}")
 
-    @contextlib.contextmanager
-    def service(self, cfg: VLLMTeacherConfig, ctx: StageContext, console: Any) -> Iterator[dict[str, Any]]:
+    def launch(self, cfg: VLLMTeacherConfig, ctx: StageContext, console: Any) -> "LaunchedServer":
+        """Start the server's process without waiting for it (the build does this while environments are made:
+        a CPU server's start is a minute or more); `service(..., early=...)` waits for it."""
         from .vllm_server import VLLMServer
 
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        if ctx.store.local:
-            log = Path(ctx.store.build_dir(ctx.build_id)) / "teacher" / f"vllm-{stamp}.log"
-            tmp = None
-        else:
-            tmp = tempfile.TemporaryDirectory(prefix="trajforge-vllm-")
-            log = Path(tmp.name) / f"vllm-{stamp}.log"
+        tmp = None if ctx.store.local else tempfile.TemporaryDirectory(prefix="trajforge-vllm-")
+        log = (Path(ctx.store.build_dir(ctx.build_id)) / "teacher" if tmp is None else Path(tmp.name)) / f"vllm-{stamp}.log"
         server = VLLMServer(cfg, log)
         console.print(f"[cyan]▶[/] teacher    starting vLLM ({cfg.vllm.model}, served as {cfg.served_model!r}) "
                       f"on {server.url}; log: {log}")
         console.print(f"  teacher    {server.choice.line()}", soft_wrap=True)
-        server.start()
+        launched = LaunchedServer(server, stamp, tmp, ctx)
+        try:
+            server.start()
+        except BaseException:
+            launched.stop()
+            raise
         for line in server.reaped:
             console.print(f"[yellow]![/] teacher    {line}")
+        return launched
+
+    @contextlib.contextmanager
+    def service(self, cfg: VLLMTeacherConfig, ctx: StageContext, console: Any,
+                early: "LaunchedServer | None" = None) -> Iterator[dict[str, Any]]:
+        """The server for the build: the one `launch` started early, or one started now; waited for, watched,
+        stopped at the end (its log kept with the build on an object store)."""
+        launched = early if early is not None else self.launch(cfg, ctx, console)
+        server = launched.server
         try:
             with console.status("  waiting for the vLLM server to be healthy") as status:
                 took = server.wait_healthy(lambda s: status.update(f"  waiting for the vLLM server ({s:.0f}s)"))
-            console.print(f"[green]✓[/] teacher    vLLM healthy after {took:.0f}s")
+            console.print(f"[green]✓[/] teacher    vLLM healthy {took:.0f}s after its start")
             # once the watchdog gives up, this file tells every shard's client: turns fail fast (teacher_error)
-            dead = posixpath.join(ctx.store.build_dir(ctx.build_id), "teacher", f"vllm-{stamp}.dead.json")
+            dead = posixpath.join(ctx.store.build_dir(ctx.build_id), "teacher", f"vllm-{launched.stamp}.dead.json")
             server.watch(lambda line: console.print(f"[yellow]![/] teacher    {line}"),
                          on_dead=lambda why: ctx.store.write_json(dead, {"url": server.url, "why": why}))
             yield {"teacher_endpoints": [server.url], DEAD_KEY: {server.url: ctx.store.url(dead)}}
         finally:
-            server.unwatch()
-            server.stop()
-            if tmp is not None:  # object store: keep the log with the build
-                with contextlib.suppress(Exception):
-                    ctx.store.write_text(posixpath.join(ctx.store.build_dir(ctx.build_id), "teacher", log.name),
-                                         log.read_text(errors="replace"))
-                tmp.cleanup()
+            launched.stop()
+
+
+class LaunchedServer:
+    """A vLLM server `VLLMBackend.launch` started: `failed()` says why it died before it was waited for,
+    `stop()` stops it (and keeps its log with the build when the store is not local); stopping twice is a no-op."""
+
+    def __init__(self, server: Any, stamp: str, tmp: tempfile.TemporaryDirectory | None, ctx: StageContext):
+        self.server, self.stamp, self._tmp, self._ctx = server, stamp, tmp, ctx
+        self._stopped = False
+
+    def failed(self) -> str | None:
+        return self.server.exited()
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.server.unwatch()
+        self.server.stop()
+        if self._tmp is not None:  # object store: keep the log with the build
+            ctx, log = self._ctx, self.server.log_path
+            with contextlib.suppress(Exception):
+                ctx.store.write_text(posixpath.join(ctx.store.build_dir(ctx.build_id), "teacher", log.name),
+                                     log.read_text(errors="replace"))
+            self._tmp.cleanup()

@@ -220,6 +220,7 @@ class VLLMServer:
         self.restarts = 0
         self.dead = False  # the watchdog gave up on it: stopped for good (see `watch`'s `on_dead`)
         self._started = False
+        self.started_at: float | None = None  # time.monotonic() of the last start of the process
         self._watch_stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._life = threading.RLock()  # one start/stop at a time (the watchdog restarts, the service stops)
@@ -279,6 +280,7 @@ class VLLMServer:
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
         log.close()
+        self.started_at = time.monotonic()
         me = psutil.Process()
         started = _identity(self.proc.pid)  # (its command line may still read empty this early: use `cmd`)
         record = {"pid": self.proc.pid, "started": started[0] if started else time.time(), "cmdline": cmd,
@@ -303,16 +305,16 @@ class VLLMServer:
             return False
 
     def wait_healthy(self, progress=None, abort: threading.Event | None = None) -> float:
-        """Block until healthy; returns the seconds it took. `progress(elapsed)` is called ~1/s;
-        `abort` set ends the wait with TeacherServerError."""
-        t0 = time.monotonic()
+        """Block until healthy; returns the seconds from the process's start (`started_at`: the wait may begin
+        long after it, when the server was started early) to healthy, and `vllm.startup_timeout_s` counts from
+        there too. `progress(elapsed)` is called ~1/s; `abort` set ends the wait with TeacherServerError."""
+        t0 = self.started_at if self.started_at is not None else time.monotonic()
         while True:
             if abort is not None and abort.is_set():
                 raise TeacherServerError("stopped while waiting for the vLLM server")
             elapsed = time.monotonic() - t0
-            if self.proc is not None and self.proc.poll() is not None:
-                raise TeacherServerError(f"vLLM server exited with code {self.proc.returncode} during start-up "
-                                         f"(log: {self.log_path}):\n{self.log_tail()}")
+            if (why := self.exited()) is not None:
+                raise TeacherServerError(why)
             if self.healthy():
                 return elapsed
             if elapsed > self.v.startup_timeout_s:
@@ -325,6 +327,13 @@ class VLLMServer:
                 abort.wait(1)
             else:
                 time.sleep(1)
+
+    def exited(self) -> str | None:
+        """Why the process is gone when it exited on its own (its exit code and the log's end), else None."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return (f"vLLM server exited with code {self.proc.returncode} during start-up (log: {self.log_path}):\n"
+                f"{self.log_tail()}")
 
     def stop(self, grace_s: float = 20) -> None:
         """Stop the whole process group (the server's workers too) and remove the pid file."""
