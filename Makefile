@@ -34,9 +34,10 @@ teacher:
 
 # The set-up's two halves side by side (the teacher needs neither the venv nor Docker; apt runs only in the engine's
 # and then the base image's steps, one after the other), each one's output shown whole when it is done.
+DEMO_CONFIG ?= configs/demo.yaml
 demo:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target setup teacher
-	$(VENV)/bin/trajforge build configs/demo.yaml
+	$(VENV)/bin/trajforge build $(DEMO_CONFIG)
 
 # Terminal + tool environments (docs/tool-environments.md): the replay teacher, no model; then the tool
 # environments with the embedded model (fenced ```json tool calls).
