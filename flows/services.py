@@ -2,11 +2,12 @@
 
 `teacher`: whatever the configured teacher's backend starts (`tasks.teachers`): the `vllm` backend
 its own server, `openai` a health probe of the endpoints, `replay` nothing. It lives for the whole
-build: started before the first stage that declares it, stopped when the build ends, fails or is
+build: entered before the first stage that declares it (its slow start begun earlier: below), stopped when the build ends, fails or is
 interrupted. It is also one of the `EARLY` services: when a stage upstream of one that declares it
 starts running shards (the environments are being made, so the stage that needs the teacher will run),
 its slow start begins then (`teacher_launch`: the vLLM server's process) and the service waits for it
-when its stage comes; a start that dies meanwhile fails the build at once, naming why.
+when its stage comes; a start that dies meanwhile fails the build at once, naming why, and one that goes
+unused (its stage reused after all) is stopped when that stage is reused.
 
 `sandboxes` (synthesize, rollout, verify): reap before, reap after, around each stage that declares
 it. Before its shards: the containers of dead owners and every leftover of this build (a killed

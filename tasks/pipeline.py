@@ -79,10 +79,12 @@ class Pipeline:
         return self.step(name.split(".")[0]).stage
 
     def downstream(self, name: str) -> list[str]:
-        """The stages that read `name`'s output, directly or through others, in pipeline order."""
+        """The stages after `name` that read its output (`inputs`, directly or through others), in pipeline order.
+        An adaptive round's inputs (`round_inputs`: rollout reading calibrate) are no edge here: whether a round
+        runs is decided later."""
         found: set[str] = {name}
-        for s in self.steps:
-            if {_base(sel) for sel in (*s.inputs, *(s.round_inputs or ()))} & found:
+        for s in self.steps[self.names.index(name) + 1:]:
+            if {_base(sel) for sel in s.inputs} & found:
                 found.add(s.name)
         return [n for n in self.names if n in found and n != name]
 

@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(config, items):
     """`TRAJFORGE_SUITE_PART` (set by tests/_suite.py): `model` keeps only the second tier's `MODEL_GROUP` tests,
     `shared` only the others (they run side by side on two workers; the embedded teacher's CPU-bound tests run
     after them, alone). Every test the project has is collected: the `long` ones and the real project's
-    (`tests/test_repos_real.py`) are part of `make test` (`-m "not long"` leaves the long ones out of a local run).
+    (`tests/test_repos_real.py`) are part of `make test` (`pytest -m "not long"` leaves the long ones out of a local run).
     Then: """
     part = os.environ.get("TRAJFORGE_SUITE_PART")
     if part in ("model", "shared"):

@@ -126,7 +126,9 @@ def test_make_test_collects_every_test_the_long_ones_and_the_real_project_includ
 
     chaos = "tests/test_chaos.py::test_driver_killed_inside_each_stage_then_resumed_loses_and_duplicates_nothing"
     venue = "tests/test_integrity.py::test_trajforge_verify_flags_every_hack_and_passes_every_solve"
-    suite = collected("tests/", "-m", "docker or slow or vllm or teacher")  # `make test`'s second and third tiers
+    from _suite import FAST
+
+    suite = collected("tests/", "-m", f"not ({FAST})")  # `make test`'s second and third tiers, as tests/_suite.py selects
     assert {chaos, f"{venue}[fresh]", f"{venue}[in_place]", f"{venue}[isolated]"} <= suite
     assert any(t.startswith("tests/test_repos_real.py::") for t in suite), "the real project is in make test"
     quick = collected("tests/test_chaos.py", "tests/test_integrity.py", "-m", "docker and not long")

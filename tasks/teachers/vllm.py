@@ -1,8 +1,8 @@
 """Backend `vllm`: a vLLM OpenAI-compatible server that the build starts, owns and stops.
 
 Owns its settings (`VLLMTeacherConfig`: the OpenAI client's plus `vllm:` for the server), its service
-(start the server before the first stage that needs a teacher, log into `<build>/teacher/`, wait
-for `/health`, watch it and restart it if it dies or stops answering, stop it when the build ends,
+(start the server while the environments are made, or before the first stage that needs a teacher,
+log into `<build>/teacher/`, wait for `/health`, watch it and restart it if it dies or stops answering, stop it when the build ends,
 fails or is interrupted; the process, its pid file and watchdog are `vllm_server.VLLMServer`) and its
 client (the `openai` backend's, against the server's endpoint).
 """
@@ -14,6 +14,8 @@ import datetime as dt
 import posixpath
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Iterator, Literal
 
@@ -60,7 +62,8 @@ class VLLMServerConfig(Section):
     max_num_seqs: int | None = operational(None, ge=1)
     enforce_eager: bool | Literal["auto"] = operational("auto", description=(
         "vLLM --enforce-eager (no torch.compile); auto: on a CPU server without AVX2 only"))
-    startup_timeout_s: float = operational(900, gt=0)
+    startup_timeout_s: float = operational(900, gt=0, description=(
+        "seconds from the server process's start (begun while the environments are made) to a healthy /health"))
     env: dict[str, str] = operational(default_factory=dict)
     health_interval_s: float = operational(10, gt=0, description="how often the watchdog polls /health")
     unhealthy_after_s: float = operational(120, gt=0, description=(
@@ -189,7 +192,7 @@ class VLLMBackend(TeacherBackend):
         console.print(f"  teacher    {server.choice.line()}", soft_wrap=True)
         launched = LaunchedServer(server, stamp, tmp, ctx)
         try:
-            server.start()
+            launched.begin()
         except BaseException:
             launched.stop()
             raise
@@ -207,7 +210,9 @@ class VLLMBackend(TeacherBackend):
         try:
             with console.status("  waiting for the vLLM server to be healthy") as status:
                 took = server.wait_healthy(lambda s: status.update(f"  waiting for the vLLM server ({s:.0f}s)"))
-            console.print(f"[green]✓[/] teacher    vLLM healthy {took:.0f}s after its start")
+            first = launched.healthy_after  # (started early: it may have been healthy long before this stage came)
+            console.print(f"[green]✓[/] teacher    vLLM healthy {took if first is None else first:.0f}s after its start"
+                          + (f" (waited for at {took:.0f}s)" if first is not None and took - first >= 1 else ""))
             # once the watchdog gives up, this file tells every shard's client: turns fail fast (teacher_error)
             dead = posixpath.join(ctx.store.build_dir(ctx.build_id), "teacher", f"vllm-{launched.stamp}.dead.json")
             server.watch(lambda line: console.print(f"[yellow]![/] teacher    {line}"),
@@ -218,12 +223,27 @@ class VLLMBackend(TeacherBackend):
 
 
 class LaunchedServer:
-    """A vLLM server `VLLMBackend.launch` started: `failed()` says why it died before it was waited for,
-    `stop()` stops it (and keeps its log with the build when the store is not local); stopping twice is a no-op."""
+    """A vLLM server `VLLMBackend.launch` started: `healthy_after` is when it first answered `/health` (seconds
+    after its start, from a light poll every 2 s until then), `failed()` says why it died before it was waited
+    for, `stop()` stops it and keeps its log with the build when the store is not local (a second stop: no-op)."""
 
     def __init__(self, server: Any, stamp: str, tmp: tempfile.TemporaryDirectory | None, ctx: StageContext):
         self.server, self.stamp, self._tmp, self._ctx = server, stamp, tmp, ctx
+        self.healthy_after: float | None = None
         self._stopped = False
+        self._quiet = threading.Event()
+
+    def begin(self) -> None:
+        self.server.start()
+        threading.Thread(target=self._first_health, daemon=True, name="vllm-first-health").start()
+
+    def _first_health(self) -> None:
+        while not self._quiet.wait(2):
+            if self.server.exited() is not None:
+                return
+            if self.server.healthy(timeout=2):
+                self.healthy_after = time.monotonic() - self.server.started_at
+                return
 
     def failed(self) -> str | None:
         return self.server.exited()
@@ -232,11 +252,14 @@ class LaunchedServer:
         if self._stopped:
             return
         self._stopped = True
-        self.server.unwatch()
-        self.server.stop()
-        if self._tmp is not None:  # object store: keep the log with the build
-            ctx, log = self._ctx, self.server.log_path
-            with contextlib.suppress(Exception):
-                ctx.store.write_text(posixpath.join(ctx.store.build_dir(ctx.build_id), "teacher", log.name),
-                                     log.read_text(errors="replace"))
-            self._tmp.cleanup()
+        self._quiet.set()
+        try:
+            self.server.unwatch()
+            self.server.stop()
+        finally:
+            if self._tmp is not None:  # object store: keep the log with the build
+                ctx, log = self._ctx, self.server.log_path
+                with contextlib.suppress(Exception):
+                    ctx.store.write_text(posixpath.join(ctx.store.build_dir(ctx.build_id), "teacher", log.name),
+                                         log.read_text(errors="replace"))
+                self._tmp.cleanup()
