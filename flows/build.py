@@ -309,6 +309,7 @@ class _Build:
             handle = self.early.pop(name, None)
             if handle is not None:
                 handle.stop()
+                console.print(f"  {name:<10} begun early but not needed ({stage.name} has nothing to run): stopped")
 
     def _early_failure(self, stage_name: str) -> str | None:
         """Why a service begun early died before its stage came, or None."""

@@ -469,6 +469,18 @@ def test_pipeline_graph_resolves_each_instance_its_inputs():
                                             "synthesize": "synthesize"}
 
 
+def test_downstream_follows_inputs_forward_never_an_adaptive_rounds_back_edge():
+    """What an early service is begun for (flows/build.py `_launch_early`): the later stages that read a stage's rows.
+    Rollout reads calibrate only in an adaptive round, which is decided later: calibrate running starts no teacher."""
+    from trajforge.tasks.pipeline import PIPELINE
+
+    assert PIPELINE.downstream("propose") == ["synthesize", "rollout", "verify", "calibrate", "export"]
+    assert PIPELINE.downstream("synthesize") == ["rollout", "verify", "calibrate", "export"]
+    assert PIPELINE.downstream("verify") == ["calibrate", "export"]
+    assert PIPELINE.downstream("calibrate") == ["export"]
+    assert PIPELINE.downstream("export") == []
+
+
 def test_a_graph_that_starves_a_stage_is_refused():
     from trajforge.tasks.pipeline import Pipeline, Step
     from trajforge.tasks.verify import VerifyStage
