@@ -25,6 +25,42 @@ from trajforge.tasks.envs.egress import EgressProxy, allowed, forbidden_reason
 CA = "/etc/ssl/certs/ca-certificates.crt"
 
 
+# ---------------------------------------------------------------------------------------------- the build network
+@pytest.mark.docker
+def test_processes_that_create_the_build_network_at_once_all_get_it(docker_client, monkeypatch):
+    """Seen when the real project's environments were validated in parallel on a fresh engine: the engine refuses all
+    but the first create ("Pool overlaps with other one on this address space"), and each loser must use the
+    winner's network, never fail its build. (A network and bridge of this test's own, on a subnet of its own.)"""
+    from trajforge.tasks.envs import buildnet
+
+    name = f"tf-race-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setattr(buildnet, "NETWORK", name)
+    monkeypatch.setattr(buildnet, "BRIDGE", f"tfr{uuid.uuid4().hex[:8]}")
+    start = threading.Barrier(6)
+    got, errors = [], []
+
+    def create() -> None:
+        import docker
+
+        client = docker.from_env()
+        start.wait()
+        try:
+            got.append(buildnet.ensure_network(client, "198.51.100.192/28"))
+        except Exception as err:  # (kept for the assertion: a lost race must not be an error)
+            errors.append(err)
+
+    threads = [threading.Thread(target=create) for _ in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == [] and got == [(name, "198.51.100.193")] * 6, errors
+    finally:
+        for net in docker_client.networks.list(names=[name]):
+            net.remove()
+
+
 # ---------------------------------------------------------------------------------------------- the proxy's rules
 def test_allowlist_patterns_and_ports():
     assert allowed("deb.debian.org", 80, DEFAULT_EGRESS_ALLOWLIST)

@@ -19,7 +19,9 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import docker
 import docker.errors
@@ -51,7 +53,9 @@ class Gate:
 
 def ensure_network(client: docker.DockerClient, subnet: str) -> tuple[str, str]:
     """(network name, gateway address) of the build network, created if absent. A network of that name
-    with another subnet, or not internal, is an error naming it (never silently used)."""
+    with another subnet, or not internal, is an error naming it (never silently used). Safe when processes of one
+    host create it at once (a build's workers, validators in parallel): a create refused because a peer's create
+    won (the engine says "already exists" or, checking the address pool first, "Pool overlaps") uses the peer's."""
     net = ipaddress.ip_network(subnet)
     gateway = str(next(net.hosts()))
     try:
@@ -64,10 +68,10 @@ def ensure_network(client: docker.DockerClient, subnet: str) -> tuple[str, str]:
                 options={"com.docker.network.bridge.name": BRIDGE,
                          "com.docker.network.bridge.enable_ip_masquerade": "false"})
         except docker.errors.APIError as err:
-            if "already exists" not in str(err):
+            found = _peers(client)  # a peer created it meanwhile: checked like any found below
+            if found is None:
                 raise EgressUnavailable(f"cannot create the build network {NETWORK} on {subnet} "
                                         f"(synthesize.build.subnet): {err}") from None
-            found = client.networks.get(NETWORK)
     attrs = found.attrs
     configs = (attrs.get("IPAM") or {}).get("Config") or []
     if not attrs.get("Internal") or not configs or configs[0].get("Subnet") != str(net):
@@ -76,6 +80,19 @@ def ensure_network(client: docker.DockerClient, subnet: str) -> tuple[str, str]:
                                 f"synthesize.build.subnet is {subnet}: remove the network (`docker network rm "
                                 f"{NETWORK}`) or set the subnet it has")
     return NETWORK, configs[0].get("Gateway") or gateway
+
+
+def _peers(client: docker.DockerClient, wait_s: float = 10.0) -> Any:
+    """The build network a peer's create made, or None. The engine reserves the address pool before the network
+    can be read: a create refused for the pool may find the winner's network only a moment later."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return client.networks.get(NETWORK)
+        except docker.errors.NotFound:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
 
 
 def _ipt(tool: str, *args: str, check: bool = True) -> bool:
