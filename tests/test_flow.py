@@ -278,7 +278,6 @@ def test_inflight_cap_holds_across_dask_workers(tmp_path):
 
 
 def test_teacher_server_that_cannot_start_fails_the_build_clearly(tmp_path):
-
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     cfg = small_config(tmp_path / "runs", dataset="down", **{
