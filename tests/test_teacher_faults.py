@@ -434,16 +434,6 @@ def test_a_build_whose_server_crashes_mid_rollout_commits_no_teacher_error(tmp_p
     order = [said.find(line) for line in ("teacher    starting vLLM", "synthesize running", "synthesize committed",
                                           "teacher    vLLM healthy", "rollout    running")]
     assert -1 not in order and order[0] < order[2] and order[2] < order[3], said[-3000:]
-    # synthesize forced again makes the same environments: the server is begun early, then stopped when the rollout
-    # is reused (not kept until the build's end)
-    again = run_build(parse_config(cfg), rec["build_id"], force=["synthesize"])
-    assert again["status"] == "committed", again.get("error")
-    said = "".join(capfd.readouterr())
-    order = [said.find(line) for line in ("teacher    starting vLLM", "rollout    reused",
-                                          "teacher    begun early but not needed (rollout has nothing to run): stopped",
-                                          "verify     reused")]
-    assert -1 not in order and order == sorted(order), said[-3000:]
-    assert "vLLM healthy" not in said
     assert crashed.exists(), "the server did crash mid-rollout"
     rows = [r for f in sorted(glob.glob(posixpath.join(rec["stages"]["rollout"]["manifest"], "part-*.parquet")))
             for r in pq.read_table(f, columns=["status"]).to_pylist()]
