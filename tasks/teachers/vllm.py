@@ -208,6 +208,7 @@ class VLLMBackend(TeacherBackend):
         launched = early if early is not None else self.launch(cfg, ctx, console)
         server = launched.server
         try:
+            launched.quiet()  # (the wait below polls /health itself from here on)
             with console.status("  waiting for the vLLM server to be healthy") as status:
                 took = server.wait_healthy(lambda s: status.update(f"  waiting for the vLLM server ({s:.0f}s)"))
             first = launched.healthy_after  # (started early: it may have been healthy long before this stage came)
@@ -224,7 +225,8 @@ class VLLMBackend(TeacherBackend):
 
 class LaunchedServer:
     """A vLLM server `VLLMBackend.launch` started: `healthy_after` is when it first answered `/health` (seconds
-    after its start, from a light poll every 2 s until then), `failed()` says why it died before it was waited
+    after its start, from a light poll every 2 s until it is healthy or `quiet()`: the service's own wait polls
+    from then on), `failed()` says why it died before it was waited
     for, `stop()` stops it and keeps its log with the build when the store is not local (a second stop: no-op)."""
 
     def __init__(self, server: Any, stamp: str, tmp: tempfile.TemporaryDirectory | None, ctx: StageContext):
@@ -245,6 +247,9 @@ class LaunchedServer:
                 self.healthy_after = time.monotonic() - self.server.started_at
                 return
 
+    def quiet(self) -> None:
+        self._quiet.set()
+
     def failed(self) -> str | None:
         return self.server.exited()
 
@@ -252,7 +257,7 @@ class LaunchedServer:
         if self._stopped:
             return
         self._stopped = True
-        self._quiet.set()
+        self.quiet()
         try:
             self.server.unwatch()
             self.server.stop()
