@@ -125,6 +125,7 @@ def test_a_host_that_dies_mid_rollout_loses_nothing_and_is_reaped_when_back(host
     back = hosts.sh("revive", "b")
     assert back.returncode == 0, back.stdout + back.stderr + logs(hosts.state)
     b = hosts.engine("b")
-    assert b.containers.list(all=True, filters={"label": LABEL}) == [], "the dead host's sandboxes were not reaped"
     log = (hosts.state / "logs" / "worker-b.log").read_text()
+    left = [(c.name, c.status, c.labels.get("trajforge.owner")) for c in b.containers.list(all=True, filters={"label": LABEL})]
+    assert left == [], ("the dead host's sandboxes were not reaped", left, log[-2000:])
     assert "reaped" in log and "reaped 0 " not in log, log[-2000:]

@@ -13,11 +13,16 @@ import socket
 
 
 def process_identity(pid: int) -> str | None:
-    """`pid:start time` of a live process, or None (`pid:?` when its start time may not be read)."""
+    """`pid:start time` of a live process, or None (`pid:?` when its start time may not be read). A zombie is
+    not live: a killed process whose parent died too waits for an init that may never reap it (PID 1 of a
+    container or a VM is often not one), and its start time stays readable all that while."""
     import psutil
 
     try:
-        return f"{pid}:{psutil.Process(pid).create_time():.2f}"
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return f"{pid}:{proc.create_time():.2f}"
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     except psutil.AccessDenied:
