@@ -55,7 +55,8 @@ def _run_claimed(store: RunStore, cfg: BuildConfig, build_id: str, from_stage: s
     from .build import build_dataset
 
     address = dask_address or cfg.dask.address
-    runner = runtime.task_runner(address, cfg.dask.n_workers, cfg.dask.threads_per_worker)
+    runner = runtime.task_runner(address, cfg.dask.n_workers, cfg.dask.threads_per_worker,
+                                 cfg.dask.processes)
     runtime.warm_gate()  # the driver's imports are done: Great Expectations loads while it waits below
     runtime.ensure_prefect_api()  # leftover sandboxes are reaped by the stages' `sandboxes` service (services.py)
     err_console.print(f"build {build_id} of dataset {cfg.dataset!r} in {store.url(store.build_dir(build_id))}"

@@ -245,12 +245,13 @@ def reap_on_workers(address: str, build_id: str | None = None, engine: str | Non
         return c.run(safe, build_id, engine)
 
 
-def task_runner(address: str | None, n_workers: int, threads_per_worker: int):
-    """DaskTaskRunner on a running scheduler (`address`) or a new LocalCluster of processes."""
+def task_runner(address: str | None, n_workers: int, threads_per_worker: int, processes: bool = True):
+    """DaskTaskRunner on a running scheduler (`address`) or a new LocalCluster (of processes, or of threads of
+    this process)."""
     from prefect_dask import DaskTaskRunner
 
     if address:
         return DaskTaskRunner(address=address)
     return DaskTaskRunner(cluster_kwargs={"n_workers": n_workers, "threads_per_worker": threads_per_worker,
-                                          "processes": True, "silence_logs": logging.ERROR,
+                                          "processes": processes, "silence_logs": logging.ERROR,
                                           "dashboard_address": "127.0.0.1:0"})

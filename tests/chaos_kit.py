@@ -33,7 +33,7 @@ STAGES = ("synthesize", "rollout", "verify", "calibrate", "export")
 def chaos_config(runs: Path, dataset: str = "chaos") -> dict:
     """The small replay build of tests/helpers.py with one episode per rollout shard (4 shards: a kill
     can land between shards)."""
-    return small_config(runs, dataset, **{"rollout.episodes_per_shard": 1})
+    return small_config(runs, dataset, **{"rollout.episodes_per_shard": 1, "dask.processes": True})
 
 
 def write_config(folder: Path, cfg: dict) -> Path:

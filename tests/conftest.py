@@ -90,12 +90,19 @@ def pytest_xdist_make_scheduler(config, log):
     return SuiteGroups(config, log)
 
 
+REAL_PROJECT = "test_repos_real.py"  # `make test-real`: collected, deselected unless asked for (below)
+
+
 def pytest_collection_modifyitems(config, items):
     """`TRAJFORGE_SUITE_PART` (set by tests/_suite.py): `model` keeps only the second tier's `MODEL_GROUP` tests,
     `shared` only the others (they run side by side on two workers; the embedded teacher's CPU-bound tests run
-    after them, alone). Every test the project has is collected: the `long` ones and the real project's
-    (`tests/test_repos_real.py`) are part of `make test` (`pytest -m "not long"` leaves the long ones out of a local run).
-    Then: """
+    after them, alone). The real project's tests (`REAL_PROJECT`: about 6 minutes on two cores, more than `make
+    test` has left of CI's 90) run when their file is named or `TRAJFORGE_REAL_PROJECT=1` (`make test-real`; CI
+    runs it after `make test` when its time allows). So do the tests marked `long` (minutes each, their claim also
+    made in part by a shorter test that stays): when their file is named or `TRAJFORGE_LONG=1` (`make test-long`,
+    which CI runs first after `make test` when its time allows). Then: """
+    _leave_out(config, items, "TRAJFORGE_REAL_PROJECT", lambda i: Path(str(i.path)).name == REAL_PROJECT)
+    _leave_out(config, items, "TRAJFORGE_LONG", lambda i: i.get_closest_marker("long") is not None)
     part = os.environ.get("TRAJFORGE_SUITE_PART")
     if part in ("model", "shared"):
         keep, dropped = [], []
@@ -107,6 +114,18 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
     _order_markers(items)
+
+
+def _leave_out(config, items, variable: str, in_group) -> None:
+    """Deselect the tests of a group `make test` leaves out (`in_group(item)`), unless `variable` is 1 (its own make
+    target) or the test's file or node id is named on the command line (`pytest path::test` runs it alone)."""
+    if os.environ.get(variable) == "1":
+        return
+    named = {Path(str(a).split("::")[0]).name for a in config.args}
+    out = [i for i in items if in_group(i) and Path(str(i.path)).name not in named]
+    if out:
+        config.hook.pytest_deselected(items=out)
+        items[:] = [i for i in items if i not in out]
 
 
 def _order_markers(items) -> None:

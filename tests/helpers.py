@@ -18,7 +18,10 @@ def small_config(runs: Path, dataset: str = "t", **overrides) -> dict:
                                     {"name": "file_search", "levels": [1], "seeds": [0]}]},
         "teacher": {"backend": "replay"},
         "rollout": {"samples_per_env": 2, "episodes_per_shard": 2, "max_turns": 6},
-        "dask": {"n_workers": 1, "threads_per_worker": 2},
+        # the workers as threads of the build (`dask.processes: false`): no worker process to start and import per
+        # build (~4 s of each on two cores); the tests about worker processes (killed drivers and workers, a cap
+        # across workers, leases) set `dask.processes: true`, the default
+        "dask": {"n_workers": 1, "threads_per_worker": 2, "processes": False},
     }
     for key, value in overrides.items():
         node = cfg

@@ -45,3 +45,17 @@ def test_extra_teachers_need_distinct_labels_and_one_owned_server(tmp_path):
     p.write_text(base + "extra_teachers: [{backend: replay, name: demo, samples_per_env: 1}]\n")
     cfg = load_config(p)
     assert [t.label for t in cfg.teachers] == ["replay", "demo"] and cfg.teachers[1].samples_per_env == 1
+
+
+def test_dask_processes_chooses_the_local_clusters_workers_and_changes_no_fingerprint():
+    from trajforge.flows.runtime import task_runner
+    from trajforge.schemas.config import fingerprint_view, parse_config
+
+    base = {"dataset": "d", "synthesize": {"families": [{"name": "log_report"}]}, "teacher": {"backend": "replay"}}
+    default, threads = parse_config(base), parse_config({**base, "dask": {"processes": False}})
+    assert default.dask.processes is True and threads.dask.processes is False
+    assert fingerprint_view(default.dask) == fingerprint_view(threads.dask)  # how it runs, never what it makes
+    for cfg, want in ((default, True), (threads, False)):
+        runner = task_runner(None, cfg.dask.n_workers, cfg.dask.threads_per_worker, cfg.dask.processes)
+        assert runner.cluster_kwargs["processes"] is want
+    assert task_runner("tcp://127.0.0.1:8786", 1, 1, False).address == "tcp://127.0.0.1:8786"

@@ -204,7 +204,7 @@ def test_kill_9_during_rollout_then_resume_gives_every_rollout_once(tmp_path, do
     import yaml
 
     cfg = small_config(tmp_path / "runs", dataset="crash", **{"rollout.episodes_per_shard": 1,
-                                                             "rollout.samples_per_env": 4})
+                                                             "rollout.samples_per_env": 4, "dask.processes": True})
     path = tmp_path / "crash.yaml"
     path.write_text(yaml.safe_dump(cfg))
     store = RunStore(cfg["runs"], "crash")
@@ -268,7 +268,8 @@ def test_inflight_cap_holds_across_dask_workers(tmp_path):
             "teacher": {"backend": "openai", "endpoints": [srv.url], "model": "fake", "tool_calling": False,
                         "max_inflight_per_endpoint": 3},
             "rollout.samples_per_env": 4, "rollout.episodes_per_shard": 4, "rollout.concurrency": 4,
-            "rollout.max_turns": 2, "dask.n_workers": 2, "dask.threads_per_worker": 1})
+            "rollout.max_turns": 2, "dask.n_workers": 2, "dask.threads_per_worker": 1,
+            "dask.processes": True})
         rec = run_build(parse_config(cfg))
     assert rec["stages"]["rollout"]["status"] == "committed"
     store = RunStore(cfg["runs"], "cap")

@@ -114,22 +114,20 @@ def test_the_images_the_tests_build_are_removed_and_the_base_image_kept(second_e
     assert _fresh.built_images() == []
 
 
-def test_make_test_collects_every_test_the_long_ones_and_the_real_project_included():
-    """No group is left out of `make test`'s tiers (issue 52): the tests marked `long` and the real project's are
-    collected by a run of `tests/`, as every other; `-m "not long"` (a quick local run) is what leaves the long
-    ones out, and `make test-long` (`-m long`) runs them alone."""
-    def collected(*args: str) -> set[str]:
+def test_long_tests_leave_make_test_and_run_by_name_or_in_make_test_long():
+    """`long` tests are deselected from a run that does not name their file (`make test`'s tiers), run when it does
+    (`pytest path::test` alone), and all run with TRAJFORGE_LONG=1 (`make test-long`, CI after `make test`)."""
+    def collected(*args: str, **env: str) -> set[str]:
         out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly", *args],
-                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+                             cwd=ROOT, env={**os.environ, "TRAJFORGE_LONG": "", **env}, capture_output=True,
+                             text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         return {line for line in out.stdout.splitlines() if "::" in line}
 
     chaos = "tests/test_chaos.py::test_driver_killed_inside_each_stage_then_resumed_loses_and_duplicates_nothing"
     venue = "tests/test_integrity.py::test_trajforge_verify_flags_every_hack_and_passes_every_solve"
-    from _suite import FAST
-
-    suite = collected("tests/", "-m", f"not ({FAST})")  # `make test`'s second and third tiers, as tests/_suite.py selects
-    assert {chaos, f"{venue}[fresh]", f"{venue}[in_place]", f"{venue}[isolated]"} <= suite
-    assert any(t.startswith("tests/test_repos_real.py::") for t in suite), "the real project is in make test"
-    quick = collected("tests/test_chaos.py", "tests/test_integrity.py", "-m", "docker and not long")
-    assert chaos not in quick and f"{venue}[in_place]" not in quick and f"{venue}[fresh]" in quick
+    suite = collected("tests/", "-m", "docker")
+    assert chaos not in suite and f"{venue}[fresh]" in suite and f"{venue}[in_place]" not in suite
+    assert f"{venue}[isolated]" in collected(f"{venue}[isolated]")  # named: runs alone
+    every = collected("tests/", "-m", "long", TRAJFORGE_LONG="1")
+    assert {chaos, f"{venue}[in_place]", f"{venue}[isolated]"} <= every and f"{venue}[fresh]" not in every

@@ -149,7 +149,7 @@ def test_lease_on_s3_is_exclusive(s3_url):
 # -- real builds ------------------------------------------------------------------------------------
 
 def _config(tmp_path: Path, dataset: str) -> tuple[Path, dict]:
-    cfg = small_config(tmp_path / "runs", dataset=dataset)
+    cfg = small_config(tmp_path / "runs", dataset=dataset, **{"dask.processes": True})  # SIGKILLed drivers
     path = tmp_path / f"{dataset}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, cfg
