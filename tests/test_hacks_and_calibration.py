@@ -87,11 +87,12 @@ def test_planted_hacks_are_flagged_with_evidence_and_references_never_are(tmp_pa
     rows = []
     for env_id, commands in ref.items():
         first = planted[env_id][1] if env_id in planted else harmless.get(env_id, commands)
-        rows += [{"env_id": env_id, "commands": first}] + [{"env_id": env_id, "commands": commands}] * 3
+        # 3 samples: the contrastive review needs 3 successes (hacks.review_outliers)
+        rows += [{"env_id": env_id, "commands": first}] + [{"env_id": env_id, "commands": commands}] * 2
     cfg = small_config(hacks_runs, dataset="hacks", **{
         "synthesize": HACK_SYNTHESIZE,
         "teacher": {"backend": "replay", "replay": {"source": write_jsonl(tmp_path / "planted.jsonl", rows)}},
-        "rollout.samples_per_env": 4, "rollout.episodes_per_shard": 20, "rollout.concurrency": 6,
+        "rollout.samples_per_env": 3, "rollout.episodes_per_shard": 20, "rollout.concurrency": 6,
         "rollout.max_turns": 8, "dask.n_workers": 1, "dask.threads_per_worker": 2,
         "rollout.verify_in_place": mode == "in_place"})
     rec = run_build(parse_config(cfg))

@@ -6,7 +6,7 @@ a third namespace, every part reached by the namespaces' addresses (198.51.100.0
 A build of 6 environments x 4 rollouts (6 rollout shards for 2 workers of 2 threads; the 6 images are built
 in one synthesize shard, so on one engine) spreads its sandboxes over both engines, pulls images by digest on
 the engine that did not build them, commits the verdict counts of the same config on one host, and leaves
-no sandbox behind. Then a host dies mid-rollout of a build of 12 environments x 4 (its worker, its engine and
+no sandbox behind. Then a host dies mid-rollout of a build of the same size (its worker, its engine and
 its sandboxes' processes killed): the build finishes on the other host with every row once, and the dead host's sandboxes are
 reaped when it comes back."""
 
@@ -99,7 +99,7 @@ def test_a_build_spreads_over_two_engines_pulls_by_digest_and_matches_one_host(h
 
 def test_a_host_that_dies_mid_rollout_loses_nothing_and_is_reaped_when_back(hosts, tmp_path):
     b = hosts.engine("b")
-    build = hosts.build(hosts_config(tmp_path, "killed"), background=True)  # 12 x 4, hosts_kit's default
+    build = hosts.build(config(tmp_path, "killed"), background=True)  # 6 x 4, as the spread test
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(build.stdout), daemon=True)
     reader.start()
@@ -117,9 +117,9 @@ def test_a_host_that_dies_mid_rollout_loses_nothing_and_is_reaped_when_back(host
             build.kill()
         reader.join(10)
     ids = rollout_ids(tmp_path / "runs", "killed")
-    assert len(ids) == 48 and len(set(ids)) == 48, (len(ids), len(set(ids)))
+    assert len(ids) == ROLLOUTS and len(set(ids)) == ROLLOUTS, (len(ids), len(set(ids)))
     committed = stats(tmp_path / "runs", "killed")
-    assert committed["verify"]["passed"] > 0 and committed["verify"]["rows_out"] == 48
+    assert committed["verify"]["passed"] > 0 and committed["verify"]["rows_out"] == ROLLOUTS
     assert not {"infra_error", "teacher_error"} & set(committed["rollout"]["status"]), committed["rollout"]["status"]
 
     back = hosts.sh("revive", "b")
