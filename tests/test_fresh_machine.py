@@ -131,8 +131,9 @@ def test_long_tests_leave_make_test_and_run_by_name_or_in_make_test_long():
     suite = collected("tests/", "-m", "docker")
     assert chaos not in suite and f"{venue}[fresh]" in suite and f"{venue}[in_place]" not in suite
     assert f"{venue}[isolated]" in collected(f"{venue}[isolated]")  # named: runs alone
-    every = collected("tests/", "-m", "long", TRAJFORGE_LONG="1")
-    assert {chaos, f"{venue}[in_place]", f"{venue}[isolated]"} <= every and f"{venue}[fresh]" not in every
-    real = "tests/test_repos_real.py::"  # the real project: the same rule, with TRAJFORGE_REAL_PROJECT=1 (make test-real)
+    # the real project: the same rule, with TRAJFORGE_REAL_PROJECT=1 (make test-real); one collection for both groups
+    real = "tests/test_repos_real.py::"
     assert not any(t.startswith(real) for t in suite)
-    assert any(t.startswith(real) for t in collected("tests/", "-m", "docker", TRAJFORGE_REAL_PROJECT="1"))
+    every = collected("tests/", "-m", "long or docker", TRAJFORGE_LONG="1", TRAJFORGE_REAL_PROJECT="1")
+    assert {chaos, f"{venue}[in_place]", f"{venue}[isolated]", f"{venue}[fresh]"} <= every
+    assert any(t.startswith(real) for t in every)
