@@ -16,7 +16,11 @@ Beside them: the same trial (the environment's reference solution, then its hidd
 (benchmarks/oracle_trials.py's (d): create, start, exec the solution, put the tests, exec them, remove), `trajforge
 --help` in a cold process, and `import trajforge.flows.cli` alone.
 
-Targets: the build's wall ≤ 3 × the SDK loop's trial + 10 s; `trajforge --help` ≤ 2 s.
+Beside the default (a local cluster of worker processes), each round runs the same build with `dask.processes:
+false` (the workers as threads of the build: no worker process to start and import), phase by phase in its own
+column.
+
+Targets (on the default): the build's wall ≤ 3 × the SDK loop's trial + 10 s; `trajforge --help` ≤ 2 s.
 
 Usage: python benchmarks/build_overhead.py [--rounds 3] [--quick]
 """
@@ -115,12 +119,19 @@ def main() -> int:
     if not ok:
         raise SystemExit(f"the plain SDK loop's trial did not pass: {out}")
     builds, per_phase, trials, helps, imports = [], {}, [], [], []
+    threads, per_phase_threads = [], {}
     for k in range(args.rounds):
         cfg.write_text(yaml.safe_dump({**CONFIG, "runs": str(root / f"r{k}")}))
         wall, lines = stamped_build(cfg)
         builds.append(wall)
         for name, seconds in phases(wall, lines):
             per_phase.setdefault(name, []).append(seconds)
+        cfg.write_text(yaml.safe_dump({**CONFIG, "runs": str(root / f"t{k}"),
+                                       "dask": {**CONFIG["dask"], "processes": False}}))
+        wall_t, lines_t = stamped_build(cfg)
+        threads.append(wall_t)
+        for name, seconds in phases(wall_t, lines_t):
+            per_phase_threads.setdefault(name, []).append(seconds)
         t0 = time.monotonic()
         ok, out = loop.trial(0)
         trials.append(time.monotonic() - t0)
@@ -128,15 +139,20 @@ def main() -> int:
             raise SystemExit(f"the plain SDK loop's trial did not pass: {out}")
         helps.append(cold([str(TRAJFORGE), "--help"]))
         imports.append(cold([sys.executable, "-c", "import trajforge.flows.cli"]))
-        print(f"round {k + 1}: build {wall:.1f} s, SDK trial {trials[-1]:.2f} s, --help {helps[-1]:.2f} s", flush=True)
+        print(f"round {k + 1}: build {wall:.1f} s ({wall_t:.1f} s with threads), SDK trial {trials[-1]:.2f} s, "
+              f"--help {helps[-1]:.2f} s", flush=True)
     med = statistics.median
-    rows = [[name, f"{med(v):.2f}", f"{100 * med(v) / med(builds):.0f} %"] for name, v in per_phase.items()]
-    rows += [["whole build (wall)", f"{med(builds):.2f}", "100 %"],
-             ["plain docker-SDK loop, the same trial", f"{med(trials):.2f}", ""],
-             ["`trajforge --help`, cold process", f"{med(helps):.2f}", ""],
-             ["`import trajforge.flows.cli`, cold process", f"{med(imports):.2f}", ""]]
+
+    def t(name: str) -> str:
+        return f"{med(per_phase_threads[name]):.2f}" if name in per_phase_threads else ""
+
+    rows = [[name, f"{med(v):.2f}", f"{100 * med(v) / med(builds):.0f} %", t(name)] for name, v in per_phase.items()]
+    rows += [["whole build (wall)", f"{med(builds):.2f}", "100 %", f"{med(threads):.2f}"],
+             ["plain docker-SDK loop, the same trial", f"{med(trials):.2f}", "", ""],
+             ["`trajforge --help`, cold process", f"{med(helps):.2f}", "", ""],
+             ["`import trajforge.flows.cli`, cold process", f"{med(imports):.2f}", "", ""]]
     print_table(f"one-environment, one-trial replay build, cold process, warm images (median of {args.rounds})",
-                ["phase", "s", "share"], rows)
+                ["phase", "s (default: worker processes)", "share", "s (dask.processes: false)"], rows)
     host_report("end", args.quick)
     bound = 3 * med(trials) + 10
     code = target("build wall s", med(builds), "<=", round(bound, 2), args.quick,
