@@ -28,9 +28,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("pre
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, prefect_api):
-    """One full build on a LocalCluster, shared by the reuse / re-run tests."""
+    """One full build on a LocalCluster of worker processes (the default), shared by the reuse / re-run tests."""
     runs = tmp_path_factory.mktemp("runs")
-    cfg = parse_config(small_config(runs))
+    cfg = parse_config(small_config(runs, **{"dask.processes": True}))
     record = run_build(cfg)
     return cfg, record
 
