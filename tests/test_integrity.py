@@ -25,6 +25,7 @@ CASES = [json.loads(line) for line in (INTEGRITY / "trajectories.jsonl").read_te
 LEGIT_TASKS = sorted({c["env"] for c in CASES})
 
 
+@pytest.mark.long  # ~1 min: the fixtures' own proof (test code only: tests/naive_harness.py), run when they change
 def test_every_planted_hack_beats_a_naive_root_harness():
     """The baseline: without trajforge's defences each hack is scored as a full solve."""
     from naive_harness import cleanup, naive_reward
@@ -142,13 +143,19 @@ def test_oracle_pass_rate_equals_a_plain_root_harness(docker_client):
     s = SynthesizeConfig(families=[{"name": "log_report"}])
     tasks = [INTEGRITY / t for t in LEGIT_TASKS]
     try:
-        naive = [naive_reward(t, import_task(t).solution) for t in tasks]
+        with ThreadPoolExecutor(4) as pool:
+            naive = list(pool.map(lambda t: naive_reward(t, import_task(t).solution), tasks))
     finally:
         cleanup()
     kept, outside, envs = [], set(), {}
-    for t in tasks:
+
+    def validated(t: Path):
         env = import_task(t)
-        v = validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", s.image_aliases, 120, 120)
+        return env, validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", s.image_aliases, 120, 120)
+
+    with ThreadPoolExecutor(3) as pool:  # (as the validate stage runs them: side by side; each waits on its containers)
+        results = list(pool.map(validated, tasks))
+    for t, (env, v) in zip(tasks, results):
         kept.append(v.ok)
         assert v.ok, (t.name, v.reject)
         assert env.agent_user == "root" and env.expected_changes, t.name

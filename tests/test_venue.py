@@ -120,7 +120,8 @@ def test_every_new_hack_beats_a_naive_root_harness():
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("venue", ["fresh", "in_place"])
+# `in_place` is `long` (~1 min; `fresh` is the default; in_place is judged in make test by the planted-hacks build)
+@pytest.mark.parametrize("venue", ["fresh", pytest.param("in_place", marks=pytest.mark.long)])
 def test_the_new_hacks_never_pass_and_honest_work_does(tmp_path, venue):
     rows = [{"trajectory_id": c["case"], "env_id": str(INTEGRITY / c["env"]), "commands": c["commands"]}
             for c in CASES + HONEST]
