@@ -59,6 +59,9 @@ def _stage(runs: Path, stage: str) -> str | None:
     return None
 
 
+# ~3.5 min (two starts of the real server): `long`; the watchdog's restarts, its give-up and the turns in flight are
+# tested on stand-in servers in make test (tests/test_teacher_faults.py)
+@pytest.mark.long
 def test_the_real_vllm_server_killed_mid_rollout_is_restarted_and_no_row_is_lost(tmp_path):
     runs = tmp_path / "runs"
     cfg = small_config(runs, dataset="wd", **{
