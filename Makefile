@@ -55,9 +55,10 @@ test: setup system-packages teacher
 	$(PY) tests/_suite.py --workers $(FAST_WORKERS) $(PYTEST_ARGS)
 
 # The tests marked `long` (minutes each: the integrity venues in_place and isolated, the two-engine spread, the driver
-# killed inside each stage; a shorter test in `make test` makes each claim in part), about 10 minutes on two cores:
+# killed inside each stage, the new hacks' in_place venue, the real vLLM server killed mid-rollout; a shorter test in
+# `make test` makes each claim in part; and the integrity fixtures' naive baseline), about 20 minutes on two cores:
 # not in `make test`, so that `make test` fits CI's 90 minutes (CI runs them after `make test` when its time allows).
-test-long: setup system-packages
+test-long: setup system-packages teacher
 	TRAJFORGE_LONG=1 $(PY) -m pytest -q -ra -m long $(PYTEST_ARGS)
 
 # The real project (configs/swe.yaml's more-itertools: >= 10 validated environments of each kind, issue 43), about 6

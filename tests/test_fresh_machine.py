@@ -121,7 +121,7 @@ def test_long_tests_leave_make_test_and_run_by_name_or_in_make_test_long():
     2 hours on CI's two cores (stop 61), past its 90 minutes (issue 52)."""
     def collected(*args: str, **env: str) -> set[str]:
         out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly", *args],
-                             cwd=ROOT, env={**os.environ, "TRAJFORGE_LONG": "", **env}, capture_output=True,
+                             cwd=ROOT, env={**os.environ, "TRAJFORGE_LONG": "", "TRAJFORGE_REAL_PROJECT": "", **env}, capture_output=True,
                              text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         return {line for line in out.stdout.splitlines() if "::" in line}

@@ -60,7 +60,7 @@ def test_a_plugin_teacher_backend_runs_a_build(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     cfg = parse_config(small_config(tmp_path / "runs", dataset="echo", plugins=["echo_teacher"],
                                     teacher={"backend": "echo", "text": "hi-from-echo"},
-                                    **{"rollout.samples_per_env": 1}))
+                                    **{"rollout.samples_per_env": 1, "dask.processes": True}))  # imported in workers
     record = run_build(cfg)
     assert record["status"] == "committed"
     store = RunStore(cfg.runs, cfg.dataset)

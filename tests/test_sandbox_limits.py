@@ -138,7 +138,9 @@ def test_a_shard_past_its_timeout_fails_the_stage_named(make_config, prefect_api
     from trajforge.flows.launch import run_build
     from trajforge.tasks.engine.store import RunStore
 
-    cfg = make_config(**{"dask.shard_timeout_s": 0.5, "synthesize.envs_per_shard": 1})
+    # worker processes: the abandoned shards go on in the worker, which closes with the cluster (as threads they
+    # would go on inside pytest)
+    cfg = make_config(**{"dask.shard_timeout_s": 0.5, "synthesize.envs_per_shard": 1, "dask.processes": True})
     with pytest.raises(RuntimeError, match=r"shard part-\d+ of stage \w+ still running after dask.shard_timeout_s=0.5s") as err:
         run_build(cfg)
     stage = re.search(r"of stage (\w+) still running", str(err.value)).group(1)
