@@ -120,18 +120,18 @@ def main() -> int:
         raise SystemExit(f"the plain SDK loop's trial did not pass: {out}")
     builds, per_phase, trials, helps, imports = [], {}, [], [], []
     threads, per_phase_threads = [], {}
-    for k in range(args.rounds):
-        cfg.write_text(yaml.safe_dump({**CONFIG, "runs": str(root / f"r{k}")}))
+
+    def timed(runs: Path, walls: list[float], per: dict[str, list[float]], **over) -> float:
+        cfg.write_text(yaml.safe_dump({**CONFIG, "runs": str(runs), **over}))
         wall, lines = stamped_build(cfg)
-        builds.append(wall)
+        walls.append(wall)
         for name, seconds in phases(wall, lines):
-            per_phase.setdefault(name, []).append(seconds)
-        cfg.write_text(yaml.safe_dump({**CONFIG, "runs": str(root / f"t{k}"),
-                                       "dask": {**CONFIG["dask"], "processes": False}}))
-        wall_t, lines_t = stamped_build(cfg)
-        threads.append(wall_t)
-        for name, seconds in phases(wall_t, lines_t):
-            per_phase_threads.setdefault(name, []).append(seconds)
+            per.setdefault(name, []).append(seconds)
+        return wall
+
+    for k in range(args.rounds):
+        wall = timed(root / f"r{k}", builds, per_phase)
+        wall_t = timed(root / f"t{k}", threads, per_phase_threads, dask={**CONFIG["dask"], "processes": False})
         t0 = time.monotonic()
         ok, out = loop.trial(0)
         trials.append(time.monotonic() - t0)

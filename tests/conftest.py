@@ -100,7 +100,7 @@ def pytest_collection_modifyitems(config, items):
     test` has left of CI's 90) run when their file is named or `TRAJFORGE_REAL_PROJECT=1` (`make test-real`; CI
     runs it after `make test` when its time allows). So do the tests marked `long` (minutes each, their claim also
     made in part by a shorter test that stays): when their file is named or `TRAJFORGE_LONG=1` (`make test-long`,
-    which CI runs first after `make test` when its time allows). Then: """
+    which CI runs after `make test-real` when its time allows). Then: """
     _leave_out(config, items, "TRAJFORGE_REAL_PROJECT", lambda i: Path(str(i.path)).name == REAL_PROJECT)
     _leave_out(config, items, "TRAJFORGE_LONG", lambda i: i.get_closest_marker("long") is not None)
     part = os.environ.get("TRAJFORGE_SUITE_PART")
