@@ -11,9 +11,11 @@ import stat
 
 import pytest
 
+from trajforge.schemas.common import ChangeSet
 from trajforge.schemas.config import SandboxConfig
 from trajforge.tasks.sandbox import Sandbox
-from trajforge.tasks.sandbox.layer import classify, judged, toolchain_changes, upper_changes
+from trajforge.tasks.sandbox.layer import classify, judged, layer_entries, toolchain_changes, upper_changes
+from trajforge.tasks.sandbox.walk import ChangeWalk
 
 BASELINE = frozenset({"/usr", "/usr/bin", "/usr/bin/cat", "/usr/bin/ls", "/usr/sbin", "/usr/lib", "/usr/lib/x86_64-linux-gnu",
                       "/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/local", "/usr/local/bin", "/etc", "/bin", "/app"})
@@ -58,6 +60,41 @@ def test_an_overlay_upper_folder_is_read_without_running_anything(tmp_path):
                      "/usr/lib/x86_64-linux-gnu/libc.so.6": "modified"}
     assert toolchain_changes(kinds, BASELINE) == sorted(kinds)
     assert toolchain_changes(kinds, BASELINE, expected=("/usr/lib/*",)) == ["/usr/bin/cat", "/usr/bin/ls"]
+
+
+def test_what_a_writable_layer_holds_joins_the_walks_change_set(tmp_path):
+    """Fail closed (docs/verification.md, 5.): whatever the container's writable layer holds is in the change set,
+    whatever the walk inside it listed: a file named like the walk's own spool, a name that is not UTF-8 (spelled
+    as the walk spells it), what an opaque folder no longer holds; only the engine's mount points stay out, and a
+    name the engine's diff could not spell makes the set incomplete."""
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp/.tf-out.q1w2e3").write_text("def mean(v): ...")
+    (tmp_path / "app/new/deep").mkdir(parents=True)
+    (tmp_path / "app/new/deep/f.py").write_text("x")
+    (tmp_path / "app/empty").mkdir()
+    os.mknod(tmp_path / "app/old.txt", stat.S_IFCHR | 0o600, os.makedev(0, 0))
+    (tmp_path / "etc/apt").mkdir(parents=True)
+    os.setxattr(tmp_path / "etc/apt", "trusted.overlay.opaque", b"y")
+    (tmp_path / "etc/apt/new.list").write_text("deb x")
+    (tmp_path / "usr/sbin").mkdir(parents=True)
+    (tmp_path / "usr/sbin/docker-init").write_text("")
+    os.close(os.open(os.fsencode(tmp_path / "app") + b"/\xff.pth", os.O_CREAT | os.O_WRONLY))
+    raw = layer_entries(str(tmp_path))
+    assert raw["/app/old.txt"] == "deleted" and raw["/etc/apt"] == "opaque" and raw["/app/\\xff.pth"] == "present"
+    baseline = frozenset({"/app", "/app/old.txt", "/etc", "/etc/apt", "/etc/apt/sources.list", "/tmp", "/usr",
+                          "/usr/sbin"})
+    dirs = frozenset({"/app", "/etc", "/etc/apt", "/tmp", "/usr", "/usr/sbin"})
+    walker = type("Walker", (), {"children": {"/etc/apt": {"/etc/apt/sources.list"}}})()
+    walked = ChangeSet(added=["/app/new/deep/f.py"], modified=[], deleted=[], total=1)
+    joined = ChangeWalk.with_layer(walker, walked, classify(raw, baseline, dirs), 100)
+    assert joined.added == ["/app/\\xff.pth", "/app/empty", "/app/new/deep/f.py", "/etc/apt/new.list",
+                            "/tmp/.tf-out.q1w2e3"]
+    assert joined.deleted == ["/app/old.txt", "/etc/apt/sources.list"] and not joined.truncated
+    assert joined.total == 7
+    # the engine's diff (no host view) spells a byte that is not UTF-8 as U+FFFD: no revert could address it
+    engine = ChangeWalk.with_layer(walker, walked, {"/app/\ufffd.pth": "added"}, 100)
+    assert engine.truncated
+    assert ChangeWalk.with_layer(walker, walked, {}, 100) is walked
 
 
 @pytest.mark.docker

@@ -39,7 +39,16 @@ from .errors import (
     StateTooLarge,
     StateUnreadable,
 )
-from .layer import HARNESS_PATH, SYSTEM, classify, folder_changes, toolchain_changes, under, upper_changes
+from .layer import (
+    HARNESS_PATH,
+    SYSTEM,
+    classify,
+    folder_changes,
+    layer_entries,
+    toolchain_changes,
+    under,
+    upper_changes,
+)
 from .limits import create_capped, ulimits
 from .providers import connect
 from .reaper import LABEL
@@ -171,7 +180,8 @@ class Sandbox(ChangeWalk):
         self.episode_container = None  # ...and the stopped episode container stays here until `close`
         self.fresh_image: str | None = None  # the commit it was made from (removed by `close`)
         self.volume_changes: dict[str, str] = {}  # {path: added|modified|deleted} in the image's VOLUMEs
-        self.carried: frozenset[str] = frozenset()  # the paths of the episode's commit layer (read on its host)
+        self.carried: frozenset[str] = frozenset()  # the paths of the episode's commit layer (venue `fresh`)
+        self.layer_paths: frozenset[str] = frozenset()  # the paths of the writable layer at the last `layer_changes`
 
     def __enter__(self) -> "Sandbox":
         self.start()
@@ -412,6 +422,16 @@ class Sandbox(ChangeWalk):
         if data.get("Name") != "overlay2" or not upper or not local or not os.access(upper, os.R_OK | os.X_OK):
             return None
         return upper
+
+    def layer_changes(self) -> dict[str, str]:
+        """{path: added | modified | deleted | replaced} of everything in the container's writable layer against the
+        image, read from outside (the overlay upper folder on this host, else the engine's diff): what a commit of
+        it carries (`layer_paths`: every path of it). The engine's diff spells a byte that is not UTF-8 as U+FFFD:
+        such a name cannot be addressed, and `with_layer` makes the change set incomplete."""
+        upper = self._upper_dir()
+        raw = layer_entries(upper) if upper is not None else self._engine_diff()
+        self.layer_paths = frozenset(raw)
+        return classify(raw, self.baseline, self.baseline_dirs)
 
     def folder_changes(self) -> dict[str, str]:
         """{folder: modified}: folders of the image whose owner, group or mode the episode changed (the walk lists
@@ -709,7 +729,9 @@ class Sandbox(ChangeWalk):
             self.settled = True
             return leftover, None, self.outside_change_set(cap)
         folders = self.folder_changes()  # (of the episode's own container, before a fresh one replaces it)
+        layer = self.layer_changes()  # ...and what its writable layer holds, which a commit carries (fail closed)
         if reborn:
+            self.carried = self.layer_paths  # what the commit carries
             fresh.reincarnate(self)
         if rows is None:
             rows = self._find(body)
@@ -724,7 +746,7 @@ class Sandbox(ChangeWalk):
         self.settled = leftover == 0 or reborn  # else the kill loop may have given up (a fork bomb)
         if reborn:  # what the engine itself writes into every container's layer, and so into the commit
             rows = [r for r in rows if (r[0], r[1], r[2]) not in fresh.ENGINE_FILES]
-        changes = self._change_set(self._with_agent_pass(rows), cap)
+        changes = self.with_layer(self._change_set(self._with_agent_pass(rows), cap), layer, cap)
         return leftover, after, fresh.with_volumes(changes, {**folders, **self.volume_changes}, cap)
 
     def _first_look(self, script: str, walk: bool = True) -> list[tuple[str, str, str]] | None:
@@ -745,7 +767,8 @@ class Sandbox(ChangeWalk):
     def changes(self, cap: int = DECISION_CAP) -> ChangeSet:
         """The walk's change set (walk.py) joined with what changed in the image's VOLUMEs (read through the engine,
         against the image's content there: `fresh.volume_changes`), which the walk never enters."""
-        return fresh.with_volumes(super().changes(cap), fresh.volume_changes(self), cap)
+        return fresh.with_volumes(self.with_layer(super().changes(cap), self.layer_changes(), cap),
+                                  fresh.volume_changes(self), cap)
 
     def outside_change_set(self, cap: int) -> ChangeSet:
         """The change set from the engine's diff of the writable layer (a view the agent cannot reach;

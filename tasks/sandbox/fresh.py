@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import posixpath
 import tarfile
 import time
@@ -79,7 +78,6 @@ def reincarnate(sb: "Sandbox") -> None:
     old = sb.episode_container
     api = sb.client.api
     paths = volumes(sb)
-    sb.carried = frozenset(_layer_paths(sb))
     episode_tars = {v: _archive(api, old.id, v, sb.name) for v in paths}
     try:
         image = api.commit(old.id, repository="trajforge-fresh", tag=uuid.uuid4().hex[:12], pause=False,
@@ -101,18 +99,6 @@ def reincarnate(sb: "Sandbox") -> None:
     for v in paths:
         changes.update(_carry_volume(sb, v, episode_tars[v]))
     sb.volume_changes = changes
-
-
-def _layer_paths(sb: "Sandbox") -> list[str]:
-    """The paths in the stopped episode container's writable layer (what the commit carries), read on the engine's
-    host without following links; none without a host view (the test-run evidence then knows less)."""
-    upper = sb._upper_dir()
-    if upper is None:
-        return []
-    out = []
-    for root, dirs, names in os.walk(upper):
-        out += [os.path.join(root, n)[len(upper):] for n in dirs + names]
-    return out
 
 
 def _archive(api, container_id: str, path: str, name: str) -> bytes:

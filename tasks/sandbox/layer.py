@@ -57,6 +57,43 @@ def judged(path: str, kind: str, baseline: frozenset[str]) -> bool:
     return False
 
 
+def spelled(name: bytes) -> str:
+    """A name as the change walk spells it: bytes that are not UTF-8 as `\\xNN` (records are text)."""
+    return name.decode("utf-8", "backslashreplace")
+
+
+def layer_entries(upper: str) -> dict[str, str]:
+    """{path: present | opaque | deleted} of EVERYTHING in an overlay upper folder (host side, never following a
+    link; names spelled as the walk spells them): what a commit of the container carries, whatever any walk inside
+    it saw. A whiteout (character device 0:0) is a deletion, an opaque folder replaced what the image had below."""
+    out: dict[str, str] = {}
+    root = os.fsencode(upper)
+    stack = [b"/"]
+    while stack:
+        rel = stack.pop()
+        try:
+            with os.scandir(root + rel) as it:
+                entries = list(it)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for e in entries:
+            path = rel.rstrip(b"/") + b"/" + e.name
+            st = e.stat(follow_symlinks=False)
+            name = spelled(path)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                out[name] = "deleted"
+            elif stat.S_ISDIR(st.st_mode):
+                try:
+                    opaque = os.getxattr(e.path, _WHITEOUT_XATTR, follow_symlinks=False) == b"y"
+                except OSError:
+                    opaque = False
+                out[name] = "opaque" if opaque else "present"
+                stack.append(path)
+            else:
+                out[name] = "present"
+    return out
+
+
 def upper_changes(upper: str) -> dict[str, str]:
     """{path: added | modified | deleted} below the system folders, from an overlay upper folder (host
     side, never following a link): a whiteout (character device 0:0) is a deletion, an opaque folder

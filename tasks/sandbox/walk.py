@@ -33,6 +33,10 @@ from .users import AGENT_UID, USERS
 _NOISE = re.compile(r"^/(proc|sys|dev)(/|$)"
                     r"|^/tmp/\.tf-(out|dirs|list|state)\.[A-Za-z0-9]{6}$|^/\.tf-dirs\.[A-Za-z0-9]{6}$"
                     r"|^/usr/sbin/docker-init$")
+# Never part of what a writable layer read from outside adds to a change set: the mount points the engine makes in
+# every container (its init program, the kernel views). Nothing else: the harness's spool files are gone when the
+# layer is read, so a look-alike of theirs is the agent's.
+_ENGINE_MOUNTS = re.compile(r"^/(proc|sys|dev)(/|$)|^/(usr/)?sbin/docker-init$")
 _PRUNE = r"/ -xdev \( -path /proc -o -path /sys -o -path /dev \) -prune -o"
 # (image id, work dir, tmpfs work dir) -> (the paths of its root filesystem, their children by folder, its folders)
 _BASELINES: dict[tuple[str, str, bool], tuple[frozenset[str], dict[str, set[str]], frozenset[str]]] = {}
@@ -278,6 +282,36 @@ class ChangeWalk:
         total = len(added) + len(modified) + len(gone)
         return ChangeSet(added=added[:cap], modified=modified[:cap], deleted=gone[:cap], total=total,
                          truncated=max(len(added), len(modified), len(gone)) > cap or not complete)
+
+    def with_layer(self, changes: ChangeSet, layer: dict[str, str] | None, cap: int) -> ChangeSet:
+        """`changes` (the walk's) joined with what the container's writable layer holds that the walk did not list
+        (`layer`: {path: added | modified | deleted | replaced}, read from outside, `Sandbox.layer_changes`): what a
+        commit carries and the tests could read is in the change set, so it is captured, checksummed and reverted
+        like the rest, whatever the walk left out (a name like its own spool's, a folder nobody could list, a path
+        outside an unprivileged agent's places). Deepest paths, as the walk gives them. None: no outside view of
+        the layer (the walk's own set)."""
+        if not layer:
+            return changes
+        listed = set(changes.added) | set(changes.modified) | set(changes.deleted)
+        extra: dict[str, str] = {}
+        added = sorted({p for p, k in layer.items() if k == "added"} | set(changes.added))
+        for p, kind in layer.items():
+            if p in listed or _ENGINE_MOUNTS.search(p):
+                continue
+            if kind == "replaced":  # made anew: what the image had below it and the layer does not hold is gone
+                extra.update({c: "deleted" for c in self.children.get(p, ()) if c not in layer and c not in listed})
+            elif kind != "added" or not _has_child(added, p, bisect.bisect_left(added, p)):
+                extra[p] = kind
+        if not extra:
+            return changes
+        lists = {k: set(getattr(changes, k)) for k in ("added", "modified", "deleted")}
+        for p, kind in extra.items():
+            lists[kind].add(p)
+        out = {k: sorted(v) for k, v in lists.items()}
+        # (the engine's diff spells a byte that is not UTF-8 as U+FFFD: no revert or capture could address it)
+        return ChangeSet(**{k: v[:cap] for k, v in out.items()}, total=changes.total + len(extra),
+                         truncated=changes.truncated or any(len(v) > cap for v in out.values())
+                         or any("\ufffd" in p for p in extra))
 
     def _engine_diff(self) -> dict[str, str]:
         """{path: added | modified | deleted} from the engine's diff of the container's writable layer
