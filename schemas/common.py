@@ -71,11 +71,14 @@ class FileSpec(Record):
 class PathChange(Record):
     """One change of the reference solution's change set: what kind, and (for a path that can change how the tests
     run, `changes.sensitive_class`) what the path holds afterwards: `f:<sha256>` (a file), `l:<target>` (a link),
-    `d` (a folder), another type's letter; None where it was not read (an older record, or too large)."""
+    `d` (a folder), another type's letter; None where it was not read (an older record, or too large). For a
+    configuration file (`judge.directives.format_of`), `directives`: the keys it sets, as that format's own parser
+    reads them (an episode's file there with other keys has unexpected parts); None where not read."""
 
     path: str
     kind: Literal["added", "modified", "deleted"]
     content: str | None = None
+    directives: list[str] | None = None
 
 
 class ChangeSet(Record):
