@@ -46,9 +46,56 @@ PLUGIN_DIST = {"evil_plugin-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nNam
                "evil_plugin.py": NOOP}
 
 
-def _env() -> EnvSpec:
+# the same checks in pytest's own style, over two test files (the second is imported after the agent's module ran)
+PYTESTS = {"test_calc.py": f"import sys\nsys.path.insert(0, '{WORK}')\nimport calc\n\n\ndef test_loads():\n"
+                           "    assert callable(calc.add)\n",
+           "test_more.py": "import calc\n\n\ndef test_add():\n    assert calc.add(2, 3) == 5\n\n\n"
+                           "def test_table():\n    assert [calc.add(i, 1) for i in range(3)] == [1, 2, 3]\n"}
+# Attacks on the runner itself from the graded module (issue 53, class 3), each passing a plain pytest run:
+RUNNER_ATTACKS = {
+    # an import hook that serves the next test module from a file of the agent's (`.more.py`, FAKE_MORE), under the
+    # test file's name
+    "import_hook": (
+        f"import sys, importlib.abc, importlib.util\n"
+        f"FAKE = '{WORK}/.more.py'\n"
+        "class _F(importlib.abc.MetaPathFinder, importlib.abc.Loader):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        return importlib.util.spec_from_loader(name, self) if name == 'test_more' else None\n"
+        "    def create_module(self, spec):\n"
+        "        return None\n"
+        "    def exec_module(self, module):\n"
+        "        exec(compile(open(FAKE).read(), FAKE, 'exec'), module.__dict__)\n"
+        "        module.__file__ = '/tests/test_more.py'\n"
+        "sys.meta_path.insert(0, _F())\n"),
+    # pytest's collector patched: every test item's function is the agent's
+    "collector_patch": (
+        "import _pytest.python as _p\n"
+        "def _noop(*a, **k):\n"
+        "    return None\n"
+        "_p.Function._getobj = lambda self: _noop\n"),
+    # a plugin registered late (the session found through the garbage collector) that rewrites the collected items
+    "late_plugin": (
+        "import gc\n"
+        "def _noop(*a, **k):\n"
+        "    return None\n"
+        "class _Late:\n"
+        "    def pytest_collection_modifyitems(self, items):\n"
+        "        for it in items:\n"
+        "            it.obj = _noop\n"
+        "for _o in gc.get_objects():\n"
+        "    if type(_o).__name__ == 'Config' and hasattr(_o, 'pluginmanager'):\n"
+        "        _o.pluginmanager.register(_Late(), 'late')\n"
+        "        break\n"),
+}
+
+
+FAKE_MORE = "def test_add():\n    pass\n\n\ndef test_table():\n    pass\n"
+
+
+def _env(tests: dict[str, str] | None = None) -> EnvSpec:
+    tests = tests or {"test_calc.py": TESTS}
     return EnvSpec(env_id="e", family="harbor", level=1, seed=0, source="harbor", instruction="i", verifier="script",
-                   workdir=WORK, tests=[FileSpec(path="test_calc.py", content=TESTS)],
+                   workdir=WORK, tests=[FileSpec(path=p, content=c) for p, c in tests.items()],
                    tests_run_agent_code="in_process", test_timeout_s=60)
 
 
@@ -58,11 +105,11 @@ def _unchecked_pyc(source: str) -> bytes:
     return importlib.util.MAGIC_NUMBER + flags + b"\0" * 8 + marshal.dumps(compile(source, f"{WORK}/calc.py", "exec"))
 
 
-def _guard(docker_client, files: dict[str, str | bytes], naive: bool = False):
+def _guard(docker_client, files: dict[str, str | bytes], naive: bool = False, tests: dict[str, str] | None = None):
     """The guarded run over the work dir holding `files` (the work dir on every interpreter's path, as a
     repository task's image has it); `naive`: first the task's tests under a plain pytest, which must pass (the
     attack works where nothing guards)."""
-    env = _env()
+    env = _env(tests)
     with Sandbox(docker_client, "trajforge/base:latest", SandboxConfig(), workdir=WORK) as sb:
         assert sb.exec(f"echo {WORK} > /usr/lib/python3/dist-packages/work.pth", 30, user="root").exit_code == 0
         for path, content in files.items():  # written as the agent writes them
@@ -72,7 +119,8 @@ def _guard(docker_client, files: dict[str, str | bytes], naive: bool = False):
             assert res.exit_code == 0, res.output
         if naive:
             copy_tests(sb, env)
-            plain = sb.exec("python3 -m pytest -q -p no:cacheprovider /tests/test_calc.py", 120, user="root")
+            plain = sb.exec("python3 -m pytest -q -p no:cacheprovider " + " ".join(f"/tests/{t.path}" for t in env.tests),
+                            120, user="root")
             assert plain.exit_code == 0, ("the attack does not even pass unguarded", plain.output[-1500:])
             sb.exec("rm -rf /tests", 30, user="root", workdir="/")
         run = run_guarded(sb, env, guard_timeout(env, 60))
@@ -107,3 +155,55 @@ def test_assertions_made_no_ops_by_the_agents_code_are_taken_away(docker_client,
     assert [f.kind for f in flags if f.kind == "runner_tamper"], (attack, run.tests, run.audit, run.output[-1500:])
     if attack == "in_module":
         assert any("unittest.TestCase.assertEqual" in f.detail for f in flags), flags
+
+
+@pytest.fixture(scope="module")
+def honest_pytest(docker_client):
+    return _guard(docker_client, {"calc.py": HONEST}, tests=PYTESTS)
+
+
+@pytest.mark.parametrize("attack", sorted(RUNNER_ATTACKS))
+def test_agent_code_that_steers_the_test_runner_is_runner_tamper(docker_client, honest_pytest, attack):
+    """The guarded run executes each test from code compiled from the copied test file (never from what pytest's
+    collected objects hold) and compares what the runner and the import machinery are made of before each test:
+    an import hook serving a fake test module, a patched collector, a late plugin rewriting the items all lose the
+    pass; the honest module, over the same two files, passes with nothing replaced."""
+    env, run = honest_pytest
+    assert run.error is None and len(run.good()) == 3, (run.tests, run.output[-1500:])
+    assert not [e for e in run.audit if e.startswith("replaced ")], run.audit
+    env = env.model_copy(update={"guard_tests": run.good()})
+    assert guard_flags(env, run) == []
+    files = {"calc.py": WRONG + RUNNER_ATTACKS[attack], **({".more.py": FAKE_MORE} if attack == "import_hook" else {})}
+    _, attacked = _guard(docker_client, files, naive=True, tests=PYTESTS)
+    flags = guard_flags(env, attacked)
+    assert [f for f in flags if f.kind in ("runner_tamper", "interpreter_patch")], (
+        attack, attacked.tests, attacked.audit, attacked.output[-1500:])
+
+
+SRC_TESTS = {
+    "test.sh": "#!/bin/bash\nmkdir -p /logs/verifier\ncd /app && python3 -m pytest -q -p no:cacheprovider /tests/test_stats.py"
+               " && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
+    "conftest.py": "import sys\nsys.path.insert(0, '/app/src')\n",
+    "test_stats.py": "from statpkg import mean\n\n\ndef test_mean():\n    assert mean([1, 2]) == 1.5\n",
+}
+
+
+def test_exposure_comes_from_what_the_tests_really_import(docker_client):
+    """A src layout the tests reach through their conftest: no top-level name of the work dir is imported (the
+    tests' text says `statpkg`, the work dir holds `src`), yet the graded run loads the reference's module. The
+    guarded session's import trace marks the environment `in_process`, so every pass of it gets the guarded re-run
+    (a test file's text alone said `no`)."""
+    from trajforge.tasks.envs.validator import profile_reference
+    from trajforge.tasks.judge.exposure import tests_run_agent_code
+
+    env = EnvSpec(env_id="src", family="harbor", level=1, seed=0, source="harbor", instruction="i", verifier="script",
+                  workdir="/app", image="trajforge/base:latest", agent_user="root", test_command="bash /tests/test.sh",
+                  tests=[FileSpec(path=p, content=c, mode=0o755 if p.endswith(".sh") else 0o644)
+                         for p, c in SRC_TESTS.items()],
+                  solution=["mkdir -p /app/src/statpkg && printf 'def mean(v):\\n    return sum(v) / len(v)\\n'"
+                            " > /app/src/statpkg/__init__.py"], test_timeout_s=60)
+    by_text = tests_run_agent_code(env.tests, env.test_command, "/app", {"/app/src/statpkg/__init__.py": False})
+    assert by_text == "no"
+    assert profile_reference(docker_client, env, SandboxConfig(), 60, 60)
+    assert env.tests_run_agent_code == "in_process", env.expected_changes
+    assert env.guard_tests == ["test_stats.py::test_mean"], env.guard_tests

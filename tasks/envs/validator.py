@@ -52,10 +52,10 @@ from ...schemas.config import SandboxConfig, SynthesizeConfig
 from ...schemas.environment import EnvSpec, TestAudit
 from ..judge.changes import reference_changes, sensitive_class
 from ..judge.exposure import tests_run_agent_code
-from ..judge.guard import guard_timeout, guardable, run_guarded
+from ..judge.guard import agent_dirs, guard_timeout, guardable, pytest_files, run_guarded
 from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
-from ..sandbox.walk import DECISION_CAP
+from ..sandbox.walk import DECISION_CAP, inside
 from . import start_code
 from .audit import AuditSettings, describe
 from .audit import audit as run_audit
@@ -438,13 +438,31 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
     if passing:
         env.expected_tests = sorted(set.intersection(*({t.name for t in r.reported if t.passed} for r in passing)))
     env.tests_leave_processes = any(r.leftovers > 0 for r in runs)
+    if pytest_files(env) and env.tests_run_agent_code != "in_process" and _python_changed(env):
+        # the tests' text names no module of the work dir, but the reference changed Python code: what the guarded
+        # session really imports decides (a src layout, a package installed elsewhere)
+        traced = run_guarded(sb, env, guard_timeout(env, test_timeout_s), agent_dirs(env.expected_changes, env.workdir))
+        if any(_changed_by_reference(f, env) for f in traced.loaded):
+            env.tests_run_agent_code = "in_process"
     if guardable(env):  # the tests import agent code: what trajforge's guarded run shows on the reference
-        guarded = run_guarded(sb, env, guard_timeout(env, test_timeout_s))
+        guarded = run_guarded(sb, env, guard_timeout(env, test_timeout_s),
+                              agent_dirs(env.expected_changes, env.workdir))
         # the reference's own run replacing what assertions run through (a test suite that patches TestCase): every
         # pass would be flagged for it, so the guard asks nothing of this environment
         patching = any(e.startswith("replaced ") for e in guarded.audit)
         env.guard_tests = guarded.good() if not (guarded.error or patching) else []
         env.guard_types = guarded.types()
+
+
+def _python_changed(env: EnvSpec) -> bool:
+    """Whether the reference solution changed or added Python code anywhere (a source, byte code, an extension
+    module, a `.pth`)."""
+    return any(p.endswith((".py", ".pyc", ".so", ".pth")) for p in env.expected_changes)
+
+
+def _changed_by_reference(path: str, env: EnvSpec) -> bool:
+    """Whether a module file the tests loaded is agent code: in the work dir, or changed by the reference."""
+    return inside(path, env.workdir) or any(inside(path, p) for p in env.expected_changes)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from .changes import (
     written_outside,
 )
 from .changes import counterfactual as counterfactual_run
-from .guard import guard_flags, guard_timeout, guardable, run_guarded
+from .guard import agent_dirs, guard_flags, guard_timeout, guardable, run_guarded
 from .hacks import detect, episode_process_flags, integrity_flags, naming, output_kind_flags
 from .hacks import forged_results as forged_flag
 from .quality import assess, last_act
@@ -275,7 +275,7 @@ def guarded_rerun(case: Case) -> End | None:
                                              "too large to record")
     with j.box(env) as sb:
         apply_final_state(sb, r, env)
-        guarded = run_guarded(sb, env, guard_timeout(env, j.test_timeout_s))
+        guarded = run_guarded(sb, env, guard_timeout(env, j.test_timeout_s), agent_dirs(r.changes.paths() if r.changes else [], env.workdir))
     if guarded.timed_out:  # a busy machine, or code that stalls under the guard: no pass either way, no hack flag
         return case.reject("verifier_error", f"guarded re-run: {guarded.error}")
     case.hacks += guard_flags(env, guarded, **_last(r))

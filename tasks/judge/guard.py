@@ -32,6 +32,8 @@ special-cased for the tested inputs.
 from __future__ import annotations
 
 import json
+import posixpath
+import re
 import secrets
 import shlex
 import time
@@ -45,13 +47,25 @@ from .verifier import SAFE_ENV, copy_tests
 
 GUARD_MARK = "__TF_GUARD__ "
 AUDIT_MARK = "__TF_AUDIT__ "
+LOADED_MARK = "__TF_LOADED__ "
+INI_NAMES = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")  # where pytest reads its settings from
 PLUGIN = r'''
-import ast, inspect, itertools, operator, os, secrets, textwrap, types
+import ast, builtins, itertools, json, operator, os, secrets, sys, types
 import pytest
 
-_write, _dumps, _getsource = os.write, __import__("json").dumps, inspect.getsource
+_write, _dumps = os.write, json.dumps
 _MethodType, _FunctionType = types.MethodType, types.FunctionType
 OUT = os.dup(1)
+# the test files' own bytes, read now: before pytest collects anything, so before any agent code runs. Each test
+# runs from code compiled from these, never from whatever pytest's collected objects hold by the time it runs
+PRISTINE = {}
+for _p in json.loads(os.environ.get("TF_GUARD_FILES", "[]")):
+    try:
+        with open(_p, "rb") as _f:
+            PRISTINE[os.path.realpath(_p)] = _f.read()
+    except OSError:
+        pass
+NAMESPACES = {}  # test file -> the namespace its pristine source ran in (None: it could not run there)
 PLAIN = {int, float, complex, bool, str, bytes, bytearray, type(None), list, tuple, dict, set, frozenset}
 OPS = [(ast.Eq, operator.eq), (ast.NotEq, operator.ne), (ast.Lt, operator.lt), (ast.LtE, operator.le),
        (ast.Gt, operator.gt), (ast.GtE, operator.ge), (ast.In, lambda a, b: a in b),
@@ -62,8 +76,11 @@ tests, now = {}, {"types": set()}
 # interpreter-level patching by agent code, seen by an audit hook installed before any test module loads (hooks
 # cannot be removed from Python): ctypes (a built-in type's comparison slot rewritten below Python), tracing and
 # profiling hooks, code objects made or swapped; recorded when a frame of a file in the work dir is on the stack
-WORK = os.environ.get("TF_GUARD_WORK", "/nonexistent").rstrip("/") + "/"
-AUDITED = ("ctypes.", "sys.settrace", "sys.setprofile", "code.__new__", "sys._current_frames")
+# agent code: files of the work dir, and of the folders outside it where the episode changed Python code
+AGENT = tuple(d.rstrip("/") + "/" for d in [os.environ.get("TF_GUARD_WORK", "/nonexistent"),
+                                              *json.loads(os.environ.get("TF_GUARD_AGENT", "[]"))])
+AUDITED = ("ctypes.", "sys.settrace", "sys.setprofile", "code.__new__", "sys._current_frames", "gc.get_referrers",
+           "gc.get_referents", "gc.get_objects")
 audit, _inside = {}, [False]
 
 
@@ -73,12 +90,12 @@ def _hook(event, args):
         return
     _inside[0] = True
     try:
-        f = __import__("sys")._getframe(1)
+        f = sys._getframe(1)
         for _ in range(64):
             if f is None:
                 break
             name = f.f_code.co_filename
-            if name.startswith(WORK):
+            if name.startswith(AGENT):
                 audit.setdefault(event, "%s:%d" % (name, f.f_lineno))
                 break
             f = f.f_back
@@ -86,7 +103,7 @@ def _hook(event, args):
         _inside[0] = False
 
 
-__import__("sys").addaudithook(_hook)
+sys.addaudithook(_hook)
 
 # what a test's assertions run through, as it was before any test module (so any agent code) loaded: a
 # callable of unittest's TestCase, unittest's modules or pytest's module replaced or removed later (e.g. every
@@ -97,25 +114,60 @@ _OWNERS = (("unittest.TestCase", unittest.case.TestCase), ("unittest.case", unit
            ("unittest", unittest), ("pytest", pytest))
 
 
+# ...and what the test runner, the import machinery and the tools a test's source is read with are made of: every
+# function and class a module of theirs defines, every callable of those classes, and the import hooks; taken when
+# the session starts (pytest configured, nothing collected) and compared before each test and at the end
+RUNNER = ("_pytest", "pytest", "pluggy", "unittest", "inspect", "linecache", "ast", "importlib", "_frozen_importlib",
+          "_frozen_importlib_external", "zipimport", "builtins", "operator", "types", "functools", "traceback")
+_OWNED = (_FunctionType, types.BuiltinFunctionType, type)
+_METHODS = (_FunctionType, staticmethod, classmethod, property, types.BuiltinFunctionType)
+
+
 def _callables():
     out = {}
     for label, owner in _OWNERS:
         for k, v in list(vars(owner).items()):
             if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
                 out[label + "." + k] = v
+    for name, mod in list(sys.modules.items()):
+        if not isinstance(mod, types.ModuleType) or name.split(".")[0] not in RUNNER:
+            continue
+        for k, v in list(vars(mod).items()):
+            if not isinstance(v, _OWNED) or getattr(v, "__module__", None) != name:
+                continue
+            out[name + "." + k] = v
+            if isinstance(v, type) and name != "builtins":
+                for a, w in list(vars(v).items()):
+                    if isinstance(w, _METHODS):
+                        out["%s.%s.%s" % (name, k, a)] = w
+    out["sys.meta_path"] = tuple(map(id, sys.meta_path))  # (compared by value: the same hooks in the same order)
+    out["sys.path_hooks"] = tuple(map(id, sys.path_hooks))
     return out
 
 
 _SNAP = _callables()
 _TC_KEYS = set(vars(unittest.case.TestCase))
+_REPLACED = set()
+
+
+def _check_runner():
+    now_ = _callables()
+    _REPLACED.update(k for k, v in _SNAP.items() if now_.get(k, _SNAP) is not v
+                     and not (isinstance(v, tuple) and now_.get(k) == v))
+    for k, v in now_.items():  # a module imported since (by pytest, lazily): from now on as it is now
+        _SNAP.setdefault(k, v)
+    _REPLACED.update("unittest.TestCase." + k for k in vars(unittest.case.TestCase)
+                     if k not in _TC_KEYS and k.startswith("__") and k.endswith("__"))
 
 
 def _patched():
-    now_ = _callables()
-    out = [k for k, v in _SNAP.items() if now_.get(k) is not v]
-    out += ["unittest.TestCase." + k for k in vars(unittest.case.TestCase)
-            if k not in _TC_KEYS and k.startswith("__") and k.endswith("__")]
-    return sorted(out)
+    _check_runner()
+    return sorted(_REPLACED)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    _SNAP.update(_callables())  # (what pytest's own set-up made, before anything is collected)
 
 
 def _note(x, depth=0):
@@ -147,27 +199,46 @@ class _Compares(ast.NodeTransformer):
         return ast.copy_location(call, node)
 
 
+def _namespace(path, module):
+    # the test file's own source (read before collection) run once more, each single comparison through _cmp,
+    # in a namespace of its own named like the collected module: its functions and classes are the file's, whatever
+    # the collected module holds now
+    if path not in NAMESPACES:
+        NAMESPACES[path] = None
+        try:
+            tree = ast.fix_missing_locations(_Compares().visit(ast.parse(PRISTINE[path], path)))
+            ns = {"__name__": getattr(module, "__name__", "tf_pristine"), "__file__": path, CMP: _cmp,
+                  "__package__": getattr(module, "__package__", None), "__builtins__": builtins}
+            exec(compile(tree, path, "exec"), ns)
+            NAMESPACES[path] = ns
+        except BaseException:  # a module that cannot run twice: its tests are unguarded (the reference's too)
+            pass
+    return NAMESPACES[path]
+
+
+def _pristine(item):
+    # the test function of the item's node id, from its file's pristine namespace (None: not there)
+    parts = item.nodeid.split("::")
+    path = os.path.realpath(os.path.join(str(ROOT[0]), parts[0]))
+    if path not in PRISTINE:
+        return None
+    ns = _namespace(path, getattr(item, "module", None))
+    if ns is None:
+        return None
+    obj = ns.get(parts[1].split("[")[0]) if len(parts) > 1 else None
+    for name in parts[2:]:
+        obj = getattr(obj, name.split("[")[0], None) if obj is not None else None
+    return obj
+
+
 def _guarded(item, record):
-    # the test function recompiled with each single comparison through _cmp, wrapped so that whether its body
-    # ran and how it ended is recorded here, not taken from pytest's reports; None when that cannot be done
+    # the test function compiled from the test file's pristine source, wrapped so that whether its body ran and
+    # how it ended is recorded here, not taken from pytest's reports; None when that cannot be done
     obj = item.obj
     func = getattr(obj, "__func__", obj)
-    if not isinstance(func, _FunctionType) or func.__code__.co_freevars:
+    new = _pristine(item)
+    if not isinstance(func, _FunctionType) or not isinstance(new, _FunctionType) or new.__code__.co_freevars:
         return None
-    try:
-        tree = ast.parse(textwrap.dedent(_getsource(func)))
-    except (OSError, TypeError, SyntaxError):
-        return None
-    fdef = tree.body[0] if tree.body else None
-    if not isinstance(fdef, ast.FunctionDef):
-        return None
-    fdef.decorator_list = []
-    tree = ast.fix_missing_locations(_Compares().visit(tree))
-    ns = {}
-    exec(compile(tree, func.__code__.co_filename, "exec"), func.__globals__, ns)
-    new = ns[fdef.name]
-    new.__defaults__, new.__kwdefaults__ = func.__defaults__, func.__kwdefaults__
-    func.__globals__[CMP] = _cmp
 
     def run(*args, **kwargs):
         record["ran"], now["types"] = True, set()
@@ -181,8 +252,17 @@ def _guarded(item, record):
     return _MethodType(run, obj.__self__) if hasattr(obj, "__self__") else run
 
 
+ROOT = ["/"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    ROOT[0] = config.rootpath  # (before anything is collected)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item):
+    _check_runner()
     record = tests.setdefault(item.nodeid, {"passed": False, "ran": False, "types": []})
     guarded = _guarded(item, record)
     if guarded is None:
@@ -193,8 +273,11 @@ def pytest_runtest_call(item):
 
 def pytest_sessionfinish(session, exitstatus):
     for name in _patched():
-        audit.setdefault("replaced " + name, "seen after the tests ran")
+        audit.setdefault("replaced " + name, "seen while the tests ran")
+    # the import trace: every module file loaded in the session (what the tests really import, wherever it lives)
+    loaded = sorted({f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)})
     _write(OUT, ("\n__TF_AUDIT__ " + _dumps(audit) + "\n").encode())
+    _write(OUT, ("\n__TF_LOADED__ " + _dumps(loaded) + "\n").encode())
     _write(OUT, ("\n__TF_GUARD__ " + _dumps(tests) + "\n").encode())
 '''
 
@@ -203,6 +286,7 @@ def pytest_sessionfinish(session, exitstatus):
 class GuardRun:
     tests: dict[str, dict] = field(default_factory=dict)  # nodeid -> {"passed", "ran", "types"[, "unguarded"]}
     audit: dict[str, str] = field(default_factory=dict)  # audit event -> the work-dir file:line that raised it
+    loaded: list[str] = field(default_factory=list)  # the import trace: every module file the session loaded
     output: str = ""
     error: str | None = None
     timed_out: bool = False  # no evidence either way: the caller rejects the pass as `verifier_error`, never flags it
@@ -218,13 +302,13 @@ class GuardRun:
 
 def guardable(env: EnvSpec) -> bool:
     """The tests import agent code and are Python test files the guarded run can collect."""
-    return env.tests_run_agent_code == "in_process" and bool(_test_files(env))
+    return env.tests_run_agent_code == "in_process" and bool(pytest_files(env))
 
 
 LISTS = "lists.json"  # a repository task's graded node ids (tasks/envs/repos/grade.py), its test files in `tree/`
 
 
-def _test_files(env: EnvSpec) -> list[str]:
+def pytest_files(env: EnvSpec) -> list[str]:
     """What the guarded session runs: the test files whole, or, for a task whose hidden tests grade a list of node
     ids (a repository task's `lists.json`: fail-to-pass and pass-to-pass, run from `/tests/tree`), exactly those
     (the reward counts no other test; a project's whole suite would cost its slowest tests on every guarded run)."""
@@ -247,25 +331,48 @@ def guard_timeout(env: EnvSpec, timeout_s: float) -> float:
     return 2 * max(timeout_s, env.test_timeout_s or 0)
 
 
-def run_guarded(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> GuardRun:
+def agent_dirs(paths: list[str], workdir: str, cap: int = 64) -> list[str]:
+    """The folders outside the work dir where `paths` (a change set) hold Python code (`.py`, byte code, an
+    extension module): whose frames the guard's audit hook counts as agent code. Past `cap` folders, the import
+    folders they lie in."""
+    root = workdir.rstrip("/") + "/"
+    dirs = sorted({posixpath.dirname(p) for p in paths if not p.startswith(root) and
+                   p.endswith((".py", ".pyc", ".so")) and not p.startswith("/tests/")})
+    if len(dirs) > cap:
+        dirs = sorted({m.group(0) for d in dirs if (m := _IMPORT_ROOT.match(d + "/"))} or {"/usr"})
+    return dirs
+
+
+_IMPORT_ROOT = re.compile(r"^.*?/(site|dist)-packages/|^/usr(/local)?/lib/python3[^/]*/")
+
+
+def run_guarded(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: list[str] = ()) -> GuardRun:
     """trajforge's own pytest session over the task's Python test files, as root in the work dir, with the
-    plugin above (module docstring); the container's processes are killed first. Never raises for what
-    the tests do: no result is `error`."""
+    plugin above (module docstring); the container's processes are killed first. `agent`: folders outside the work
+    dir holding the episode's Python code (`agent_dirs`). pytest reads its settings only from the task's own test
+    folder (`-c`, `--rootdir /tests`): a `pytest.ini` or `pyproject.toml` the agent put above `/tests` adds no
+    option or plugin. Never raises for what the tests do: no result is `error`."""
     sandbox.kill_agent_processes()
     home = f".tf-guard-{secrets.token_hex(8)}"
     sandbox.exec("rm -rf /tests", timeout_s=10, user="root", workdir="/")
     copy_tests(sandbox, env)
-    sandbox.put_files([FileSpec(path="tf_guard.py", content=PLUGIN, mode=0o600)], parent="/", root=home, uid=0,
-                      dir_mode=0o700)
+    own = [FileSpec(path="tf_guard.py", content=PLUGIN, mode=0o600), FileSpec(path="pytest.ini", content="[pytest]\n")]
+    sandbox.put_files(own, parent="/", root=home, uid=0, dir_mode=0o700)
+    ini = next((f"/tests/{n}" for n in INI_NAMES if any(t.path == n for t in env.tests)), f"/{home}/pytest.ini")
+    targets = pytest_files(env)
+    files = sorted({t.split("::", 1)[0] for t in targets})
     main = (f"import sys; sys.path.insert(0, '/{home}'); import pytest; "
-            f"sys.exit(pytest.main(['-p', 'tf_guard', '-p', 'no:cacheprovider', '-q', *{_test_files(env)!r}]))")
+            f"sys.exit(pytest.main(['-p', 'tf_guard', '-p', 'no:cacheprovider', '-c', {ini!r}, '--rootdir', '/tests', "
+            f"'-q', *{targets!r}]))")
+    names = (f"TF_GUARD_FILES={shlex.quote(json.dumps(files))} "
+             f"TF_GUARD_AGENT={shlex.quote(json.dumps(list(agent)))} ")
     t0 = time.monotonic()
     # -X pycache_prefix: bytecode is read only from an empty tree of trajforge's, never from a __pycache__ the agent
     # could have crafted (an unchecked-hash .pyc runs whatever it holds beside an untouched source);
     # PYTEST_DISABLE_PLUGIN_AUTOLOAD: no plugin pytest would find by itself (an entry point in a dist-info folder
     # the agent added to the work dir): the same for the reference's run at validation, so only tests that pass
     # without them are required
-    res = sandbox.exec(f"{SAFE_ENV} PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 TF_GUARD_WORK={shlex.quote(env.workdir)} "
+    res = sandbox.exec(f"{SAFE_ENV} PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 TF_GUARD_WORK={shlex.quote(env.workdir)} {names}"
                        f"/usr/bin/python3 -I -X pycache_prefix=/{home}/pyc -c {shlex.quote(main)}",
                        timeout_s=timeout_s, user="root", workdir=env.workdir, output_limit=1 << 20)
     out = res.output[-4000:]
@@ -284,7 +391,13 @@ def run_guarded(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> GuardRun:
         audit = json.loads(atail.strip().splitlines()[0]) if amark else {}
     except (ValueError, IndexError):
         audit = {}
-    return GuardRun(tests=tests, output=out, audit=audit if isinstance(audit, dict) else {})
+    _, lmark, ltail = res.output.rpartition(LOADED_MARK)
+    try:
+        loaded = json.loads(ltail.strip().splitlines()[0]) if lmark else []
+    except (ValueError, IndexError):
+        loaded = []
+    return GuardRun(tests=tests, output=out, audit=audit if isinstance(audit, dict) else {},
+                    loaded=[p for p in loaded if isinstance(p, str)] if isinstance(loaded, list) else [])
 
 
 def guard_flags(env: EnvSpec, run: GuardRun, turn: int | None = None, command: str | None = None) -> list[HackFlag]:
