@@ -56,3 +56,25 @@ def test_a_program_is_found_by_path_by_dot_slash_and_by_name_but_not_inside_anot
     for text in ("cat /app/rerun.sh.bak", "echo prerun.sh"):
         assert exposure([FileSpec(path="test.sh", content=text)], None, "/app", solved) == "no"
     assert exposure([], "bash /app/run.sh && pytest", "/app", solved) == "subprocess"
+
+
+def test_the_guarded_session_reads_settings_only_from_the_tasks_own_test_files():
+    """pytest's rootdir rule, kept inside /tests: a repository's `pyproject.toml` with pytest's section beside its
+    test tree is the settings file (and its folder the rootdir, as the reference's run had it); a `pyproject.toml`
+    without that section is not; nothing above /tests counts (only the agent could have put it there)."""
+    from trajforge.schemas.common import FileSpec
+    from trajforge.schemas.environment import EnvSpec
+    from trajforge.tasks.judge.guard import agent_dirs, settings_file
+
+    def env(files: dict[str, str]) -> EnvSpec:
+        return EnvSpec(env_id="e", family="harbor", level=1, seed=0, source="harbor", instruction="i",
+                       verifier="script", workdir="/app", tests=[FileSpec(path=p, content=c) for p, c in files.items()])
+
+    tree = env({"tree/pyproject.toml": "[tool.pytest.ini_options]\npythonpath = ['src']\n", "tree/tests/test_a.py": ""})
+    assert settings_file(tree, ["/tests/tree/tests/test_a.py"]) == ("/tests/tree/pyproject.toml", "/tests/tree")
+    bare = env({"tree/pyproject.toml": "[project]\nname = 'x'\n", "tree/setup.py": "", "tree/tests/test_a.py": ""})
+    assert settings_file(bare, ["/tests/tree/tests/test_a.py"]) == (None, "/tests/tree")
+    assert settings_file(env({"test_a.py": ""}), ["/tests/test_a.py"]) == (None, "/tests")
+    # where the episode's Python code lives outside the work dir: the guard's audit hook counts those frames as agent code
+    assert agent_dirs(["/app/x.py", "/usr/local/lib/python3.11/dist-packages/pkg/__init__.py", "/opt/tool/run.sh"],
+                      "/app") == ["/usr/local/lib/python3.11/dist-packages/pkg"]

@@ -48,7 +48,6 @@ from .verifier import SAFE_ENV, copy_tests
 GUARD_MARK = "__TF_GUARD__ "
 AUDIT_MARK = "__TF_AUDIT__ "
 LOADED_MARK = "__TF_LOADED__ "
-INI_NAMES = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")  # where pytest reads its settings from
 PLUGIN = r'''
 import ast, builtins, itertools, json, operator, os, secrets, sys, types
 import pytest
@@ -331,6 +330,31 @@ def guard_timeout(env: EnvSpec, timeout_s: float) -> float:
     return 2 * max(timeout_s, env.test_timeout_s or 0)
 
 
+# what makes a file pytest's settings file (pytest.ini always; the others only with pytest's section)
+INI_SECTIONS = {"pytest.ini": "", "pyproject.toml": "[tool.pytest.ini_options]", "tox.ini": "[pytest]",
+                "setup.cfg": "[tool:pytest]"}
+
+
+def settings_file(env: EnvSpec, files: list[str]) -> tuple[str | None, str]:
+    """(the settings file, the rootdir) pytest would find for `files` (absolute paths below /tests) among the task's
+    own test files, by pytest's own rule kept inside /tests: from their common folder up, the first folder holding a
+    settings file (`INI_SECTIONS`) is the rootdir; without one, the first holding a `setup.py`, else the common
+    folder. Nothing above /tests counts (where only the agent could have put it)."""
+    tests = {f"/tests/{t.path.lstrip('/')}": t.content for t in env.tests}
+    common = posixpath.commonpath([posixpath.dirname(f) for f in files]) if files else "/tests"
+    ancestors = []
+    folder = common
+    while folder.startswith("/tests"):
+        ancestors.append(folder)
+        folder = posixpath.dirname(folder)
+    for folder in ancestors:
+        for name, section in INI_SECTIONS.items():
+            content = tests.get(f"{folder}/{name}")
+            if content is not None and section in content:
+                return f"{folder}/{name}", folder
+    return None, next((f for f in ancestors if f"{f}/setup.py" in tests), common)
+
+
 def agent_dirs(paths: list[str], workdir: str, cap: int = 64) -> list[str]:
     """The folders outside the work dir where `paths` (a change set) hold Python code (`.py`, byte code, an
     extension module): whose frames the guard's audit hook counts as agent code. Past `cap` folders, the import
@@ -350,19 +374,20 @@ def run_guarded(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: list[st
     """trajforge's own pytest session over the task's Python test files, as root in the work dir, with the
     plugin above (module docstring); the container's processes are killed first. `agent`: folders outside the work
     dir holding the episode's Python code (`agent_dirs`). pytest reads its settings only from the task's own test
-    folder (`-c`, `--rootdir /tests`): a `pytest.ini` or `pyproject.toml` the agent put above `/tests` adds no
-    option or plugin. Never raises for what the tests do: no result is `error`."""
+    files (`settings_file`, else an empty one: `-c`, `--rootdir`): a `pytest.ini` or `pyproject.toml` the agent
+    put above `/tests` adds no option or plugin. Never raises for what the tests do: no result is `error`."""
     sandbox.kill_agent_processes()
     home = f".tf-guard-{secrets.token_hex(8)}"
     sandbox.exec("rm -rf /tests", timeout_s=10, user="root", workdir="/")
     copy_tests(sandbox, env)
     own = [FileSpec(path="tf_guard.py", content=PLUGIN, mode=0o600), FileSpec(path="pytest.ini", content="[pytest]\n")]
     sandbox.put_files(own, parent="/", root=home, uid=0, dir_mode=0o700)
-    ini = next((f"/tests/{n}" for n in INI_NAMES if any(t.path == n for t in env.tests)), f"/{home}/pytest.ini")
     targets = pytest_files(env)
     files = sorted({t.split("::", 1)[0] for t in targets})
+    found, rootdir = settings_file(env, files)
+    ini = found or f"/{home}/pytest.ini"
     main = (f"import sys; sys.path.insert(0, '/{home}'); import pytest; "
-            f"sys.exit(pytest.main(['-p', 'tf_guard', '-p', 'no:cacheprovider', '-c', {ini!r}, '--rootdir', '/tests', "
+            f"sys.exit(pytest.main(['-p', 'tf_guard', '-p', 'no:cacheprovider', '-c', {ini!r}, '--rootdir', {rootdir!r}, "
             f"'-q', *{targets!r}]))")
     names = (f"TF_GUARD_FILES={shlex.quote(json.dumps(files))} "
              f"TF_GUARD_AGENT={shlex.quote(json.dumps(list(agent)))} ")
