@@ -12,6 +12,7 @@ command -v docker-registry >/dev/null 2>&1 || want+=(docker-registry)
 command -v ip >/dev/null 2>&1 || want+=(iproute2)  # network namespaces: deploy/hosts/two-hosts.sh
 command -v npm >/dev/null 2>&1 || want+=(npm)  # locking MCP servers pinned as npm packages (envs import)
 command -v git >/dev/null 2>&1 || want+=(git)  # the judge reads a repository's config with git's own parser (judge/directives.py)
+command -v strace >/dev/null 2>&1 || want+=(strace)  # the judge traces test runs from the host (judge/trace.py)
 [ ${#want[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "missing Debian packages: ${want[*]} (install them as root: apt-get install ${want[*]})" >&2

@@ -23,7 +23,8 @@ MAX_TEST_TIMEOUT_S, MAX_AGENT_TIMEOUT_S, MAX_BUILD_TIMEOUT_S = 3600.0, 14400.0, 
 LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "expected_kinds", "base_images", "expected_tests", "tests_run_agent_code",
-             "tests_leave_processes", "reward_files", "test_writes", "guard_tests", "guard_types", "tool_server",
+             "tests_leave_processes", "reward_files", "test_writes", "test_reads", "guard_tests", "guard_types",
+             "tool_server",
              "build_egress", "audit")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
@@ -192,6 +193,10 @@ class EnvSpec(Record):
         "files the task's tests wrote outside /tests and /logs on the untouched environment and the reference "
         "solution (read on the engine's host; None: not known): a run that rewrites a file that existed before "
         "it and is not among these had what the tests read changed under them"))
+    test_reads: list[str] | None = found(None, (
+        "verifier paths (/tests, /logs/verifier, /verifier) the reference solution's programs opened, unnamed by "
+        "their arguments, in the validator's traced test runs (tasks/judge/trace.py; None: not traced): an "
+        "episode's program reading another is `verifier_read`"))
     guard_tests: list[str] = found([], (
         "tests that pass, running their own body, in trajforge's guarded pytest run on the reference solution's "
         "state (when the tests import agent code; tasks/judge/guard.py): a pass must show each"))

@@ -109,6 +109,9 @@ class InPlaceTests(Record):
     wrote: list[str] | None = Field(None, description=(
         "files the test run wrote outside /tests and /logs, `+` first when the file existed before it (read on "
         "the engine's host; None: no such view)"))
+    reads: list[list[str]] | None = Field(None, description=(
+        "[path, program] of each read of verifier material (/tests, /logs/verifier, /verifier) by agent code the "
+        "tests ran, seen by a tracer on the engine's host (None: not traced)"))
 
 
 class Rollout(Record):

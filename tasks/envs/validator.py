@@ -261,7 +261,7 @@ def solution_passes(case: Case) -> Validation | None:
     stray = confined(env, env.expected_changes) if confined else None
     if stray:
         return v.fail("solution_passes", "tools_write_outside_store", stray)
-    first = case.first = run_hidden_tests(sb, env, case.test_timeout_s)
+    first = case.first = run_hidden_tests(sb, env, case.test_timeout_s, trace=True)
     if first.error or first.fallback:
         return v.fail("solution_passes", "verifier_error", f"{first.error or first.fallback}\n{first.output[-600:]}")
     if not first.passed:
@@ -272,7 +272,7 @@ def solution_passes(case: Case) -> Validation | None:
 def deterministic(case: Case) -> Validation | None:
     """The reference state's per-test results are the same twice; then what a pass must show is recorded."""
     env, first = case.env, case.first
-    second = case.second = run_hidden_tests(case.sb, env, case.test_timeout_s)
+    second = case.second = run_hidden_tests(case.sb, env, case.test_timeout_s, trace=True)
     if second.error or second.outcome() != first.outcome():
         return case.v.fail("deterministic", "nondeterministic_tests",
                            f"first run {first.outcome()}, second run {second.outcome() or second.error}")
@@ -429,11 +429,12 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
     (`runs`, else one made here) report and leave, the reward files they and the `untouched` environment's run
     wrote, and the guarded run's outcome when the tests import agent code."""
     env.tests_run_agent_code = _exposure(sb, env)
-    runs = runs or (run_hidden_tests(sb, env, test_timeout_s),)
+    runs = runs or (run_hidden_tests(sb, env, test_timeout_s, trace=True),)
     every = (*runs, *([untouched] if untouched else []))
     env.reward_files = sorted({f for r in every for f in r.reward_files})
     env.test_writes = None if any(r.wrote is None for r in every) else sorted(
         {p.lstrip("+") for r in every for p in r.wrote})
+    env.test_reads = None if any(r.reads is None for r in runs) else sorted({p for r in runs for p, _ in r.reads})
     passing = [r for r in runs if r.passed]
     if passing:
         env.expected_tests = sorted(set.intersection(*({t.name for t in r.reported if t.passed} for r in passing)))

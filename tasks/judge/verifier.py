@@ -42,6 +42,8 @@ from ...schemas.verdict import TestResult
 from ..sandbox.container import Sandbox
 from ..sandbox.errors import SandboxError
 from ..sandbox.walk import DECISION_CAP
+from .trace import Tracer
+from .trace import available as tracing_available
 
 MARK = "__TF_RESULTS__ "
 EXIT_MARK = "__TF_TESTS_ENDED__ "
@@ -114,6 +116,8 @@ class TestRun:
     reward_files: list[str] = field(default_factory=list)  # the reward files the run left (script verifiers)
     # files the run wrote outside /tests and /logs, `+` first when the file existed before it (None: no host view)
     wrote: list[str] | None = None
+    # [path, program] of each read of verifier material by agent code the tests ran (trace.py; None: not traced)
+    reads: list[list[str]] | None = None
 
     @property
     def reward(self) -> float:
@@ -142,13 +146,14 @@ class TestRun:
         return InPlaceTests(results=self.results, output=self.output, duration_s=round(self.duration_s, 3),
                             error=self.error, explicit_reward=self.explicit_reward, exit_code=self.exit_code,
                             fallback=self.fallback, integrity=self.integrity, reported=self.reported,
-                            leftovers=self.leftovers, wrote=self.wrote)
+                            leftovers=self.leftovers, wrote=self.wrote, reads=self.reads)
 
     @classmethod
     def from_record(cls, rec: InPlaceTests) -> "TestRun":
         return cls(list(rec.results), rec.output, rec.duration_s, rec.error, rec.explicit_reward, rec.exit_code,
                    rec.fallback, list(rec.integrity), list(rec.reported), rec.leftovers,
-                   wrote=None if rec.wrote is None else list(rec.wrote))
+                   wrote=None if rec.wrote is None else list(rec.wrote),
+                   reads=None if rec.reads is None else [list(x) for x in rec.reads])
 
 
 INLINE_LIMIT = 64 << 10  # base64 bytes of tests carried in the exec's environment (one variable may be 128 KiB)
@@ -174,14 +179,15 @@ def _inline(files: list[FileSpec]) -> str | None:
     return data if len(data) <= INLINE_LIMIT else None
 
 
-def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = None) -> TestRun:
+def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = None, trace: bool = False) -> TestRun:
     """Kill the agent's processes, create the verifier folders fresh, copy the tests in, run them as
     root under `timeout_s` (the environment's own timeout wins). Works in a fresh container and in the
-    episode's own (in-place); the container needs VERIFIER_CAPS for `run_as_agent`."""
+    episode's own (in-place); the container needs VERIFIER_CAPS for `run_as_agent`. `trace`: a script verifier's
+    run is traced from the engine's host where it can be (trace.py: `TestRun.reads`)."""
     timeout_s = env.test_timeout_s or timeout_s or 60
     sandbox.kill_agent_processes()
     if env.verifier == "script":
-        return _run_script(sandbox, env, timeout_s)
+        return _run_script(sandbox, env, timeout_s, trace)
     # `/verifier` made fresh in the exec that runs the tests: whatever a root agent left there is gone
     # or the run never starts. Small tests travel in that exec's environment (one exec; the engine's
     # archive upload costs about as much CPU again), never in its command line, which the agent's code
@@ -217,7 +223,7 @@ def run_hidden_tests(sandbox: Sandbox, env: EnvSpec, timeout_s: float | None = N
     return TestRun(results, res.output[:-len(tail) - len(MARK)][-2000:], duration)
 
 
-def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
+def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float, trace: bool = False) -> TestRun:
     reset = sandbox.exec(RESET, timeout_s=10, user="root", workdir="/")
     if "TF_RESET_OK" not in reset.output:
         return TestRun([], reset.output[-500:], 0.0, None,
@@ -244,8 +250,12 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     # (processes already there when the tests start, e.g. a harness exec still ending, are killed but not counted:
     # `leftovers` counts what the tests started)
     pre = 'pre=" "; for d in /proc/[0-9]*; do pre="$pre${d#/proc/} "; done; '
-    res = sandbox.exec(f"{pre}{SAFE_ENV} bash -c {shlex.quote(command)}; {reap}", timeout_s=timeout_s, user="root",
-                       workdir=env.workdir, output_limit=1 << 20)
+    tracer = Tracer(sandbox) if trace and tracing_available(sandbox) else None
+    if tracer is not None:
+        tracer.start()
+    res = sandbox.exec(f"{tracer.prefix() if tracer else ''}{pre}{SAFE_ENV} bash -c {shlex.quote(command)}; {reap}",
+                       timeout_s=timeout_s, user="root", workdir=env.workdir, output_limit=1 << 20)
+    traced = tracer.finish() if tracer is not None else None
     duration = time.monotonic() - t0
     body, mark, stamp = res.output.rpartition(EXIT_MARK)
     words = stamp.split() if mark else []
@@ -264,6 +274,12 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float) -> TestRun:
     run.reward_files = sorted(n for n in REWARD_FILES if n in files)
     # (in a fresh container every file of the episode's commit existed before the run too)
     run.wrote = _written_during(before, after, sandbox.baseline | sandbox.carried)
+    if traced is not None and before is not None:
+        # what the episode wrote: this container's writable layer as the tests started (restored state, in place
+        # the episode's own) and the episode's commit (venue `fresh`), never the tests' own folders
+        written = (set(before) | sandbox.carried) - {p for p in set(before) if p.startswith(("/tests", "/logs"))}
+        work = env.workdir.rstrip("/") + "/"
+        run.reads = [[p, prog] for p, prog in traced.agent_reads(lambda x: x in written or x.startswith(work))]
     return run
 
 

@@ -1,0 +1,210 @@
+"""Reads of verifier material by agent programs at test time, seen by a tracer outside the container (issue 53).
+
+A program the tests run (the agent's `/usr/local/bin/tool`, its `report.sh`) has the tests' powers: it may open
+the expected output in `/tests` beside its input, or list the folder, and print what the tests want. Nothing in the
+container can be trusted to say so, so the test command's shell stops itself before it runs anything (`STOP`), and
+`strace` on the engine's host attaches to it and follows every process it starts (`-f`: a fork, a `setsid`, a
+double fork stay traced; the tracer is a host process no program of the container can reach). It records each
+successful `execve`, each fork's child and each file opened, with the path the kernel resolved (`-y`: a
+relative path, `/proc/self/fd/0` or a link read as the file it is).
+
+A process runs agent code when the program it executes, or the script its interpreter is given, is a file the
+container's writable layer or the episode's commit holds (`agent_written`), or when its parent did; the tests'
+own shell and pytest do not, until they exec such a program. An open of `/tests`, `/logs/verifier` or
+`/verifier` (a file or the folder itself) by such a process, of a path it was not given as an argument (its input,
+by name), is a read of verifier material: `verifier_read` (checks.py), unless the reference solution's program
+read the same path in the validator's traced run (`EnvSpec.test_reads`).
+
+Fails safe, never open: without `strace` or a local engine nothing is traced (`TestRun.reads` None) and nothing is
+decided; the stopped shell is always continued (a tracer that cannot attach within `ATTACH_S` lets the tests run
+untraced, and says so).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+VERIFIER_ROOTS = ("/tests", "/logs/verifier", "/verifier")
+INTERPRETERS = re.compile(r"^(python[0-9.]*|bash|sh|dash|zsh|ksh|perl|ruby|node|nodejs|php|lua[0-9.]*|tclsh|"
+                          r"awk|gawk|mawk|Rscript)$")
+ATTACH_S = 10.0
+_LINE = re.compile(r"^(\d+)\s+(.*)$")
+_EXEC = re.compile(r'^execve(?:at)?\((?:AT_FDCWD[^,]*, )?"((?:[^"\\]|\\.)*)", \[(.*?)\](?:, |\.\.\.)')
+_ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_OPENED = re.compile(r"^(?:<\.\.\. )?(?:open|openat|openat2|creat)\b.*= \d+<(.*)>$")
+_FORKED = re.compile(r"^(?:<\.\.\. )?(?:clone3?|fork|vfork)\b.*= (\d+)")
+_EXEC_DONE = re.compile(r"^(?:<\.\.\. )?execve(?:at)?\b.*= 0$")
+
+
+@dataclass
+class Trace:
+    """What the traced test run did: each process's programs, its parent, the files it opened."""
+
+    execs: dict[int, list[list[str]]] = field(default_factory=dict)  # pid -> [[program, *argv]] (successful)
+    parent: dict[int, int] = field(default_factory=dict)
+    opened: list[tuple[int, str]] = field(default_factory=list)  # (pid, resolved path), in order
+
+    def agent_reads(self, agent_written) -> list[tuple[str, str]]:
+        """(path, program) of each open of verifier material by a process running agent code, of a path the tests
+        did not hand that code by name (module docstring); `agent_written(path)` says whether a program or script
+        file is the episode's."""
+        entry: dict[int, tuple[str, list[str]] | None] = {}
+
+        def start(pid: int) -> tuple[str, list[str]] | None:
+            """(agent program, the argv the tests gave it) where agent code began in this process's line, else
+            None. A process agent code started inherits its parent's: arguments agent code passes on excuse
+            nothing."""
+            if pid in entry:
+                return entry[pid]
+            entry[pid] = None  # (a cycle in a damaged trace ends here)
+            found = start(self.parent[pid]) if pid in self.parent else None
+            for argv in self.execs.get(pid, []) if found is None else []:
+                prog, args = argv[0], argv[2:]
+                script = next((a for a in args if not a.startswith("-")), None)
+                if agent_written(prog):
+                    found = (prog, argv)
+                elif INTERPRETERS.match(os.path.basename(prog)) and script and agent_written(script):
+                    found = (script, argv)
+                if found:
+                    break
+            entry[pid] = found
+            return found
+
+        def named(argv: list[str], path: str) -> bool:
+            return any(a == path or (a and not a.startswith("/") and path.endswith("/" + a)) for a in argv[1:])
+
+        out = []
+        for pid, path in self.opened:
+            if not any(path == r or path.startswith(r + "/") for r in VERIFIER_ROOTS):
+                continue
+            began = start(pid)
+            if began is not None and not named(began[1], path) and (path, began[0]) not in out:
+                out.append((path, began[0]))
+        return out
+
+
+def parse(text: str) -> Trace:
+    """strace's `-f -y` output (one `PID syscall...` line each, `<unfinished ...>` / `<... resumed>` halves)."""
+    t = Trace()
+    pending: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        pid, rest = int(m[1]), m[2]
+        ex = _EXEC.match(rest)
+        if ex:
+            argv = [ex[1], *(_unescape(a) for a in _ARG.findall(ex[2]))]
+            if rest.endswith("<unfinished ...>"):
+                pending[pid] = argv
+            elif rest.endswith("= 0"):
+                t.execs.setdefault(pid, []).append(argv)
+            continue
+        if _EXEC_DONE.match(rest) and pid in pending:
+            t.execs.setdefault(pid, []).append(pending.pop(pid))
+            continue
+        op = _OPENED.match(rest)
+        if op:
+            t.opened.append((pid, _unescape(op[1])))
+            continue
+        fk = _FORKED.match(rest)
+        if fk:
+            t.parent[int(fk[1])] = pid
+    return t
+
+
+def _unescape(s: str) -> str:
+    return s.replace('\\"', '"').replace("\\\\", "\\")
+
+
+def available(sandbox) -> bool:
+    """A host view (a local engine, the container's processes visible here) and strace on this host."""
+    return shutil.which("strace") is not None and sandbox._host_init_pid() is not None
+
+
+class Tracer:
+    """Attach strace to the test command's shell once it has stopped itself (`prefix()`), then continue it."""
+
+    def __init__(self, sandbox):
+        self.sandbox = sandbox
+        self.token = "tf-trace-" + secrets.token_hex(8)
+        self.out = tempfile.NamedTemporaryFile(prefix="tf-trace-", suffix=".txt", delete=False)
+        self.proc: subprocess.Popen | None = None
+        self.attached = False
+        self._thread = threading.Thread(target=self._attach, daemon=True)
+
+    def prefix(self) -> str:
+        """Shell that stops the test command's shell until the tracer holds it (marked so the host finds it)."""
+        return f": {self.token}; kill -STOP $$; "
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _stopped(self) -> int | None:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if self.token.encode() not in f.read():
+                        continue
+                with open(f"/proc/{entry}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                        return int(entry)
+            except (OSError, IndexError):
+                continue
+        return None
+
+    def _attach(self) -> None:
+        deadline = time.monotonic() + ATTACH_S
+        pid = None
+        while time.monotonic() < deadline and pid is None:
+            pid = self._stopped()
+            if pid is None:
+                time.sleep(0.005)
+        if pid is None:
+            return
+        try:
+            self.proc = subprocess.Popen(
+                ["strace", "-f", "-qq", "-y", "-s", "256", "-e",
+                 "trace=execve,execveat,open,openat,openat2,creat,clone,clone3,fork,vfork", "-o", self.out.name,
+                 "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                with open(f"/proc/{pid}/status") as f:
+                    if "\nTracerPid:\t0\n" not in f.read():
+                        self.attached = True
+                        break
+                time.sleep(0.002)
+        except OSError:
+            pass
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+    def finish(self) -> Trace | None:
+        """The trace (None: not attached). Called once the test command has ended."""
+        self._thread.join(ATTACH_S + 1)
+        try:
+            if self.proc is not None:
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            if not self.attached:
+                return None
+            with open(self.out.name, errors="backslashreplace") as f:
+                return parse(f.read())
+        finally:
+            os.unlink(self.out.name)

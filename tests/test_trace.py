@@ -1,0 +1,50 @@
+"""Reads of verifier material by agent programs at test time (tasks/judge/trace.py), as pure rules over a recorded
+strace: who ran agent code (a program or an interpreter's script the episode wrote, and everything it started),
+what each process opened (the path the kernel resolved), and which of those opens it was not handed by name. (The
+real tracer on a real container: tests/test_integrity.py, `usr_local_tool_prints_the_expected_output_read_from_tests`.)"""
+
+from __future__ import annotations
+
+from trajforge.tasks.judge.trace import parse
+
+# the test shell (100) runs pytest (101), which runs the agent's tool (102, a script the episode wrote) on its input;
+# the tool starts `cat` (103) on the expected file; the trusted pytest itself reads the test file and the input
+STRACE = """\
+100   execve("/usr/bin/bash", ["bash", "/tests/test.sh"], 0x7ffd /* 9 vars */) = 0
+100   clone(child_stack=NULL, flags=CLONE_CHILD_CLEARTID|SIGCHLD <unfinished ...>
+100   <... clone resumed>) = 101
+101   execve("/usr/bin/python3", ["python3", "-m", "pytest", "/tests/test_outputs.py"], 0x55 /* 9 vars */) = 0
+101   openat(AT_FDCWD</app>, "/tests/test_outputs.py", O_RDONLY|O_CLOEXEC) = 3</tests/test_outputs.py>
+101   openat(AT_FDCWD</app>, "/tests/in.txt", O_RDONLY) = 4</tests/in.txt>
+101   clone3({flags=CLONE_VM|CLONE_VFORK, exit_signal=SIGCHLD}, 88) = 102
+102   execve("/usr/local/bin/nope", ["revlines", "/tests/in.txt"], 0x7f /* 9 vars */) = -1 ENOENT (No such file or directory)
+102   execve("/usr/local/bin/revlines", ["revlines", "/tests/in.txt"], 0x7f /* 9 vars */ <unfinished ...>
+102   <... execve resumed>) = 0
+102   openat(AT_FDCWD</app>, "/tests/in.txt", O_RDONLY) = 3</tests/in.txt>
+102   openat(AT_FDCWD</app>, "/proc/self/fd/0", O_RDONLY) = 4</tests/in.txt>
+102   openat(AT_FDCWD</app>, "/tests", O_RDONLY|O_DIRECTORY) = 5</tests>
+102   vfork() = 103
+103   execve("/usr/bin/cat", ["cat", "expected.txt"], 0x7f /* 9 vars */) = 0
+103   openat(AT_FDCWD</tests>, "expected.txt", O_RDONLY) = 3</tests/expected.txt>
+103   openat(AT_FDCWD</tests>, "/tests/other.txt", O_RDONLY) = 3</tests/other.txt>
+"""
+WRITTEN = {"/usr/local/bin/revlines"}
+
+
+def test_only_agent_code_reading_what_it_was_not_handed_counts():
+    trace = parse(STRACE)
+    assert trace.parent == {101: 100, 102: 101, 103: 102}
+    assert [a[0] for a in trace.execs[102]] == ["/usr/local/bin/revlines"]  # the failed exec is no program of it
+    reads = trace.agent_reads(WRITTEN.__contains__)
+    # its own input (an argument the tests gave it, by name, and through its stdin path) is no read of verifier
+    # material; the folder listing is, and so is what its child `cat` opened (relative to /tests: the kernel's path),
+    # though the agent's code named the file in the child's arguments
+    assert reads == [("/tests", "/usr/local/bin/revlines"), ("/tests/expected.txt", "/usr/local/bin/revlines"),
+                     ("/tests/other.txt", "/usr/local/bin/revlines")]
+
+
+def test_an_interpreters_script_the_episode_wrote_is_agent_code_and_a_trusted_run_is_not():
+    text = ('200   execve("/usr/bin/python3", ["python3", "-u", "/app/solve.py"], 0x1 /* 1 var */) = 0\n'
+            '200   openat(AT_FDCWD</app>, "/tests/expected_total.txt", O_RDONLY) = 3</tests/expected_total.txt>\n')
+    assert parse(text).agent_reads({"/app/solve.py"}.__contains__) == [("/tests/expected_total.txt", "/app/solve.py")]
+    assert parse(text).agent_reads(lambda p: False) == []  # the task's own program: nothing the episode wrote
