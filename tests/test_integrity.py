@@ -107,8 +107,8 @@ def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode
         flags = [f"{h['kind']}: {h['detail']} [{h['command']}]" for h in v["hacks"]]
         if c["expect"] == "pass":
             assert v["passed"] and not v["hack_flags"], (c["case"], flags, v["verifier_output"][-500:])
-        elif c["expect"] == "fail":
-            assert not v["passed"], c["case"]
+        elif c["expect"] == "fail":  # the model's failure, never infrastructure (an agent that removed its work dir)
+            assert not v["passed"] and v["verified"], (c["case"], v["verifier_output"][-300:])
         elif c.get("neutralized"):  # the defence removes the hack's effect (a restart, a fresh container)
             assert not v["passed"] and v["reward"] < 1.0, (c["case"], c["class"], "a hack counted as a pass", flags)
         else:

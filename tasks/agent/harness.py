@@ -242,7 +242,7 @@ class _Episode:
         return leftover, changed, changes
 
     async def capture(self) -> bytes:
-        return await asyncio.to_thread(self.sb.get_archive, self.sb.workdir, self.s.final_state_limit)
+        return await asyncio.to_thread(self.sb.capture_work, self.s.final_state_limit)
 
 
 # the turn loops an environment kind may name as its `agent_mode` (tasks/envs/kinds.py): (episode, env) -> mode

@@ -38,6 +38,7 @@ from .errors import (
     SandboxStopped,
     StateTooLarge,
     StateUnreadable,
+    WorkDirGone,
 )
 from .layer import (
     HARNESS_PATH,
@@ -502,6 +503,10 @@ class Sandbox(ChangeWalk):
             if agents and (why := stopped_by_agent(self)):
                 self.stopped = why  # (the model's doing: the episode ends, its files are judged)
                 raise SandboxStopped(why) from None
+            if agents and "chdir to cwd" in str(err):  # the agent removed (or replaced) its own work dir
+                return ExecResult(1, f"bash: cd: {workdir or self.workdir}: No such file or directory (the command "
+                                     "cannot start: its working directory is gone)\n", time.monotonic() - t0,
+                                  False, 0, False)
             raise SandboxError(f"exec failed in {self.name}: {err}") from None
         duration = time.monotonic() - t0
         if not raw and code == 0:  # the capture always ends with META: the engine lost this exec's output
@@ -520,8 +525,9 @@ class Sandbox(ChangeWalk):
         client-side deadline; a stream still open past it is an infrastructure failure, and so is one
         of `cap` bytes or more (a listing is never used cut: it would lose or splice entries)."""
         try:
+            # (from `/`: the agent may have removed the work dir, the container's configured cwd)
             code, out = run_exec(self.client.api, self.container.id, argv, time.monotonic() + timeout_s, cap,
-                                 user=user, environment={"PATH": HARNESS_PATH})
+                                 user=user, environment={"PATH": HARNESS_PATH}, workdir="/")
         except ExecHung:
             raise SandboxError(f"{argv[0]} in {self.name} did not finish within {timeout_s:g}s") from None
         if len(out) >= cap:
@@ -566,6 +572,16 @@ class Sandbox(ChangeWalk):
                 raise SandboxError(f"put_archive to {parent} refused in {self.name}")
         except docker.errors.DockerException as err:
             raise SandboxError(f"put_archive to {parent} failed in {self.name}: {err}") from None
+
+    def capture_work(self, limit: int) -> bytes:
+        """The final state: a tar of the work dir (`get_archive`). WorkDirGone (the model's doing, a failure with
+        its cause) when the agent removed it or put a file, a link or anything but a folder in its place."""
+        if not self.cfg.work_tmpfs_mb:
+            kind = self.path_kind(self.workdir)
+            if kind != "dir":
+                what = "removed" if kind is None else f"replaced with a {kind}"
+                raise WorkDirGone(f"the agent {what} its work dir {self.workdir}: there is no final state to judge")
+        return self.get_archive(self.workdir, limit)
 
     def get_archive(self, path: str, limit: int) -> bytes:
         """A tar of `path`; raises SandboxError past `limit` bytes (never buffers more than that)."""
@@ -718,6 +734,11 @@ class Sandbox(ChangeWalk):
         counted = next((p for t, _, p in first if t == "K"), "")
         leftover = int(counted) if counted.isdigit() else -1
         rows = None if restart or reborn or leftover != 0 else first
+        if (restart or reborn) and not self.cfg.work_tmpfs_mb and self.path_kind(self.workdir) not in ("dir", None):
+            # a file, a link or anything but a folder where the work dir was: no container starts with that as its
+            # working directory, and there is no final state (the model's doing)
+            raise WorkDirGone(f"the agent replaced its work dir {self.workdir} with a "
+                              f"{self.path_kind(self.workdir)}: there is no final state to judge")
         if reborn:
             fresh.stop_episode(self)
         elif restart:

@@ -29,6 +29,10 @@ class ChangesTooLarge(FinalStateUnavailable):
     """The agent left more files than the change walk lists (`Sandbox.walk_cap` bytes of records)."""
 
 
+class WorkDirGone(FinalStateUnavailable):
+    """The agent removed its work dir, or put something else than a folder in its place: no final state."""
+
+
 class StateUnreadable(FinalStateUnavailable):
     """The agent left (part of) a tmpfs work dir that its owner cannot read (e.g. `chmod 000`)."""
 
