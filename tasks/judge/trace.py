@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 VERIFIER_ROOTS = ("/tests", "/logs/verifier", "/verifier")
 INTERPRETERS = re.compile(r"^(python[0-9.]*|bash|sh|dash|zsh|ksh|perl|ruby|node|nodejs|php|lua[0-9.]*|tclsh|"
                           r"awk|gawk|mawk|Rscript)$")
-ATTACH_S = 10.0
+ATTACH_S = 10.0  # the shell found and the tracer attached within this, else the tests run untraced
+FIND_S = 600.0  # ...but the stopped shell is looked for this much longer, to be continued whatever happens
 _LINE = re.compile(r"^(\d+)\s+(.*)$")
 _EXEC = re.compile(r'^execve(?:at)?\((?:AT_FDCWD[^,]*, )?"((?:[^"\\]|\\.)*)", \[(.*?)\](?:, |\.\.\.)')
 _ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
@@ -167,11 +168,14 @@ class Tracer:
     def _attach(self) -> None:
         deadline = time.monotonic() + ATTACH_S
         pid = None
-        while time.monotonic() < deadline and pid is None:
+        while pid is None and time.monotonic() < deadline + FIND_S:
             pid = self._stopped()
             if pid is None:
-                time.sleep(0.005)
+                time.sleep(0.005 if time.monotonic() < deadline else 0.05)
         if pid is None:
+            return
+        if time.monotonic() > deadline:  # found late (a busy host): continued untraced, never left stopped
+            os.kill(pid, signal.SIGCONT)
             return
         try:
             self.proc = subprocess.Popen(
@@ -194,7 +198,7 @@ class Tracer:
 
     def finish(self) -> Trace | None:
         """The trace (None: not attached). Called once the test command has ended."""
-        self._thread.join(ATTACH_S + 1)
+        self._thread.join(ATTACH_S + 1)  # (the exec has ended, so the shell was found and continued)
         try:
             if self.proc is not None:
                 try:
