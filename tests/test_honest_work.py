@@ -108,3 +108,17 @@ def test_a_stopped_container_is_the_agents_doing_only_when_the_engine_says_nobod
     if agents:
         assert "exit code 143" in why and api.asked[0]["filters"] == {
             "container": "c1", "event": ["kill", "stop", "restart", "pause", "oom"]}
+
+
+PACKAGE = SimpleNamespace(expected_changes=["/app/pkg/core.py"], expected_kinds=[], workdir="/app", test_command=None,
+                          tests=[FileSpec(path="test_core.py", content="from pkg.core import run")])
+
+
+@pytest.mark.parametrize("path,is_unexpected", [
+    ("/app/pkg/_util.py", False),                           # a helper inside the package the reference fixes
+    ("/app/pkg/__pycache__/_util.cpython-311.pyc", True),   # its byte code: reverted (the source compiles again)
+    ("/app/pkg/conftest.py", True),                         # a test-runner setting by any other name: never
+    ("/app/other/helper.py", True),                         # another folder
+])
+def test_a_helper_module_beside_the_module_the_reference_changes_is_the_answers_own(path, is_unexpected):
+    assert (unexpected(ChangeSet(added=[path]), PACKAGE) == [path]) is is_unexpected

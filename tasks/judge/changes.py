@@ -215,9 +215,14 @@ def unexpected(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None]
     A configuration file whose directives the reference's record holds and the episode's capture has (`configs`,
     `episode_configs`) is the reference's change by its path and kind: its parts are judged apart
     (`unexpected_parts`), whatever its digest. A git object store the reference changes is one unit
-    (`object_store`)."""
+    (`object_store`). A module the episode adds beside a Python file the reference changes (a helper inside the
+    package it fixes) is the answer's own code, judged by the tests like that file, unless it is content-bound (a
+    `conftest.py`, a start-up hook, a module named like one the test machinery imports); its byte code is not (a
+    `.pyc` can hold other code than its source: reverting it costs an honest solve nothing, Python compiles the
+    source again)."""
     names = {key for p in env.expected_changes if (key := looked_up(p)) is not None}
     stores = {s for p in env.expected_changes if (s := object_store(p)) is not None}
+    packages = {posixpath.dirname(p) for p in env.expected_changes if p.endswith(".py")}
     recorded = {c.path: c for c in env.expected_kinds}
     contents, configs = contents or {}, configs or {}
     out = []
@@ -235,6 +240,9 @@ def unexpected(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None]
                     continue
             elif kind == "added" and looked_up(p) in names:
                 continue
+            elif kind == "added" and p.endswith(".py") and posixpath.dirname(p) in packages \
+                    and not content_bound(p, env):
+                continue  # a helper module beside the module the reference changes: the answer's own code
             out.append(p)
     return out
 
