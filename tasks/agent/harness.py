@@ -40,7 +40,7 @@ from ...schemas.trajectory import Message, Rollout, Step, TurnUsage
 from ..envs.kinds import BASH_HARNESS
 from ..envs.kinds import of as kind_of
 from ..judge.changes import capture_outside, expected
-from ..judge.hacks import odd_links
+from ..judge.hacks import odd_links, own_files
 from ..judge.venue import named
 from ..judge.verifier import run_hidden_tests
 from ..sandbox import ExecResult, FinalStateUnavailable, Sandbox, SandboxStopped
@@ -437,7 +437,8 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         else:
             final_state = captured
         if final_state is not None and not sb.toolchain_changed:  # before any test writes a file
-            odd = await asyncio.to_thread(odd_links, sb, final_state, outside, env.workdir)
+            odd = await asyncio.to_thread(odd_links, sb, final_state, outside, env.workdir,
+                                          own_files(changes, env))
         # after the capture: tests may write files (a fresh venue with a tmpfs work dir was not reborn: the verify
         # stage tests it isolated)
         if venue.during_rollout and final_state is not None and not sb.toolchain_changed \

@@ -136,11 +136,14 @@ def _archived(final_state: bytes | None, outside_state: bytes | None, workdir: s
             yield _norm(posixpath.join(base, m.name)), m, base == parent
 
 
-def odd_links(sb, final_state: bytes | None, outside_state: bytes | None, workdir: str) -> list[str]:
+def odd_links(sb, final_state: bytes | None, outside_state: bytes | None, workdir: str,
+              added: frozenset[str] = frozenset()) -> list[str]:
     """`Rollout.odd_links`, asked of the episode's container once its processes are gone and its programs are
     known to be the image's own: each symbolic link it left whose target does not exist (`test -e` follows
     links in the kernel), and each regular file of the work dir with more names than the work dir holds (a
-    name elsewhere, e.g. a file the tests will write). One exec, and none without a link."""
+    name elsewhere, e.g. a file the tests will write), unless every other name is a file the episode itself added
+    that the tests never write (`added`, `own_files`: a command installed as a hard link of its script is the file
+    it is). One exec, and none without a link (a second one, only when a file has names elsewhere)."""
     links, groups = [], {}
     for path, m, _ in _archived(final_state, outside_state, workdir):
         if m.issym():
@@ -160,6 +163,7 @@ def odd_links(sb, final_state: bytes | None, outside_state: bytes | None, workdi
     cmd = (f"for p in {' '.join(quoted)}; do [ -e \"$p\" ] || printf 'dangling %s\\0' \"$p\"; done; " if quoted else "")
     cmd += f"find {work} -xdev -type f -links +1 -printf 'hardlink %n %P\\0' 2>/dev/null; true"
     res = sb.exec(cmd, 60, user="root", workdir="/", output_limit=1 << 20, readonly=True)
+    shared = []
     for entry in res.output.split("\0"):
         entry = entry.strip("\n")
         if entry.startswith("dangling /"):
@@ -168,8 +172,30 @@ def odd_links(sb, final_state: bytes | None, outside_state: bytes | None, workdi
             _, n, rel = entry.split(" ", 2)
             archived = posixpath.join(posixpath.basename(workdir.rstrip("/")), rel)
             if n.isdigit() and int(n) > names.get(archived, 1):
-                found.append(f"hardlink {posixpath.join(workdir, rel)} ({n} names, {names.get(archived, 1)} in the work dir)")
+                shared.append((posixpath.join(workdir, rel), n, names.get(archived, 1)))
+    for path, n, here in shared:
+        if not _names_all_added(sb, path, workdir, added):
+            found.append(f"hardlink {path} ({n} names, {here} in the work dir)")
     return found + unsayable
+
+
+def own_files(changes, env) -> frozenset[str]:
+    """Files the episode added that the reference's test runs never write (`EnvSpec.test_writes`; nothing when
+    that is not known): a hard link between two of them is judged as the file it is (`odd_links`)."""
+    if changes is None or env.test_writes is None:
+        return frozenset()
+    return frozenset(changes.added) - set(env.test_writes)
+
+
+def _names_all_added(sb, path: str, workdir: str, added: frozenset[str]) -> bool:
+    """Whether every name of `path` outside the work dir is a file the episode added (`find -samefile` on the root
+    filesystem: a name on another mount cannot share the inode)."""
+    if not added:
+        return False
+    res = sb.exec(f"find / -xdev -samefile {shlex.quote(path)} -printf '%p\\0' 2>/dev/null; true", 120, user="root",
+                  workdir="/", output_limit=1 << 16, readonly=True)
+    others = [p for p in res.output.split("\0") if p.startswith("/") and not inside(p, workdir)]
+    return bool(others) and all(p in added for p in others)
 
 
 def output_kind_flags(r: Rollout, workdir: str, made: dict[str, str] | None = None) -> list[HackFlag]:
