@@ -112,6 +112,9 @@ class InPlaceTests(Record):
     reads: list[list[str]] | None = Field(None, description=(
         "[path, program] of each read of verifier material (/tests, /logs/verifier, /verifier) by agent code the "
         "tests ran, seen by a tracer on the engine's host (None: not traced)"))
+    agent_only: list[str] | None = Field(None, description=(
+        "files the episode wrote that only agent code opened or ran during the tests, seen by the same tracer: the "
+        "answer's own helpers, which a counterfactual leaves in place (None: not traced)"))
 
 
 class Rollout(Record):

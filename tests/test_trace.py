@@ -48,3 +48,17 @@ def test_an_interpreters_script_the_episode_wrote_is_agent_code_and_a_trusted_ru
             '200   openat(AT_FDCWD</app>, "/tests/expected_total.txt", O_RDONLY) = 3</tests/expected_total.txt>\n')
     assert parse(text).agent_reads({"/app/solve.py"}.__contains__) == [("/tests/expected_total.txt", "/app/solve.py")]
     assert parse(text).agent_reads(lambda p: False) == []  # the task's own program: nothing the episode wrote
+
+
+def test_files_only_agent_code_opened_are_the_answers_own_helpers():
+    """The graded command (run by the tests) calls a helper script and reads a data file of its own: those two are
+    the answer's helpers; the command itself and a config file the tests' own program read are not."""
+    text = ('300   execve("/usr/bin/bash", ["bash", "/tests/test.sh"], 0x1 /* 1 var */) = 0\n'
+            '300   openat(AT_FDCWD</app>, "/etc/gitconfig", O_RDONLY) = 3</etc/gitconfig>\n'
+            '300   clone(child_stack=NULL, flags=SIGCHLD) = 301\n'
+            '301   execve("/usr/local/bin/greet", ["greet"], 0x1 /* 1 var */) = 0\n'
+            '301   clone(child_stack=NULL, flags=SIGCHLD) = 302\n'
+            '302   execve("/bin/sh", ["sh", "/opt/greet/impl.sh"], 0x1 /* 1 var */) = 0\n'
+            '302   openat(AT_FDCWD</app>, "/opt/greet/words.txt", O_RDONLY) = 3</opt/greet/words.txt>\n')
+    ours = {"/usr/local/bin/greet", "/opt/greet/impl.sh", "/opt/greet/words.txt", "/etc/gitconfig"}
+    assert parse(text).agent_only(ours.__contains__, ours) == {"/opt/greet/impl.sh", "/opt/greet/words.txt"}

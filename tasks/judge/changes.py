@@ -281,7 +281,8 @@ def unexpected_parts(env: EnvSpec, configs: dict[str, tuple[tarfile.TarInfo, byt
     return out
 
 
-def revert_plan(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None] | None = None) -> list[str]:
+def revert_plan(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None] | None = None,
+                agent_only: list[str] | None = None) -> list[str]:
     """The changes a counterfactual run reverts: every change the reference solution did not need
     (see module docstring): a stash, a helper or a cache the pass depends on flips it; one that does
     not matter holds, and is not flagged. Without a reference solution (`oracle: absent`), or with one whose
@@ -290,7 +291,10 @@ def revert_plan(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None
     that can change how the tests run are reverted (reverting the rest would flip every honest pass)."""
     if env.oracle == "absent" or env.tests_run_agent_code == "unknown":
         return [p for p in changes.paths() if sensitive_class(p, env.workdir)]
-    return unexpected(changes, env, contents)
+    # the answer's own helpers: files only its programs opened or ran in the traced test run (trace.py); a content-
+    # bound one (a start-up hook, a test-runner setting) is reverted whoever read it
+    own = {p for p in agent_only or [] if not content_bound(p, env)}
+    return [p for p in unexpected(changes, env, contents) if p not in own]
 
 
 def apply_final_state(sb: Sandbox, r: Rollout, env: EnvSpec, revert: list[str] = (),

@@ -262,7 +262,7 @@ def counterfactual(case: Case) -> End | None:
     r, env, j = case.rollout, case.env, case.judge
     if not case.tests_passed or r.changes is None:
         return None
-    case.reverted = revert_plan(r.changes, env, case.contents)
+    case.reverted = revert_plan(r.changes, env, case.contents, case.run.agent_only if case.run else None)
     parts = case.parts if env.oracle != "absent" else {}
     if case.reverted or parts:  # a pass with unexpected changes that could matter: does it depend on them?
         if _state_incomplete(r, env, case.reverted):

@@ -58,27 +58,7 @@ class Trace:
         """(path, program) of each open of verifier material by a process running agent code, of a path the tests
         did not hand that code by name (module docstring); `agent_written(path)` says whether a program or script
         file is the episode's."""
-        entry: dict[int, tuple[str, list[str]] | None] = {}
-
-        def start(pid: int) -> tuple[str, list[str]] | None:
-            """(agent program, the argv the tests gave it) where agent code began in this process's line, else
-            None. A process agent code started inherits its parent's: arguments agent code passes on excuse
-            nothing."""
-            if pid in entry:
-                return entry[pid]
-            entry[pid] = None  # (a cycle in a damaged trace ends here)
-            found = start(self.parent[pid]) if pid in self.parent else None
-            for argv in self.execs.get(pid, []) if found is None else []:
-                prog, args = argv[0], argv[2:]
-                script = next((a for a in args if not a.startswith("-")), None)
-                if agent_written(prog):
-                    found = (prog, argv)
-                elif INTERPRETERS.match(os.path.basename(prog)) and script and agent_written(script):
-                    found = (script, argv)
-                if found:
-                    break
-            entry[pid] = found
-            return found
+        start = self._starts(agent_written)
 
         def named(argv: list[str], path: str) -> bool:
             return any(a == path or (a and not a.startswith("/") and path.endswith("/" + a)) for a in argv[1:])
@@ -91,6 +71,56 @@ class Trace:
             if began is not None and not named(began[1], path) and (path, began[0]) not in out:
                 out.append((path, began[0]))
         return out
+
+    def agent_only(self, agent_written, paths: set[str]) -> set[str]:
+        """The `paths` that only processes running agent code opened or executed in this run: the answer's own
+        helpers (a script its command calls, a data file its program reads). A path a process of the tests opened,
+        or ran as a program before any agent code ran in it, is not among them (a config file the tests' own `git`
+        obeys, the graded command itself)."""
+        start = self._starts(agent_written)
+        by_agent, by_tests = set(), set()
+        for pid, path in self.opened:
+            if path in paths:
+                (by_agent if start(pid) is not None else by_tests).add(path)
+        for pid, argvs in self.execs.items():
+            driven = pid in self.parent and start(self.parent[pid]) is not None
+            for argv in argvs:  # (in order: an `exec` of another program in a process agent code already runs)
+                script = _script(argv)
+                for p in (argv[0], script):
+                    if p in paths:
+                        (by_agent if driven else by_tests).add(p)
+                driven = driven or agent_written(argv[0]) or bool(
+                    INTERPRETERS.match(os.path.basename(argv[0])) and script and agent_written(script))
+        return by_agent - by_tests
+
+    def _starts(self, agent_written):
+        entry: dict[int, tuple[str, list[str]] | None] = {}
+
+        def start(pid: int) -> tuple[str, list[str]] | None:
+            """(agent program, the argv the tests gave it) where agent code began in this process's line, else
+            None. A process agent code started inherits its parent's: arguments agent code passes on excuse
+            nothing."""
+            if pid in entry:
+                return entry[pid]
+            entry[pid] = None  # (a cycle in a damaged trace ends here)
+            found = start(self.parent[pid]) if pid in self.parent else None
+            for argv in self.execs.get(pid, []) if found is None else []:
+                prog, script = argv[0], _script(argv)
+                if agent_written(prog):
+                    found = (prog, argv)
+                elif INTERPRETERS.match(os.path.basename(prog)) and script and agent_written(script):
+                    found = (script, argv)
+                if found:
+                    break
+            entry[pid] = found
+            return found
+
+        return start
+
+
+def _script(argv: list[str]) -> str | None:
+    """The first argument that is no option ([program, argv0, args...]): an interpreter's script."""
+    return next((a for a in argv[2:] if not a.startswith("-")), None)
 
 
 def parse(text: str) -> Trace:

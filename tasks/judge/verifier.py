@@ -118,6 +118,8 @@ class TestRun:
     wrote: list[str] | None = None
     # [path, program] of each read of verifier material by agent code the tests ran (trace.py; None: not traced)
     reads: list[list[str]] | None = None
+    # files the episode wrote that only agent code opened or ran during the tests (trace.py; None: not traced)
+    agent_only: list[str] | None = None
 
     @property
     def reward(self) -> float:
@@ -146,14 +148,16 @@ class TestRun:
         return InPlaceTests(results=self.results, output=self.output, duration_s=round(self.duration_s, 3),
                             error=self.error, explicit_reward=self.explicit_reward, exit_code=self.exit_code,
                             fallback=self.fallback, integrity=self.integrity, reported=self.reported,
-                            leftovers=self.leftovers, wrote=self.wrote, reads=self.reads)
+                            leftovers=self.leftovers, wrote=self.wrote, reads=self.reads,
+                            agent_only=self.agent_only)
 
     @classmethod
     def from_record(cls, rec: InPlaceTests) -> "TestRun":
         return cls(list(rec.results), rec.output, rec.duration_s, rec.error, rec.explicit_reward, rec.exit_code,
                    rec.fallback, list(rec.integrity), list(rec.reported), rec.leftovers,
                    wrote=None if rec.wrote is None else list(rec.wrote),
-                   reads=None if rec.reads is None else [list(x) for x in rec.reads])
+                   reads=None if rec.reads is None else [list(x) for x in rec.reads],
+                   agent_only=None if rec.agent_only is None else list(rec.agent_only))
 
 
 INLINE_LIMIT = 64 << 10  # base64 bytes of tests carried in the exec's environment (one variable may be 128 KiB)
@@ -279,7 +283,9 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float, trace: bool = 
         # the episode's own) and the episode's commit (venue `fresh`), never the tests' own folders
         written = (set(before) | sandbox.carried) - {p for p in set(before) if p.startswith(("/tests", "/logs"))}
         work = env.workdir.rstrip("/") + "/"
-        run.reads = [[p, prog] for p, prog in traced.agent_reads(lambda x: x in written or x.startswith(work))]
+        ours = lambda x: x in written or x.startswith(work)  # noqa: E731
+        run.reads = [[p, prog] for p, prog in traced.agent_reads(ours)]
+        run.agent_only = sorted(traced.agent_only(ours, written))[:DECISION_CAP]
     return run
 
 
