@@ -278,6 +278,10 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float, trace: bool = 
     run.reward_files = sorted(n for n in REWARD_FILES if n in files)
     # (in a fresh container every file of the episode's commit existed before the run too)
     run.wrote = _written_during(before, after, sandbox.baseline | sandbox.carried)
+    if run.wrote:
+        copied = _copied_up_only(sandbox, [p[1:] for p in run.wrote if p.startswith("+") and before is not None
+                                           and p[1:] not in before])
+        run.wrote = [p for p in run.wrote if p[1:] not in copied or not p.startswith("+")]
     if traced is not None and before is not None:
         # what the episode wrote: this container's writable layer as the tests started (restored state, in place
         # the episode's own) and the episode's commit (venue `fresh`), never the tests' own folders
@@ -329,6 +333,51 @@ def _written_during(before: dict | None, after: dict | None, image: frozenset[st
             continue
         out.append(("+" if p in before or p in image else "") + p)
     return sorted(out)[:DECISION_CAP]
+
+
+COPY_UP_LIMIT = 256 << 20  # bytes compared of one file the run may only have copied up
+
+
+def _copied_up_only(sandbox: Sandbox, paths: list[str]) -> set[str]:
+    """Of `paths` (files the writable layer gained during the run that an image layer, or the episode's commit,
+    holds), those whose bytes, mode and owner are the lower layer's: copied up by the kernel on a read-write open
+    (sqlite opens its database so for a SELECT), never changed. Read on the engine's host; none without a view."""
+    upper = sandbox._upper_dir()
+    data = ((sandbox.container.attrs.get("GraphDriver") or {}).get("Data") or {})
+    lowers = [x for x in (data.get("LowerDir") or "").split(":") if x]
+    if upper is None or not lowers or not paths:
+        return set()
+    same = set()
+    for p in paths:
+        try:
+            mine = os.lstat(upper + p)
+            theirs = next((st, low) for low in lowers if (st := _lstat(low + p)) is not None)
+        except (OSError, StopIteration):
+            continue
+        st, low = theirs
+        if not (stat.S_ISREG(mine.st_mode) and stat.S_ISREG(st.st_mode)) or mine.st_size > COPY_UP_LIMIT or \
+                (mine.st_mode, mine.st_uid, mine.st_gid, mine.st_size) != (st.st_mode, st.st_uid, st.st_gid, st.st_size):
+            continue
+        if _same_bytes(upper + p, low + p):
+            same.add(p)
+    return same
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    with open(a, "rb") as fa, open(b, "rb") as fb:  # (regular files: lstat said so, and nothing runs meanwhile)
+        while True:
+            x, y = fa.read(1 << 20), fb.read(1 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
 
 
 # folders whose entries a test run looks programs up in (SAFE_ENV's PATH): an entry made there during the run,
