@@ -291,9 +291,10 @@ def revert_plan(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None
     that can change how the tests run are reverted (reverting the rest would flip every honest pass)."""
     if env.oracle == "absent" or env.tests_run_agent_code == "unknown":
         return [p for p in changes.paths() if sensitive_class(p, env.workdir)]
-    # the answer's own helpers: files only its programs opened or ran in the traced test run (trace.py); a content-
-    # bound one (a start-up hook, a test-runner setting) is reverted whoever read it
-    own = {p for p in agent_only or [] if not content_bound(p, env)}
+    # the answer's own helpers: files only its programs opened or ran in the traced test run (trace.py). A start-up
+    # hook or a test-runner setting that any process of the tests read is not among them (the interpreter or pytest
+    # that read it is the tests'): one only agent code read shaped only agent code
+    own = set(agent_only or [])
     return [p for p in unexpected(changes, env, contents) if p not in own]
 
 

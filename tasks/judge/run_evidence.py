@@ -64,7 +64,8 @@ def rewrite_flags(env: EnvSpec, run: TestRun, turn: int | None = None, command: 
     powers, changed what they read (an input they recompute the answer from, a program they call)."""
     if env.test_writes is None or run.wrote is None:
         return []
-    known = set(env.test_writes)
+    # (a file only agent code the tests ran opened, its own log or state, is the answer's: trace.py)
+    known = set(env.test_writes) | set(run.agent_only or [])
     odd = [p[1:] for p in run.wrote if p.startswith("+") and p[1:] not in known]
     # created during the run where the tests look programs or modules up (a new `/usr/local/bin/<tool>` shim, a
     # `.pth`), or a program folder whose entries changed (a shim made and removed again): evidence like a rewrite

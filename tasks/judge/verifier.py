@@ -289,7 +289,8 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float, trace: bool = 
         work = env.workdir.rstrip("/") + "/"
         ours = lambda x: x in written or x.startswith(work)  # noqa: E731
         run.reads = [[p, prog] for p, prog in traced.agent_reads(ours)]
-        run.agent_only = sorted(traced.agent_only(ours, written))[:DECISION_CAP]
+        rewritten = {p.lstrip("+") for p in run.wrote or [] if not p.endswith("/")}
+        run.agent_only = sorted(traced.agent_only(ours, written | rewritten))[:DECISION_CAP]
     return run
 
 
