@@ -27,6 +27,7 @@ REFERENCE = SimpleNamespace(expected_changes=["/usr/local/bin/greet", "/usr/loca
     ("/usr/bin/greet", "added", False),          # the reference's command, in another PATH folder
     ("/usr/local/bin/greet", "added", False),    # the reference's own path
     ("/usr/lib/python3/dist-packages/mylib/__init__.py", "added", False),  # its module, on another import folder
+    ("/usr/lib/python3/dist-packages/mylib.py", "added", False),  # the same module as one file (by its dotted name)
     ("/usr/bin/greet", "modified", True),        # an image program changed: never by the name alone
     ("/usr/local/bin/python3", "added", True),   # a shim by another name
     ("/usr/bin/python3", "added", True),         # (a folder the reference made stands for no name elsewhere)

@@ -32,6 +32,10 @@ DIRS = frozenset({"/usr", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib/x86_64-
     ("/usr/bin/python", "added", False),                      # a new name: no harness program is called so
     ("/usr/local/bin/python3", "added", False),               # /usr/local: a change like any other (counterfactual)
     ("/app/solution.py", "added", False),
+    ("/usr/lib/python3/dist-packages/geomlib/__init__.py", "added", False),  # a module: judged like /usr/local's
+    ("/usr/lib/python3/dist-packages/zz.pth", "added", True),               # ...but a start-up hook is not
+    ("/usr/lib/python3/dist-packages/_pytest/evil.py", "added", True),      # ...nor what the harness imports
+    ("/usr/lib/python3/dist-packages/sitecustomize.py", "added", True),
     ("/usr", "replaced", True),                               # everything below made anew
     ("/bin", "modified", True),                               # the merged-usr link replaced
 ])

@@ -198,7 +198,17 @@ def looked_up(path: str) -> tuple[str, str] | None:
     if parent in PATH_DIRS:
         return "PATH", name
     found = IMPORT_DIR.match(path)
-    return ("python", found["rel"]) if found else None
+    return ("python", module_of(found["rel"])) if found else None
+
+
+def module_of(rel: str) -> str:
+    """The module a file below an import folder provides, by its dotted name (`geomlib.py` and
+    `geomlib/__init__.py` are both `geomlib`); any other file keeps its relative path."""
+    if rel.endswith(".py"):
+        rel = rel[:-3]
+        rel = rel[:-len("/__init__")] if rel.endswith("/__init__") else rel
+        return rel.replace("/", ".")
+    return rel
 
 
 def unexpected(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None] | None = None,

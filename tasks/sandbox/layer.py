@@ -19,6 +19,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import posixpath
+import re
 import stat
 
 from .walk import inside
@@ -49,6 +50,8 @@ def judged(path: str, kind: str, baseline: frozenset[str]) -> bool:
         return True
     if kind != "added":
         return under(path, SYSTEM)
+    if _python_module(path):
+        return False
     if under(path, LIB_DIRS + LOADER):
         return True
     if posixpath.dirname(path) in BIN_DIRS:
@@ -92,6 +95,24 @@ def layer_entries(upper: str) -> dict[str, str]:
             else:
                 out[name] = "present"
     return out
+
+
+# Python's system import folder: a module added there is judged like one in /usr/local (the harness's own Python runs
+# with -I, so the standard library comes first; pytest's plugins are not autoloaded in trajforge's own sessions),
+# except what runs at every start-up or shadows what the harness imports
+PY_SYSTEM = re.compile(r"^/usr/lib/python3(\.\d+)?/dist-packages/(?P<top>[^/]+)")
+HARNESS_MODULES = {"pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py", "py.py", "pytest.py", "_pytest.py"}
+
+
+def _python_module(path: str) -> bool:
+    """Whether `path` is a module file added to Python's system import folder that no start-up runs (no `.pth`,
+    `sitecustomize`, `usercustomize`) and that shadows nothing the harness imports."""
+    m = PY_SYSTEM.match(path)
+    if not m:
+        return False
+    top = m["top"]
+    return not (top.endswith(".pth") or top.split(".")[0] in ("sitecustomize", "usercustomize")
+                or top in HARNESS_MODULES or top.split(".")[0] in HARNESS_MODULES)
 
 
 def upper_changes(upper: str) -> dict[str, str]:
