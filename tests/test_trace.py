@@ -12,7 +12,7 @@ from trajforge.tasks.judge.trace import parse
 STRACE = """\
 100   execve("/usr/bin/bash", ["bash", "/tests/test.sh"], 0x7ffd /* 9 vars */) = 0
 100   clone(child_stack=NULL, flags=CLONE_CHILD_CLEARTID|SIGCHLD <unfinished ...>
-100   <... clone resumed>) = 101
+100   <... clone resumed>) = 7 /* 101 in strace's PID NS */
 101   execve("/usr/bin/python3", ["python3", "-m", "pytest", "/tests/test_outputs.py"], 0x55 /* 9 vars */) = 0
 101   openat(AT_FDCWD</app>, "/tests/test_outputs.py", O_RDONLY|O_CLOEXEC) = 3</tests/test_outputs.py>
 101   openat(AT_FDCWD</app>, "/tests/in.txt", O_RDONLY) = 4</tests/in.txt>

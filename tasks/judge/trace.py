@@ -5,7 +5,8 @@ the expected output in `/tests` beside its input, or list the folder, and print 
 container can be trusted to say so, so the test command's shell stops itself before it runs anything (`STOP`), and
 `strace` on the engine's host attaches to it and follows every process it starts (`-f`: a fork, a `setsid`, a
 double fork stay traced; the tracer is a host process no program of the container can reach). It records each
-successful `execve`, each fork's child and each file opened, with the path the kernel resolved (`-y`: a
+successful `execve`, each fork's child (by its pid on this host: `--decode-pids=pidns`, the container has its own pid
+namespace) and each file opened, with the path the kernel resolved (`-y`: a
 relative path, `/proc/self/fd/0` or a link read as the file it is).
 
 A process runs agent code when the program it executes, or the script its interpreter is given, is a file the
@@ -42,7 +43,8 @@ _LINE = re.compile(r"^(\d+)\s+(.*)$")
 _EXEC = re.compile(r'^execve(?:at)?\((?:AT_FDCWD[^,]*, )?"((?:[^"\\]|\\.)*)", \[(.*?)\](?:, |\.\.\.)')
 _ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _OPENED = re.compile(r"^(?:<\.\.\. )?(?:open|openat|openat2|creat)\b.*= \d+<(.*)>$")
-_FORKED = re.compile(r"^(?:<\.\.\. )?(?:clone3?|fork|vfork)\b.*= (\d+)")
+# (a child's pid as the container sees it, then, with --decode-pids=pidns, as this host does: the lines' own pids)
+_FORKED = re.compile(r"^(?:<\.\.\. )?(?:clone3?|fork|vfork)\b.*= (\d+)(?: /\* (\d+) in strace's PID NS \*/)?")
 _EXEC_DONE = re.compile(r"^(?:<\.\.\. )?execve(?:at)?\b.*= 0$")
 
 
@@ -149,7 +151,7 @@ def parse(text: str) -> Trace:
             continue
         fk = _FORKED.match(rest)
         if fk:
-            t.parent[int(fk[1])] = pid
+            t.parent[int(fk[2] or fk[1])] = pid
     return t
 
 
@@ -209,7 +211,7 @@ class Tracer:
             return
         try:
             self.proc = subprocess.Popen(
-                ["strace", "-f", "-qq", "-y", "-s", "256", "-e",
+                ["strace", "-f", "-qq", "-y", "--decode-pids=pidns", "-s", "256", "-e",
                  "trace=execve,execveat,open,openat,openat2,creat,clone,clone3,fork,vfork", "-o", self.out.name,
                  "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             while time.monotonic() < deadline and self.proc.poll() is None:
