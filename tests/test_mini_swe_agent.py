@@ -82,7 +82,7 @@ class FakeSandbox:
     def settle(self, protected):
         return 0, {}, ChangeSet()
 
-    def get_archive(self, path, limit):
+    def capture_work(self, limit):
         return _empty_tar()
 
     def close(self):
