@@ -75,6 +75,6 @@ def test_the_guarded_session_reads_settings_only_from_the_tasks_own_test_files()
     bare = env({"tree/pyproject.toml": "[project]\nname = 'x'\n", "tree/setup.py": "", "tree/tests/test_a.py": ""})
     assert settings_file(bare, ["/tests/tree/tests/test_a.py"]) == (None, "/tests/tree")
     assert settings_file(env({"test_a.py": ""}), ["/tests/test_a.py"]) == (None, "/tests")
-    # where the episode's Python code lives outside the work dir: the guard's audit hook counts those frames as agent code
+    # the episode's Python files outside the work dir, by name: the guard's audit hook counts their frames as agent code
     assert agent_dirs(["/app/x.py", "/usr/local/lib/python3.11/dist-packages/pkg/__init__.py", "/opt/tool/run.sh"],
-                      "/app") == ["/usr/local/lib/python3.11/dist-packages/pkg"]
+                      "/app") == ["/usr/local/lib/python3.11/dist-packages/pkg/__init__.py"]

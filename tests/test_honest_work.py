@@ -123,3 +123,12 @@ PACKAGE = SimpleNamespace(expected_changes=["/app/pkg/core.py"], expected_kinds=
 ])
 def test_a_helper_module_beside_the_module_the_reference_changes_is_the_answers_own(path, is_unexpected):
     assert (unexpected(ChangeSet(added=[path]), PACKAGE) == [path]) is is_unexpected
+
+
+def test_a_module_added_at_the_top_of_an_import_path_is_no_helper():
+    """Beside a module at the work dir's top (or an import folder's root) a new module is top-level: it could stand in
+    for a library the tests import (a `numpy.py` whose `allclose` says yes), so it stays unexpected."""
+    top = SimpleNamespace(expected_changes=["/app/solution.py"], expected_kinds=[], workdir="/app", test_command=None,
+                          tests=[FileSpec(path="test_s.py", content="import numpy\nfrom solution import f")])
+    assert unexpected(ChangeSet(added=["/app/numpy.py"]), top) == ["/app/numpy.py"]
+    assert unexpected(ChangeSet(added=["/app/pkg/numpy.py"]), PACKAGE) == []  # inside a package: pkg.numpy

@@ -444,7 +444,7 @@ async def run_episode(env: EnvSpec, session: TeacherSession, make_sandbox: Calla
         if venue.during_rollout and final_state is not None and not sb.toolchain_changed \
                 and (not venue.fresh_container or sb.episode_container is not None):
             in_place = (await asyncio.to_thread(run_hidden_tests, sb, env, s.test_timeout_s,
-                                                  env.tests_run_agent_code != "no")).to_record()
+                                                  env.tests_run_agent_code == "subprocess")).to_record()
             in_place.venue = "fresh" if sb.episode_container is not None else venue.name
     finally:
         if mode is not None:

@@ -37,7 +37,10 @@ INI = re.compile(r"\.(ini|cfg|conf)$|(^|/)\.(coveragerc|pylintrc|flake8|pypirc|e
 LINES = re.compile(r"\.pth$|(^|/)\.(bashrc|bash_profile|profile|bash_login|zshrc|gitignore|gitattributes|mailmap|env|"
                    r"npmrc|curlrc|wgetrc|inputrc|netrc)$|^/etc/(profile|bash\.bashrc|environment)$|^/etc/profile\.d/"
                    r"|(^|/)\.git/info/(exclude|attributes)$|(^|/)\.[A-Za-z0-9_-]+rc$")
-MAX_BYTES = 1 << 20  # a larger "config" file is judged whole (content-bound rules), never parsed
+MAX_BYTES = 1 << 20  # a larger "config" file is judged whole (reverted in a counterfactual), never parsed
+MAX_GIT_RECORDS = 2_000  # a counterfactual copy written by git itself, one call per directive
+MAX_KEYS = 10_000  # more directives than this (a YAML alias bomb, a padded file): judged whole
+UNREAD = "(the whole file: not readable as its format)"
 
 
 def format_of(path: str) -> str | None:
@@ -60,7 +63,9 @@ def unexpected_keys(path: str, data: bytes, allowed: list[str] | None) -> list[s
     if allowed is None:
         return []
     have = keys(path, data)
-    return [] if have is None else sorted(set(have) - set(allowed))
+    if have is None:  # too large, or git cannot read it: judged whole (fail closed; `strip` then gives None too)
+        return [UNREAD]
+    return sorted(set(have) - set(allowed))
 
 
 def strip(path: str, data: bytes, allowed: list[str]) -> bytes | None:
@@ -83,6 +88,15 @@ def strip(path: str, data: bytes, allowed: list[str]) -> bytes | None:
 # --- parsers: (format, [(key, value)]) in file order; value is what the writer needs to write that directive back
 
 def _records(path: str, data: bytes) -> tuple[str, list[tuple[str, object]]] | None:
+    """(format, records) of a config file; None when it is no config file or cannot be read by parts (too large,
+    too many directives, git cannot read it)."""
+    try:
+        return _read(path, data)
+    except _TooMany:
+        return None
+
+
+def _read(path: str, data: bytes) -> tuple[str, list[tuple[str, object]]] | None:
     fmt = format_of(path)
     if fmt is None or len(data) > MAX_BYTES:
         return None
@@ -95,13 +109,15 @@ def _records(path: str, data: bytes) -> tuple[str, list[tuple[str, object]]] | N
             return "toml", _flat(tomllib.loads(text))
         except (tomllib.TOMLDecodeError, UnicodeError):
             return "lines", _lines(text)
+        except RecursionError:
+            return None
     if fmt == "yaml":
         try:
             doc = yaml.safe_load(text)
-        except yaml.YAMLError:
-            return "lines", _lines(text)
-        if isinstance(doc, dict):
-            return "yaml", _flat(doc)
+            if isinstance(doc, dict):
+                return "yaml", _flat(doc)
+        except (yaml.YAMLError, RecursionError):  # (an alias that holds itself; an alias bomb: _TooMany)
+            return None
         return "lines", _lines(text)
     if fmt == "ini":
         got = _ini(text)
@@ -127,8 +143,11 @@ def _git(data: bytes) -> list[tuple[str, object]] | None:
     with tempfile.NamedTemporaryFile(prefix="tf-gitconfig-") as f:
         f.write(data)
         f.flush()
-        res = subprocess.run([git, "config", "--file", f.name, "--no-includes", "--list", "-z"],
-                             capture_output=True, env=_git_env(), timeout=30)
+        try:
+            res = subprocess.run([git, "config", "--file", f.name, "--no-includes", "--list", "-z"],
+                                 capture_output=True, env=_git_env(), timeout=30)
+        except subprocess.TimeoutExpired:
+            return None
     if res.returncode != 0:
         return None
     out: list[tuple[str, object]] = []
@@ -142,7 +161,7 @@ def _git(data: bytes) -> list[tuple[str, object]] | None:
 
 def _git_write(records: list[tuple[str, object]]) -> bytes | None:
     git = _git_binary()
-    if git is None:
+    if git is None or len(records) > MAX_GIT_RECORDS:  # (one git per record)
         return None
     with tempfile.TemporaryDirectory(prefix="tf-gitconfig-") as d:
         target = os.path.join(d, "config")
@@ -150,7 +169,10 @@ def _git_write(records: list[tuple[str, object]]) -> bytes | None:
         for name, value in records:
             # (a key without a value is a boolean true)
             argv = [git, "config", "--file", target, "--add", name, "true" if value is None else value]
-            if subprocess.run(argv, capture_output=True, env=_git_env(), timeout=30).returncode != 0:
+            try:
+                if subprocess.run(argv, capture_output=True, env=_git_env(), timeout=30).returncode != 0:
+                    return None
+            except subprocess.TimeoutExpired:
                 return None
         with open(target, "rb") as f:
             return f.read()
@@ -160,8 +182,9 @@ _NO_DEFAULT = "\0"  # (every section, `DEFAULT` included, is read as its own: no
 
 
 def _ini_parser() -> configparser.ConfigParser:
-    return configparser.ConfigParser(interpolation=None, strict=False, allow_no_value=True,
-                                     default_section=_NO_DEFAULT)
+    cp = configparser.ConfigParser(interpolation=None, strict=False, allow_no_value=True, default_section=_NO_DEFAULT)
+    cp.optionxform = str  # (names written back as the agent wrote them; compared lowercased, as configparser does)
+    return cp
 
 
 def _ini(text: str) -> list[tuple[str, object]] | None:
@@ -170,7 +193,7 @@ def _ini(text: str) -> list[tuple[str, object]] | None:
         cp.read_string(text)
     except (configparser.Error, UnicodeError):
         return None
-    return [(f"{section}.{k}", (section, k, v)) for section in cp.sections() for k, v in cp[section].items()]
+    return [(f"{section}.{k.lower()}", (section, k, v)) for section in cp.sections() for k, v in cp[section].items()]
 
 
 def _ini_write(records: list[tuple[str, object]]) -> bytes:
@@ -184,15 +207,22 @@ def _ini_write(records: list[tuple[str, object]]) -> bytes:
     return buf.getvalue().encode("utf-8", "surrogateescape")
 
 
-def _flat(doc: dict, parts: tuple = ()) -> list[tuple[str, object]]:
-    """A mapping's leaves as dotted keys, each with (its path, its value) (a list is a leaf: one directive)."""
-    out: list[tuple[str, object]] = []
+class _TooMany(Exception):
+    pass
+
+
+def _flat(doc: dict, parts: tuple = (), out: list | None = None) -> list[tuple[str, object]]:
+    """A mapping's leaves as dotted keys, each with (its path, its value) (a list is a leaf: one directive); past
+    MAX_KEYS leaves `_TooMany` (an alias bomb expands here)."""
+    out = [] if out is None else out
     for k, v in doc.items():
         here = (*parts, k)
         if isinstance(v, dict) and v:
-            out += _flat(v, here)
+            _flat(v, here, out)
         else:
             out.append((".".join(map(str, here)), (here, v)))
+            if len(out) > MAX_KEYS:
+                raise _TooMany()
     return out
 
 
@@ -225,7 +255,10 @@ def _line_key(line: str) -> str | None:
 
 
 def _lines(text: str) -> list[tuple[str, object]]:
-    return [(k, line) for line in text.split("\n") if (k := _line_key(line)) is not None]
+    out = [(k, line) for line in text.split("\n") if (k := _line_key(line)) is not None]
+    if len(out) > MAX_KEYS:
+        raise _TooMany()
+    return out
 
 
 def _lines_write(records: list[tuple[str, object]]) -> bytes:

@@ -29,6 +29,11 @@ SCRIPT_SUFFIXES = (".sh", ".bash", ".py", ".pl", ".rb", ".js", ".mjs", ".php", "
 LOADS_CODE = re.compile(r"\b(runpy\.|importlib\.|exec\s*\(\s*open\s*\(|__import__\s*\(|SourceFileLoader|spec_from_file)")
 
 
+def imported_names(source: str) -> set[str]:
+    """Top-level module names a Python file imports (`_imports`)."""
+    return _imports(source)
+
+
 def _imports(source: str) -> set[str]:
     """Top-level module names a Python file imports (syntax tree; a regex when it does not parse)."""
     try:

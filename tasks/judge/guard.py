@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import secrets
 import shlex
 import time
@@ -76,16 +75,18 @@ tests, now = {}, {"types": set()}
 # cannot be removed from Python): ctypes (a built-in type's comparison slot rewritten below Python), tracing and
 # profiling hooks, code objects made or swapped; recorded when a frame of a file in the work dir is on the stack
 # agent code: files of the work dir, and of the folders outside it where the episode changed Python code
-AGENT = tuple(d.rstrip("/") + "/" for d in [os.environ.get("TF_GUARD_WORK", "/nonexistent"),
-                                              *json.loads(os.environ.get("TF_GUARD_AGENT", "[]"))])
+AGENT = (os.environ.get("TF_GUARD_WORK", "/nonexistent").rstrip("/") + "/",)
+AGENT_FILES = frozenset(json.loads(os.environ.get("TF_GUARD_AGENT", "[]")))
+# (loading a library is no patching: `import ctypes` alone raises ctypes.dlopen)
 AUDITED = ("ctypes.", "sys.settrace", "sys.setprofile", "code.__new__", "sys._current_frames", "gc.get_referrers",
            "gc.get_referents", "gc.get_objects")
+BENIGN = ("ctypes.dlopen", "ctypes.dlsym")
 audit, _inside = {}, [False]
 
 
 def _hook(event, args):
-    if _inside[0] or not (event.startswith(AUDITED) or (event == "object.__setattr__" and len(args) > 1
-                                                            and args[1] == "__code__")):
+    if _inside[0] or event.startswith(BENIGN) or not (event.startswith(AUDITED) or (
+            event == "object.__setattr__" and len(args) > 1 and args[1] == "__code__")):
         return
     _inside[0] = True
     try:
@@ -94,7 +95,7 @@ def _hook(event, args):
             if f is None:
                 break
             name = f.f_code.co_filename
-            if name.startswith(AGENT):
+            if name.startswith(AGENT) or name in AGENT_FILES:
                 audit.setdefault(event, "%s:%d" % (name, f.f_lineno))
                 break
             f = f.f_back
@@ -116,6 +117,8 @@ _OWNERS = (("unittest.TestCase", unittest.case.TestCase), ("unittest.case", unit
 # ...and what the test runner, the import machinery and the tools a test's source is read with are made of: every
 # function and class a module of theirs defines, every callable of those classes, and the import hooks; taken when
 # the session starts (pytest configured, nothing collected) and compared before each test and at the end
+import importlib.machinery  # noqa: E402
+_PATH_FINDER = importlib.machinery.PathFinder
 RUNNER = ("_pytest", "pytest", "pluggy", "unittest", "inspect", "linecache", "ast", "importlib", "_frozen_importlib",
           "_frozen_importlib_external", "zipimport", "builtins", "operator", "types", "functools", "traceback")
 _OWNED = (_FunctionType, types.BuiltinFunctionType, type)
@@ -139,7 +142,11 @@ def _callables():
                 for a, w in list(vars(v).items()):
                     if isinstance(w, _METHODS):
                         out["%s.%s.%s" % (name, k, a)] = w
-    out["sys.meta_path"] = tuple(map(id, sys.meta_path))  # (compared by value: the same hooks in the same order)
+    # the import hooks consulted before the standard path finder (one appended after it, six's, finds only what no
+    # file provides), compared by value
+    finders = list(sys.meta_path)
+    cut = next((i for i, f in enumerate(finders) if f is _PATH_FINDER), len(finders) - 1)
+    out["sys.meta_path"] = tuple(map(id, finders[:cut + 1]))
     out["sys.path_hooks"] = tuple(map(id, sys.path_hooks))
     return out
 
@@ -152,7 +159,8 @@ _REPLACED = set()
 def _check_runner():
     now_ = _callables()
     _REPLACED.update(k for k, v in _SNAP.items() if now_.get(k, _SNAP) is not v
-                     and not (isinstance(v, tuple) and now_.get(k) == v))
+                     and not (isinstance(v, tuple) and now_.get(k) == v)
+                     and not (k == "sys.path_hooks" and now_[k][:len(v)] == v))  # (a hook appended: later ones)
     for k, v in now_.items():  # a module imported since (by pytest, lazily): from now on as it is now
         _SNAP.setdefault(k, v)
     _REPLACED.update("unittest.TestCase." + k for k in vars(unittest.case.TestCase)
@@ -260,8 +268,13 @@ def pytest_configure(config):
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtest_call(item):
+def pytest_runtest_setup(item):
+    # before the test's fixtures (a monkeypatch fixture's changes are undone again by the next test's setup)
     _check_runner()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
     record = tests.setdefault(item.nodeid, {"passed": False, "ran": False, "types": []})
     guarded = _guarded(item, record)
     if guarded is None:
@@ -331,7 +344,7 @@ def guard_timeout(env: EnvSpec, timeout_s: float) -> float:
 
 
 # what makes a file pytest's settings file (pytest.ini always; the others only with pytest's section)
-INI_SECTIONS = {"pytest.ini": "", "pyproject.toml": "[tool.pytest.ini_options]", "tox.ini": "[pytest]",
+INI_SECTIONS = {"pytest.ini": "", ".pytest.ini": "", "pyproject.toml": "[tool.pytest.ini_options]", "tox.ini": "[pytest]",
                 "setup.cfg": "[tool:pytest]"}
 
 
@@ -355,19 +368,18 @@ def settings_file(env: EnvSpec, files: list[str]) -> tuple[str | None, str]:
     return None, next((f for f in ancestors if f"{f}/setup.py" in tests), common)
 
 
-def agent_dirs(paths: list[str], workdir: str, cap: int = 64) -> list[str]:
-    """The folders outside the work dir where `paths` (a change set) hold Python code (`.py`, byte code, an
-    extension module): whose frames the guard's audit hook counts as agent code. Past `cap` folders, the import
-    folders they lie in."""
+def agent_dirs(paths: list[str], workdir: str, cap: int = 60_000) -> list[str]:
+    """The Python source files outside the work dir among `paths` (a change set): whose frames the guard's audit
+    hook counts as agent code, by exact name; as many as fit in `cap` characters (they travel in the exec's command
+    line, one argument of at most 128 KiB)."""
     root = workdir.rstrip("/") + "/"
-    dirs = sorted({posixpath.dirname(p) for p in paths if not p.startswith(root) and
-                   p.endswith((".py", ".pyc", ".so")) and not p.startswith("/tests/")})
-    if len(dirs) > cap:
-        dirs = sorted({m.group(0) for d in dirs if (m := _IMPORT_ROOT.match(d + "/"))} or {"/usr"})
-    return dirs
-
-
-_IMPORT_ROOT = re.compile(r"^.*?/(site|dist)-packages/|^/usr(/local)?/lib/python3[^/]*/")
+    out, size = [], 0
+    for p in sorted(p for p in paths if not p.startswith(root) and p.endswith(".py") and not p.startswith("/tests/")):
+        size += len(p) + 4
+        if size > cap:
+            break
+        out.append(p)
+    return out
 
 
 def run_guarded(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: list[str] = ()) -> GuardRun:

@@ -16,9 +16,12 @@ own shell and pytest do not, until they exec such a program. An open of `/tests`
 by name), is a read of verifier material: `verifier_read` (checks.py), unless the reference solution's program
 read the same path in the validator's traced run (`EnvSpec.test_reads`).
 
-Fails safe, never open: without `strace` or a local engine nothing is traced (`TestRun.reads` None) and nothing is
-decided; the stopped shell is always continued (a tracer that cannot attach within `ATTACH_S` lets the tests run
-untraced, and says so).
+Fails safe, never open: without `strace` or a local engine, or past `MAX_TRACE` bytes, nothing is traced
+(`TestRun.reads` None) and nothing is decided; a stopped shell found is always continued (a tracer that cannot attach
+within `ATTACH_S` lets the tests run untraced, and says so). The judge traces runs whose tests run the agent's
+programs (`tests_run_agent_code == "subprocess"`; code imported into the tests' own process is not told apart from
+theirs), and the validator traces the reference's runs. ptrace attached by pid stops every system call: slower
+tests (about twice as long for a pytest start-up here).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ VERIFIER_ROOTS = ("/tests", "/logs/verifier", "/verifier")
 INTERPRETERS = re.compile(r"^(python[0-9.]*|bash|sh|dash|zsh|ksh|perl|ruby|node|nodejs|php|lua[0-9.]*|tclsh|"
                           r"awk|gawk|mawk|Rscript)$")
 ATTACH_S = 10.0  # the shell found and the tracer attached within this, else the tests run untraced
+MAX_TRACE = 256 << 20  # bytes of strace output read back; a longer trace is no evidence (the run is untraced)
 FIND_S = 600.0  # ...but the stopped shell is looked for this much longer, to be continued whatever happens
 _LINE = re.compile(r"^(\d+)\s+(.*)$")
 _EXEC = re.compile(r'^execve(?:at)?\((?:AT_FDCWD[^,]*, )?"((?:[^"\\]|\\.)*)", \[(.*?)\](?:, |\.\.\.)')
@@ -238,9 +242,10 @@ class Tracer:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait()
-            if not self.attached:
-                return None
+            if not self.attached or os.path.getsize(self.out.name) > MAX_TRACE:
+                return None  # (a trace cut short would miss opens by the tests: judged untraced)
             with open(self.out.name, errors="backslashreplace") as f:
                 return parse(f.read())
         finally:
+            self.out.close()
             os.unlink(self.out.name)

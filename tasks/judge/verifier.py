@@ -257,9 +257,11 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float, trace: bool = 
     tracer = Tracer(sandbox) if trace and tracing_available(sandbox) else None
     if tracer is not None:
         tracer.start()
-    res = sandbox.exec(f"{tracer.prefix() if tracer else ''}{pre}{SAFE_ENV} bash -c {shlex.quote(command)}; {reap}",
-                       timeout_s=timeout_s, user="root", workdir=env.workdir, output_limit=1 << 20)
-    traced = tracer.finish() if tracer is not None else None
+    try:
+        res = sandbox.exec(f"{tracer.prefix() if tracer else ''}{pre}{SAFE_ENV} bash -c {shlex.quote(command)}; {reap}",
+                           timeout_s=timeout_s, user="root", workdir=env.workdir, output_limit=1 << 20)
+    finally:
+        traced = tracer.finish() if tracer is not None else None
     duration = time.monotonic() - t0
     body, mark, stamp = res.output.rpartition(EXIT_MARK)
     words = stamp.split() if mark else []
@@ -285,9 +287,10 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float, trace: bool = 
     if traced is not None and before is not None:
         # what the episode wrote: this container's writable layer as the tests started (restored state, in place
         # the episode's own) and the episode's commit (venue `fresh`), never the tests' own folders
+        # (exactly these names: a program the test run itself made, e.g. a venv its test.sh creates in the work dir,
+        # is the tests', never the agent's)
         written = (set(before) | sandbox.carried) - {p for p in set(before) if p.startswith(("/tests", "/logs"))}
-        work = env.workdir.rstrip("/") + "/"
-        ours = lambda x: x in written or x.startswith(work)  # noqa: E731
+        ours = written.__contains__
         run.reads = [[p, prog] for p, prog in traced.agent_reads(ours)]
         rewritten = {p.lstrip("+") for p in run.wrote or [] if not p.endswith("/")}
         run.agent_only = sorted(traced.agent_only(ours, written | rewritten))[:DECISION_CAP]

@@ -503,7 +503,8 @@ class Sandbox(ChangeWalk):
             if agents and (why := stopped_by_agent(self)):
                 self.stopped = why  # (the model's doing: the episode ends, its files are judged)
                 raise SandboxStopped(why) from None
-            if agents and "chdir to cwd" in str(err):  # the agent removed (or replaced) its own work dir
+            if agents and "chdir" in str(err) and "cwd" in str(err):
+                # the agent removed (or replaced) its own work dir
                 return ExecResult(1, f"bash: cd: {workdir or self.workdir}: No such file or directory (the command "
                                      "cannot start: its working directory is gone)\n", time.monotonic() - t0,
                                   False, 0, False)

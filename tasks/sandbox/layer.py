@@ -81,7 +81,10 @@ def layer_entries(upper: str) -> dict[str, str]:
             continue
         for e in entries:
             path = rel.rstrip(b"/") + b"/" + e.name
-            st = e.stat(follow_symlinks=False)
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:  # (a live container's layer: gone since the folder was listed)
+                continue
             name = spelled(path)
             if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
                 out[name] = "deleted"
