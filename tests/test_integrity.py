@@ -102,6 +102,9 @@ def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode
         if "toolchain_tamper" in v["hack_flags"]:  # nothing of its container judges it: not tested at all
             assert v["mode"] == "none" and not v["passed"], (c["case"], v["mode"])
             continue
+        if c["expect"] == "fail" and v["mode"] == "none":  # no final state to test (the work dir is gone): the model's
+            assert not v["passed"] and v["verified"] and "final state" in v["verifier_output"], (c["case"], v)
+            continue
         # (an image with a VOLUME, or an ENTRYPOINT under a root agent, is judged fresh in place: tasks/sandbox/fresh.py)
         assert v["mode"] in ({mode, "fresh"} if mode == "in_place" else {mode}), (c["case"], v["mode"])
         flags = [f"{h['kind']}: {h['detail']} [{h['command']}]" for h in v["hacks"]]
