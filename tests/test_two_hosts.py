@@ -97,6 +97,7 @@ def test_a_build_spreads_over_two_engines_pulls_by_digest_and_matches_one_host(h
     assert two["verify"]["passed"] > 0 and two["rollout"]["episodes"] == ROLLOUTS
 
 
+@pytest.mark.long  # ~3.3 min with its two engines; a Dask worker killed mid-shard stays in make test (test_chaos.py)
 def test_a_host_that_dies_mid_rollout_loses_nothing_and_is_reaped_when_back(hosts, tmp_path):
     b = hosts.engine("b")
     build = hosts.build(config(tmp_path, "killed"), background=True)  # 6 x 4, as the spread test
