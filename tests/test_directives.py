@@ -87,4 +87,6 @@ def test_an_expected_config_file_is_judged_by_its_parts_and_the_object_store_as_
     # another repository's store, the store's alternates, a hook: unexpected like any path the reference never touches
     other = ChangeSet(added=["/srv/other/.git/objects/aa/bb", f"{OBJ}/info/alternates", "/app/repo/.git/hooks/x"])
     assert unexpected(other, SOLVED, {}, configs) == other.added
+    # an object rewritten in place (its name no longer its hash: git reads a parent unchecked) is unexpected
+    assert unexpected(ChangeSet(modified=[f"{OBJ}/1a/2b3c"]), SOLVED, {}, configs) == [f"{OBJ}/1a/2b3c"]
     assert object_store(f"{OBJ}/info/alternates") is None and object_store(f"{OBJ}/pack/p.idx") == "/app/repo/.git"
