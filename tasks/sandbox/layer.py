@@ -119,47 +119,21 @@ def _python_module(path: str) -> bool:
 
 
 def upper_changes(upper: str) -> dict[str, str]:
-    """{path: added | modified | deleted} below the system folders, from an overlay upper folder (host
-    side, never following a link): a whiteout (character device 0:0) is a deletion, an opaque folder
-    replaced everything below it, anything else was added or copied up (modified when the image had
-    it: the caller decides with its baseline, so everything present is reported as `present`)."""
-    out: dict[str, str] = {}
-
-    def visit(rel: str) -> None:
-        host = upper + rel
+    """{path: present | opaque | deleted} below the system folders, from an overlay upper folder (`layer_entries`,
+    read the same way): a whiteout is a deletion, an opaque folder replaced everything below it, anything else was
+    added or copied up (modified when the image had it: the caller decides with its baseline). `/usr` and `/etc`
+    themselves, the folders above the system ones, only when replaced (opaque), deleted or no longer a folder."""
+    entries = layer_entries(upper)
+    out = {p: k for p, k in entries.items() if under(p, SYSTEM)}
+    for top in ("/usr", "/etc"):
+        kind = entries.get(top)
         try:
-            st = os.lstat(host)
-        except FileNotFoundError:
-            return
-        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-            out[rel] = "deleted"
-            return
-        out[rel] = "present"
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                if os.getxattr(host, _WHITEOUT_XATTR, follow_symlinks=False) == b"y":
-                    out[rel] = "opaque"
-            except OSError:
-                pass
-            with os.scandir(host) as it:
-                for e in it:
-                    visit(rel.rstrip("/") + "/" + e.name)
-
-    for top in ("/usr", "/etc"):  # the folders above the system ones: replaced (opaque) or not
-        try:
-            st = os.lstat(upper + top)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                if os.getxattr(upper + top, _WHITEOUT_XATTR, follow_symlinks=False) == b"y":
-                    out[top] = "opaque"
-            except OSError:
-                pass
-        else:
-            out[top] = "deleted" if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0 else "present"
-    for root in SYSTEM:
-        visit(root)
+            replaced = kind in ("opaque", "deleted") or (kind == "present"
+                                                         and not stat.S_ISDIR(os.lstat(upper + top).st_mode))
+        except FileNotFoundError:  # (a live container's layer: gone since it was walked)
+            replaced = False
+        if replaced:
+            out[top] = kind
     return out
 
 
