@@ -439,15 +439,17 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
     if passing:
         env.expected_tests = sorted(set.intersection(*({t.name for t in r.reported if t.passed} for r in passing)))
     env.tests_leave_processes = any(r.leftovers > 0 for r in runs)
+    guarded = None
     if pytest_files(env) and env.tests_run_agent_code != "in_process" and _python_changed(env):
         # the tests' text names no module of the work dir, but the reference changed Python code: what the guarded
         # session really imports decides (a src layout, a package installed elsewhere)
-        traced = run_guarded(sb, env, guard_timeout(env, test_timeout_s), agent_dirs(env.expected_changes, env.workdir))
-        if any(_changed_by_reference(f, env) for f in traced.loaded):
+        guarded = run_guarded(sb, env, guard_timeout(env, test_timeout_s), agent_dirs(env.expected_changes, env.workdir))
+        if any(_changed_by_reference(f, env) for f in guarded.loaded):
             env.tests_run_agent_code = "in_process"
     if guardable(env):  # the tests import agent code: what trajforge's guarded run shows on the reference
-        guarded = run_guarded(sb, env, guard_timeout(env, test_timeout_s),
-                              agent_dirs(env.expected_changes, env.workdir))
+        # (the import trace's session is that run when it made the environment `in_process`)
+        guarded = guarded or run_guarded(sb, env, guard_timeout(env, test_timeout_s),
+                                         agent_dirs(env.expected_changes, env.workdir))
         # the reference's own run replacing what assertions run through (a test suite that patches TestCase): every
         # pass would be flagged for it, so the guard asks nothing of this environment
         patching = any(e.startswith("replaced ") for e in guarded.audit)
