@@ -577,12 +577,18 @@ class Sandbox(ChangeWalk):
     def capture_work(self, limit: int) -> bytes:
         """The final state: a tar of the work dir (`get_archive`). WorkDirGone (the model's doing, a failure with
         its cause) when the agent removed it or put a file, a link or anything but a folder in its place."""
-        if not self.cfg.work_tmpfs_mb:
-            kind = self.path_kind(self.workdir)
-            if kind != "dir":
-                what = "removed" if kind is None else f"replaced with a {kind}"
-                raise WorkDirGone(f"the agent {what} its work dir {self.workdir}: there is no final state to judge")
+        self._work_dir_there(missing_ok=False)
         return self.get_archive(self.workdir, limit)
+
+    def _work_dir_there(self, missing_ok: bool) -> None:
+        """WorkDirGone unless the work dir is a folder (or, `missing_ok`, absent); a tmpfs work dir is its mount."""
+        if self.cfg.work_tmpfs_mb:
+            return
+        kind = self.path_kind(self.workdir)
+        if kind == "dir" or (kind is None and missing_ok):
+            return
+        what = "removed" if kind is None else f"replaced with a {kind}"
+        raise WorkDirGone(f"the work dir {self.workdir} was {what} by the agent: there is no final state to judge")
 
     def get_archive(self, path: str, limit: int) -> bytes:
         """A tar of `path`; raises SandboxError past `limit` bytes (never buffers more than that)."""
@@ -735,11 +741,10 @@ class Sandbox(ChangeWalk):
         counted = next((p for t, _, p in first if t == "K"), "")
         leftover = int(counted) if counted.isdigit() else -1
         rows = None if restart or reborn or leftover != 0 else first
-        if (restart or reborn) and not self.cfg.work_tmpfs_mb and self.path_kind(self.workdir) not in ("dir", None):
+        if restart or reborn:
             # a file, a link or anything but a folder where the work dir was: no container starts with that as its
-            # working directory, and there is no final state (the model's doing)
-            raise WorkDirGone(f"the agent replaced its work dir {self.workdir} with a "
-                              f"{self.path_kind(self.workdir)}: there is no final state to judge")
+            # working directory, and there is no final state (the model's doing; a removed one the engine remakes)
+            self._work_dir_there(missing_ok=True)
         if reborn:
             fresh.stop_episode(self)
         elif restart:
