@@ -24,7 +24,7 @@ LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "expected_kinds", "base_images", "expected_tests", "tests_run_agent_code",
              "tests_leave_processes", "reward_files", "test_writes", "test_reads", "guard_tests", "guard_types",
-             "tool_server",
+             "guard_scripts", "tool_server",
              "build_egress", "audit")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
@@ -201,7 +201,11 @@ class EnvSpec(Record):
         "tests that pass, running their own body, in trajforge's guarded pytest run on the reference solution's "
         "state (when the tests import agent code; tasks/judge/guard.py): a pass must show each"))
     guard_types: list[str] = found([], "types other than plain Python data that the test code compared in the "
-                                       "reference solution's guarded run")
+                                       "reference solution's guarded runs")
+    guard_scripts: list[str] = found([], (
+        "test files run as Python scripts by the test command (`python3 /tests/check.py`) that, in trajforge's "
+        "guarded script run on the reference solution's state (when they import agent code; "
+        "tasks/judge/script_guard.py), ran their own course and exited 0: a pass must show each"))
     tool_server: str | None = found(None, (
         "a brought MCP server (`mcp-server` folders): JSON of what its session said, `name` and `version` "
         "(`serverInfo`) and `tools` (the tool list it serves, what the harness offers)"))

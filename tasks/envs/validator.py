@@ -53,6 +53,7 @@ from ...schemas.environment import EnvSpec, TestAudit
 from ..judge.changes import reference_changes, sensitive_class
 from ..judge.exposure import tests_run_agent_code
 from ..judge.guard import agent_dirs, guard_timeout, guardable, pytest_files, run_guarded
+from ..judge.script_guard import may_run_scripts, run_script_guard, script_files, script_guardable
 from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
 from ..sandbox.walk import DECISION_CAP, inside
@@ -455,6 +456,18 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
         patching = any(e.startswith("replaced ") for e in guarded.audit)
         env.guard_tests = guarded.good() if not (guarded.error or patching) else []
         env.guard_types = guarded.types()
+    scripted = None
+    if script_files(env) and may_run_scripts(env) and env.tests_run_agent_code != "in_process" and _python_changed(env):
+        # (the same question for test scripts: what the guarded script run's processes really loaded)
+        scripted = run_script_guard(sb, env, guard_timeout(env, test_timeout_s),
+                                    agent_dirs(env.expected_changes, env.workdir))
+        if any(_changed_by_reference(f, env) for f in scripted.as_guard_run().loaded):
+            env.tests_run_agent_code = "in_process"
+    if script_guardable(env):  # the tests' scripts import agent code: how each ends under the guard on the reference
+        scripted = scripted or run_script_guard(sb, env, guard_timeout(env, test_timeout_s),
+                                                agent_dirs(env.expected_changes, env.workdir))
+        env.guard_scripts = scripted.passing() if not scripted.error else []
+        env.guard_types = sorted(set(env.guard_types) | set(scripted.as_guard_run().types()))
 
 
 def _python_changed(env: EnvSpec) -> bool:

@@ -19,7 +19,7 @@
 | 15 | `verifier_reads` | what agent code the tests ran opened of `/tests`, `/logs/verifier`, `/verifier`, unnamed by its arguments, traced from the engine's host (`trace.py`), against the reference's (`EnvSpec.test_reads`) | verifier_read | |
 | 16 | `complete_evidence` | whether the change set is complete and names each file exactly, on a reward of 1 | incomplete_evidence | |
 | 17 | `counterfactual` | a re-run with unexpected changes reverted and the unexpected directives of expected config files removed (`directives.py`), on a pass | counterfactual_flip | reject `verifier_error` |
-| 18 | `guarded_rerun` | trajforge's guarded pytest session when the tests import agent code, on an unflagged pass (`guard.py`) | runner_tamper, custom_equality, interpreter_patch | reject `verifier_error` |
+| 18 | `guarded_rerun` | trajforge's guarded pytest session, and its guarded run of the tests' Python scripts, when the tests import agent code, on an unflagged pass (`guard.py`, `script_guard.py`) | runner_tamper, custom_equality, interpreter_patch | reject `verifier_error` |
 | 19 | `review_changes` | sensitive unexpected changes, on a failure | sensitive_change (review) | |
 | 20 | `sibling_replay` | the commands replayed on a sibling instance, on an unflagged pass | hardcoded_answer | |
 
@@ -60,6 +60,7 @@ from .hacks import detect, episode_process_flags, integrity_flags, naming, outpu
 from .hacks import forged_results as forged_flag
 from .quality import assess, last_act
 from .run_evidence import leftover_flags, reported_flags, rewrite_flags
+from .script_guard import run_script_guard, script_guardable
 from .shell_defs import redefinition_flags
 from .venue import named
 from .verifier import TestRun, conflicting, run_hidden_tests
@@ -284,17 +285,29 @@ def guarded_rerun(case: Case) -> End | None:
     """A pass whose tests import the agent's code, once more under trajforge's own guarded pytest session in a
     fresh container holding the final state (guard.py): outcomes, test bodies run, comparisons."""
     r, env, j = case.rollout, case.env, case.judge
-    if not (case.tests_passed and not case.hacks and guardable(env) and env.guard_tests):
+    pytest_guard = guardable(env) and bool(env.guard_tests)
+    script_guard = script_guardable(env) and bool(env.guard_scripts)
+    if not (case.tests_passed and not case.hacks and (pytest_guard or script_guard)):
         return None
     if _state_incomplete(r, env):
         return case.reject("verifier_error", "guarded re-run impossible: the final state outside the work dir was "
                                              "too large to record")
-    with j.box(env) as sb:
-        apply_final_state(sb, r, env)
-        guarded = run_guarded(sb, env, guard_timeout(env, j.test_timeout_s), agent_dirs(r.changes.paths() if r.changes else [], env.workdir))
-    if guarded.timed_out:  # a busy machine, or code that stalls under the guard: no pass either way, no hack flag
-        return case.reject("verifier_error", f"guarded re-run: {guarded.error}")
-    case.hacks += guard_flags(env, guarded, **_last(r))
+    agent = agent_dirs(r.changes.paths() if r.changes else [], env.workdir)
+    runs = []  # (the guard's run in the pytest guard's terms, the names a pass must show there)
+    if pytest_guard:
+        with j.box(env) as sb:
+            apply_final_state(sb, r, env)
+            runs.append((run_guarded(sb, env, guard_timeout(env, j.test_timeout_s), agent), env.guard_tests))
+    if script_guard:  # (a container of its own: the pytest guard's run may have left what its tests write)
+        with j.box(env) as sb:
+            apply_final_state(sb, r, env)
+            runs.append((run_script_guard(sb, env, guard_timeout(env, j.test_timeout_s), agent).as_guard_run(),
+                         env.guard_scripts))
+    for guarded, required in runs:
+        if guarded.timed_out:  # a busy machine, or code that stalls under the guard: no pass either way, no flag
+            return case.reject("verifier_error", f"guarded re-run: {guarded.error}")
+    for guarded, required in runs:
+        case.hacks += guard_flags(env, guarded, **_last(r), required=required)
 
 
 def review_changes(case: Case) -> End | None:

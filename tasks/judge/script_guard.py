@@ -1,0 +1,315 @@
+"""The guarded re-run for tests that are plain Python scripts (`python3 /tests/check.py`, a script that loops over
+its cases and exits non-zero on a wrong one, or ends in `unittest.main()`), when they import agent code.
+
+The pytest guard (guard.py) has nothing to collect there, and the script's verdict is its exit status, which agent
+code in the same process can forge: `os._exit(0)` at import, `sys.exit` made a no-op, `SystemExit(0)` raised from
+the module, the script's table of cases emptied through a frame, a value equal to anything. Here the task's own
+test command runs unchanged (its shell, arguments, working folder and input as the tests give them) in a fresh
+container holding the final state, with a `.pth` line of trajforge's in every site folder of the container's
+Python interpreters. In each Python process whose main script is one of the task's test files, it runs before the
+main script and before any agent code of that process, and takes the run over (`SITE`):
+
+- the script's own bytes, read then and checked against the task's file, are compiled with every single comparison
+  routed through the recorder (guard.CORE) and run in a namespace of their own: `import __main__` from agent code
+  finds the interpreter's empty main module, not the script's globals (a script that calls `unittest.main()` is
+  registered as `__main__`: unittest looks its tests up there);
+- how the script ended is recorded by trajforge's code: it ran to its end, or raised `SystemExit` from a test file's
+  own code, with its status. An exit raised from agent code, `os._exit`, a signal leave no clean record;
+- what the script's verdict runs through is snapshotted before agent code runs: `sys.exit`, every name of
+  `builtins` (`exit`, `SystemExit`), unittest, and the functions of every standard module the script imports
+  (imported first, so agent code cannot patch one before it is seen);
+- the audit hook is the pytest guard's (ctypes, tracing, code objects, the garbage collector, frames reached by
+  agent code).
+
+The record is a file in a root-only folder of trajforge's, read back through the engine. The validator runs the same
+on the reference solution's state (`EnvSpec.guard_scripts`): only scripts that end cleanly there with status 0 are
+required here. Invariant, as the pytest guard's: it can only take a pass away. Still open (docs/verification.md):
+code that targets the guard itself (it shares the process: it can write a record of its own), a test command that
+starts Python with `-I` or `-S` (no site folder: unguarded, on the reference too, so nothing is required).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import secrets
+import shlex
+import tarfile
+from dataclasses import dataclass, field
+
+from ...schemas.common import FileSpec
+from ...schemas.environment import EnvSpec
+from ..sandbox.container import Sandbox, SandboxError, StateTooLarge
+from .guard import CORE, LISTS, GuardRun, file_digests
+from .verifier import RESET, SAFE_ENV, copy_tests
+
+MAX_RECORDS = 256  # records read back (a test command that runs a script more often is judged on these)
+RECORDS_LIMIT = 4 << 20  # bytes of the records folder read back
+
+# the `.pth` module: decides at once whether this process's main script is a test file (every other Python process
+# of the test run pays one `realpath`), and only then runs the guard (CORE + TAKEOVER, from trajforge's own folder)
+ENTRY = r'''
+import os as _os, sys as _sys
+def _tf_guard_entry():
+    a = _sys.argv[0] if _sys.argv else ""
+    if not a or a in ("-c", "-m", "-") or not a.endswith(".py"):
+        return
+    listed = _os.environ.get("TF_GUARD_FILES", "")
+    path = _os.path.realpath(a)
+    if '"' + path + '"' not in listed:
+        return
+    with open(_os.environ["TF_GUARD_SITE"], "rb") as f:
+        code = compile(f.read(), "<trajforge guard>", "exec")
+    exec(code, {"__name__": "tf_script_guard", "__builtins__": __builtins__, "MAIN": path})
+_tf_guard_entry()
+'''
+
+TAKEOVER = r'''
+import atexit, traceback
+
+_STDLIB = set(getattr(sys, "stdlib_module_names", ()))
+_STDLIB_DIR = os.path.dirname(os.__file__) + "/"
+
+
+def _std_imports(tree):
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+    return sorted(n for n in out if n.split(".")[0] in _STDLIB)
+
+
+def _raised_by(tb):
+    # the file whose code raised a SystemExit: the innermost frame outside the standard library (sys.exit is C; the
+    # builtin `exit` is site's); a test file of the task is the script's own exit
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for f in reversed(frames):
+        name = f.f_code.co_filename
+        if name.startswith(_STDLIB_DIR) or name.startswith("<frozen"):
+            continue
+        return name
+    return None
+
+
+def _status(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    try:
+        print(code, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+def _take_over(path):
+    global RUNNER
+    # (this runs from a `.pth` line, inside the interpreter's `site` start-up: what site does after the site
+    # folders, the `exit` and `quit` builtins and their kin, is done here, as the script would find it)
+    _site = sys.modules.get("site")
+    for _step in ("setquit", "setcopyright", "sethelper"):
+        try:
+            getattr(_site, _step)()
+        except Exception:
+            pass
+    src = PRISTINE[path]
+    tree = ast.parse(src, path)
+    for name in _std_imports(tree):  # imported now: seen as they are before any agent code can patch them
+        try:
+            __import__(name)
+        except BaseException:
+            pass
+    RUNNER = RUNNER + tuple(sorted({n.split(".")[0] for n in _std_imports(tree)} | {"sys", "os", "json"}))
+    _OWNERS.append(("builtins", builtins))
+    if b"unittest.main" in src:  # unittest.main() finds its tests in sys.modules["__main__"]
+        module = types.ModuleType("__main__")
+        ns = module.__dict__
+        sys.modules["__main__"] = module
+    else:
+        ns = {}
+    ns.update({"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": builtins, CMP: _cmp,
+               "__package__": None, "__doc__": None, "__spec__": None})
+    if not sys.flags.safe_path:
+        sys.path.insert(0, os.path.dirname(path))
+    code = compile(ast.fix_missing_locations(_Compares().visit(tree)), path, "exec")
+    _SNAP.update(_callables())
+    record = {"script": path, "argv": [str(a)[:200] for a in sys.argv[1:32]], "ran": False, "status": None,
+              "exit_by": None}
+    now["types"] = set()
+    status = 1
+    try:
+        exec(code, ns)
+        record["ran"], status = True, 0
+    except SystemExit as e:
+        by = _raised_by(e.__traceback__)
+        record["ran"], status = by in PRISTINE, _status(e.code)
+        if by not in PRISTINE:
+            record["exit_by"] = by or "?"
+    except BaseException:
+        record["ran"] = True
+        traceback.print_exc()
+    record["status"] = status
+    record["types"] = sorted(now["types"])
+    record["audit"] = dict(audit)
+    for name in _patched():
+        record["audit"].setdefault("replaced " + name, "seen while the script ran")
+    record["loaded"] = sorted({f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)
+                               and not f.startswith(_STDLIB_DIR)})[:4000]  # (the import trace, as the pytest guard's)
+    target = os.path.join(os.environ.get("TF_GUARD_RECORDS", "/nonexistent"),
+                          "%d-%s.json" % (os.getpid(), secrets.token_hex(4)))
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        _write(fd, _dumps(record).encode())
+        os.close(fd)
+    except OSError:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    os._exit(status)
+
+
+if MAIN in PRISTINE:
+    _take_over(MAIN)
+'''
+SITE = CORE + TAKEOVER
+
+
+@dataclass
+class ScriptRun:
+    records: list[dict] = field(default_factory=list)  # one per guarded script process, as the guard wrote it
+    output: str = ""
+    error: str | None = None
+    timed_out: bool = False
+
+    def clean(self, record: dict) -> bool:
+        """The script ran its own course and exited 0, with nothing replaced or patched under it."""
+        return bool(record.get("ran")) and record.get("status") == 0 and not record.get("exit_by") \
+            and not record.get("audit")
+
+    def passing(self) -> list[str]:
+        """Scripts every guarded run of which ended clean."""
+        by: dict[str, list[dict]] = {}
+        for r in self.records:
+            by.setdefault(str(r.get("script")), []).append(r)
+        return sorted(s for s, rs in by.items() if all(self.clean(r) for r in rs))
+
+    def as_guard_run(self) -> GuardRun:
+        """The records in the pytest guard's terms (one "test" per script), for `guard.guard_flags`."""
+        tests: dict[str, dict] = {}
+        audit: dict[str, str] = {}
+        for r in self.records:
+            s = str(r.get("script"))
+            t = tests.setdefault(s, {"passed": True, "ran": True, "types": [], "why": []})
+            ok = bool(r.get("ran")) and r.get("status") == 0 and not r.get("exit_by")
+            t["passed"] = t["passed"] and ok
+            t["ran"] = t["ran"] and bool(r.get("ran"))
+            t["types"] = sorted(set(t["types"]) | {x for x in r.get("types") or [] if isinstance(x, str)})
+            if not ok:
+                t["why"].append(f"exit raised by {r['exit_by']}" if r.get("exit_by") else
+                                f"exit status {r.get('status')}")
+            for k, v in (r.get("audit") or {}).items():
+                audit.setdefault(str(k), str(v))
+        loaded = sorted({p for r in self.records for p in r.get("loaded") or [] if isinstance(p, str)})
+        return GuardRun(tests=tests, audit=audit, loaded=loaded, output=self.output, error=self.error,
+                        timed_out=self.timed_out)
+
+
+def script_files(env: EnvSpec) -> list[str]:
+    """The task's Python test files (absolute, below /tests): the ones a process may run as its main script."""
+    return sorted(f"/tests/{t.path.lstrip('/')}" for t in env.tests if t.path.endswith(".py"))
+
+
+def may_run_scripts(env: EnvSpec) -> bool:
+    """Whether the test command could run one of the task's Python test files as a script: a file pytest would not
+    collect as a test module (`check.py`), or one a command line hands to an interpreter by name (`python3
+    /tests/test_x.py`, not `python3 -m pytest /tests/test_x.py`). A pure pytest task costs no guarded script run."""
+    if any(t.path == LISTS for t in env.tests):  # a repository task: graded by trajforge's own pytest run (grade.py)
+        return False
+    files = [t.path.rsplit("/", 1)[-1] for t in env.tests if t.path.endswith(".py")]
+    if any(not (f.startswith("test_") or f.endswith("_test.py") or f in ("conftest.py", "__init__.py")) for f in files):
+        return True
+    lines = [line for t in env.tests if not t.path.endswith(".py") for line in t.content.splitlines()]
+    lines += (env.test_command or "").splitlines()
+    return any(re.search(rf"\bpython[0-9.]*\s+(?:-(?!m\b)\S+\s+)*(?:\S*/)?{re.escape(f)}\b", line)
+               for f in files for line in lines)
+
+
+def script_guardable(env: EnvSpec) -> bool:
+    """The tests import agent code and the task has Python test files a test command could run as scripts."""
+    return env.tests_run_agent_code == "in_process" and bool(script_files(env)) and may_run_scripts(env)
+
+
+# the last site folder (the last to be read at start-up: every other one is on the path by then) of every Python
+# interpreter the tests could start (by name on PATH, or the usual places), asked without site (-S) and without the
+# environment (-E): the interpreters' own answer, one per line
+_SITE_DIRS = ('for n in python3 python python3.9 python3.10 python3.11 python3.12 python3.13 /usr/bin/python3 '
+              '/usr/local/bin/python3; do command -v "$n"; done 2>/dev/null | sort -u | while read -r p; do '
+              '"$p" -S -E -c "import os, site; '
+              'd = site.getsitepackages(); print(([x for x in d if os.path.isdir(x)] or d)[-1])" 2>/dev/null; '
+              'done | sort -u')
+
+
+def run_script_guard(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: list[str] = ()) -> ScriptRun:
+    """The task's test command once more, as root in the work dir, with the guard's `.pth` in every site folder
+    (module docstring); the container's processes are killed first. `agent`: the episode's Python files outside the
+    work dir (`guard.agent_dirs`). Never raises for what the tests do."""
+    sandbox.kill_agent_processes()
+    token = secrets.token_hex(8)
+    home = f".tf-sguard-{token}"
+    reset = sandbox.exec(RESET, timeout_s=10, user="root", workdir="/")
+    if "TF_RESET_OK" not in reset.output:
+        return ScriptRun(error="/logs/verifier could not be reset for the guarded script run")
+    copy_tests(sandbox, env)
+    sandbox.put_files([FileSpec(path="site.py", content=SITE, mode=0o600),
+                       FileSpec(path="rec/.keep", content="", mode=0o600)], parent="/", root=home, uid=0,
+                      dir_mode=0o700)
+    dirs = [d for d in sandbox.exec(_SITE_DIRS, timeout_s=30, user="root", workdir="/").output.splitlines()
+            if d.startswith("/") and "'" not in d]
+    entry = f"_tf_guard_{token}"
+    for d in dirs:  # (one that does not exist yet is made: Python reads only existing site folders at start-up)
+        sandbox.exec(f"mkdir -p '{d}' && printf %s {shlex.quote(ENTRY)} > '{d}/{entry}.py' && "
+                     f"printf 'import {entry}\\n' > '{d}/zz-{entry}.pth'", timeout_s=10, user="root", workdir="/")
+    files = file_digests(env, script_files(env))
+    command = env.test_command or "bash /tests/test.sh"
+    names = (f"TF_GUARD_FILES={shlex.quote(json.dumps(files))} TF_GUARD_AGENT={shlex.quote(json.dumps(list(agent)))} "
+             f"TF_GUARD_WORK={shlex.quote(env.workdir)} TF_GUARD_SITE=/{home}/site.py TF_GUARD_RECORDS=/{home}/rec ")
+    res = sandbox.exec(f"{SAFE_ENV} {names}bash -c {shlex.quote(command)}", timeout_s=timeout_s, user="root",
+                       workdir=env.workdir, output_limit=1 << 20)
+    out = res.output[-4000:]
+    sandbox.kill_agent_processes()
+    # (the guard's files go again: a container the validator goes on using runs its Python unguarded)
+    sandbox.exec(" ".join(f"rm -f '{d}/{entry}.py' '{d}/zz-{entry}.pth';" for d in dirs) or "true", timeout_s=10,
+                 user="root", workdir="/")
+    if res.timed_out:
+        return ScriptRun(output=out, error=f"guarded script run timed out after {timeout_s:g}s", timed_out=True)
+    try:
+        data = sandbox.get_archive(f"/{home}/rec", RECORDS_LIMIT)
+    except (SandboxError, StateTooLarge) as err:
+        return ScriptRun(output=out, error=f"the guarded script run's records could not be read: {err}")
+    records = []
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            if len(records) >= MAX_RECORDS:
+                break
+            if member.isfile() and member.name.endswith(".json"):
+                try:
+                    rec = json.loads(tar.extractfile(member).read())
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("script"), str):
+                    records.append(rec)
+    return ScriptRun(records=records, output=out)
