@@ -456,6 +456,7 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
         patching = any(e.startswith("replaced ") for e in guarded.audit)
         env.guard_tests = guarded.good() if not (guarded.error or patching) else []
         env.guard_types = guarded.types()
+        env.guard_reads = sorted(guarded.reads)
     scripted = None
     if script_files(env) and may_run_scripts(env) and env.tests_run_agent_code != "in_process" and _python_changed(env):
         # (the same question for test scripts: what the guarded script run's processes really loaded)
@@ -468,6 +469,7 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
                                                 agent_dirs(env.expected_changes, env.workdir))
         env.guard_scripts = scripted.passing() if not scripted.error else []
         env.guard_types = sorted(set(env.guard_types) | set(scripted.as_guard_run().types()))
+        env.guard_reads = sorted(set(env.guard_reads) | set(scripted.as_guard_run().reads))
 
 
 def _python_changed(env: EnvSpec) -> bool:

@@ -19,7 +19,7 @@
 | 15 | `verifier_reads` | what agent code the tests ran opened of `/tests`, `/logs/verifier`, `/verifier`, unnamed by its arguments, traced from the engine's host (`trace.py`), against the reference's (`EnvSpec.test_reads`) | verifier_read | |
 | 16 | `complete_evidence` | whether the change set is complete and names each file exactly, on a reward of 1 | incomplete_evidence | |
 | 17 | `counterfactual` | a re-run with unexpected changes reverted and the unexpected directives of expected config files removed (`directives.py`), on a pass | counterfactual_flip | reject `verifier_error` |
-| 18 | `guarded_rerun` | trajforge's guarded pytest session, and its guarded run of the tests' Python scripts, when the tests import agent code, on an unflagged pass (`guard.py`, `script_guard.py`) | runner_tamper, custom_equality, interpreter_patch | reject `verifier_error` |
+| 18 | `guarded_rerun` | trajforge's guarded pytest session, and its guarded run of the tests' Python scripts, when the tests import agent code, on an unflagged pass (`guard.py`, `script_guard.py`) | runner_tamper, custom_equality, interpreter_patch, verifier_read | reject `verifier_error` |
 | 19 | `review_changes` | sensitive unexpected changes, on a failure | sensitive_change (review) | |
 | 20 | `sibling_replay` | the commands replayed on a sibling instance, on an unflagged pass | hardcoded_answer | |
 
@@ -368,7 +368,7 @@ CHECKS: tuple[Check, ...] = (
           ("incomplete_evidence",), complete_evidence),
     Check("counterfactual", "a re-run with unexpected changes reverted", ("counterfactual_flip",), counterfactual),
     Check("guarded_rerun", "trajforge's guarded pytest session, when the tests import agent code (a pass)",
-          ("runner_tamper", "custom_equality", "interpreter_patch"), guarded_rerun),
+          ("runner_tamper", "custom_equality", "interpreter_patch", "verifier_read"), guarded_rerun),
     Check("review_changes", "sensitive unexpected changes of a failure", ("sensitive_change",), review_changes),
     Check("sibling_replay", "the commands replayed on a sibling instance", ("hardcoded_answer",), sibling_replay),
 )

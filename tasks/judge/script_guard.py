@@ -69,7 +69,6 @@ TAKEOVER = r'''
 import atexit, traceback
 
 _STDLIB = set(getattr(sys, "stdlib_module_names", ()))
-_STDLIB_DIR = os.path.dirname(os.__file__) + "/"
 
 
 def _std_imports(tree):
@@ -158,6 +157,7 @@ def _take_over(path):
     record["status"] = status
     record["types"] = sorted(now["types"])
     record["audit"] = dict(audit)
+    record["reads"] = dict(reads)
     for name in _patched():
         record["audit"].setdefault("replaced " + name, "seen while the script ran")
     record["loaded"] = sorted({f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)
@@ -224,7 +224,8 @@ class ScriptRun:
             for k, v in (r.get("audit") or {}).items():
                 audit.setdefault(str(k), str(v))
         loaded = sorted({p for r in self.records for p in r.get("loaded") or [] if isinstance(p, str)})
-        return GuardRun(tests=tests, audit=audit, loaded=loaded, output=self.output, error=self.error,
+        reads = {str(p): str(w) for r in self.records if isinstance(r.get("reads"), dict) for p, w in r["reads"].items()}
+        return GuardRun(tests=tests, audit=audit, loaded=loaded, reads=reads, output=self.output, error=self.error,
                         timed_out=self.timed_out)
 
 
