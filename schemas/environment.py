@@ -24,7 +24,7 @@ LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "expected_kinds", "base_images", "expected_tests", "tests_run_agent_code",
              "tests_leave_processes", "reward_files", "test_writes", "test_reads", "guard_tests", "guard_types",
-             "guard_scripts", "guard_reads", "tool_server",
+             "guard_scripts", "guard_reads", "tests_import_from_cwd", "tool_server",
              "build_egress", "audit")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
@@ -206,6 +206,11 @@ class EnvSpec(Record):
         "test files run as Python scripts by the test command (`python3 /tests/check.py`) that, in trajforge's "
         "guarded script run on the reference solution's state (when they import agent code; "
         "tasks/judge/script_guard.py), ran their own course and exited 0: a pass must show each"))
+    tests_import_from_cwd: bool = found(False, (
+        "the tests import modules from their working folder, as `python3 -m` puts it first on the path (`cd /app "
+        "&& python3 -m pytest /tests/...` importing the answer's module, `cd /tests && python3 -m unittest`): the "
+        "reference solution passes only so, and the test runs keep the working folder on the path (without "
+        "`PYTHONSAFEPATH`); a module the agent adds there is an unexpected change like any other"))
     guard_reads: list[str] = found([], (
         "verifier paths (/tests, /logs/verifier, /verifier) the reference solution's code opened or listed inside "
         "the tests' own process in its guarded runs: an episode's code reading another is `verifier_read`"))

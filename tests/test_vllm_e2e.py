@@ -64,7 +64,7 @@ def test_build_with_the_embedded_vllm_teacher(tmp_path):
     assert set(ds["difficulty"]) <= {"trivial", "easy", "medium", "hard", "unsolved", "unlabelled"}
 
 
-def test_tool_calls_through_the_vllm_parser_reach_the_tool_server(tmp_path, monkeypatch):
+def test_tool_calls_through_the_vllm_parser_reach_the_tool_server(tmp_path, monkeypatch, embedded_vllm):
     """Native tool calling with the embedded model: `tool_calling: true`, vLLM's `hermes` parser, the chat
     template trajforge ships for SmolLM2 (`smollm2-tools`: the model's own has no tools section) and
     `tool_choice: required` (vLLM holds each reply to the parser's <tool_call> envelope and, at
@@ -72,7 +72,9 @@ def test_tool_calls_through_the_vllm_parser_reach_the_tool_server(tmp_path, monk
     <tool_call> block (docs/tools.md: 0 of 135 replies), so `required` is what makes it call tools. A
     one-tool environment (tests/one_tool.py); the evidence is server-side: steps the relay ran in the
     sandbox whose server answered a valid `set_counter` call (exit code 0: ok), recorded in the rollout
-    rows, and the store's end state that the hidden tests read (reward 1.0)."""
+    rows, and the store's end state that the hidden tests read (reward 1.0). The server is the session's
+    (`embedded_vllm`, started from a `vllm` teacher config with those settings); the build reaches it as an
+    OpenAI endpoint."""
     import os
 
     import one_tool
@@ -84,11 +86,8 @@ def test_tool_calls_through_the_vllm_parser_reach_the_tool_server(tmp_path, monk
     try:
         cfg = small_config(tmp_path / "runs", dataset="vllm-tools", plugins=["one_tool"], **{
             "synthesize.families": [{"name": one_tool.FAMILY.name, "levels": [1], "seeds": [0, 1]}],
-            "teacher": {"backend": "vllm", "model": "smollm2", "tool_calling": True, "tool_choice": "required",
-                        "temperature": 0, "max_tokens": 96,
-                        "vllm": {"model": "embedded:smollm2-135m-instruct", "max_model_len": 2048, "kv_cache_gib": 0.5,
-                                 "tool_call_parser": "hermes", "chat_template": "smollm2-tools",
-                                 "extra_args": ["--tool-strict-level", "parameter"]}},
+            "teacher": {"backend": "openai", "base_url": embedded_vllm.url, "model": "smollm2", "tool_calling": True,
+                        "tool_choice": "required", "temperature": 0, "max_tokens": 96},
             "rollout.samples_per_env": 2, "rollout.max_turns": 3, "rollout.episodes_per_shard": 4,
             "rollout.concurrency": 4})
         rec = run_build(parse_config(cfg))
@@ -117,6 +116,5 @@ def test_tool_calls_through_the_vllm_parser_reach_the_tool_server(tmp_path, monk
     # asserts the protocol path, not the model's choice.
     assert len(verdicts) == len(rows) and all(0.0 <= v["reward"] <= 1.0 for v in verdicts)
 
-    build_dir = Path(cfg["runs"]) / "vllm-tools" / rec["build_id"]
-    log = next((build_dir / "teacher").glob("vllm-*.log")).read_text()
+    log = embedded_vllm.log_path.read_text()  # (the settings reached the server's command line)
     assert "--tool-call-parser hermes" in log and "smollm2-tools.jinja" in log

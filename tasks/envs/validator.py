@@ -54,7 +54,7 @@ from ..judge.changes import reference_changes, sensitive_class
 from ..judge.exposure import tests_run_agent_code
 from ..judge.guard import agent_dirs, guard_timeout, guardable, pytest_files, run_guarded
 from ..judge.script_guard import may_run_scripts, run_script_guard, script_files, script_guardable
-from ..judge.verifier import VERIFIER_CAPS, TestRun, run_hidden_tests
+from ..judge.verifier import IMPORT_FAILED, VERIFIER_CAPS, TestRun, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
 from ..sandbox.walk import DECISION_CAP, inside
 from . import start_code
@@ -263,6 +263,22 @@ def solution_passes(case: Case) -> Validation | None:
     if stray:
         return v.fail("solution_passes", "tools_write_outside_store", stray)
     first = case.first = run_hidden_tests(sb, env, case.test_timeout_s, trace=True)
+    if not first.passed and not first.error and not first.fallback and IMPORT_FAILED.search(first.output) \
+            and not env.tests_import_from_cwd:
+        # a Harbor-style `cd /app && python3 -m pytest` whose tests import the answer's module from the working
+        # folder: the same run with it on the path. Doing nothing must still fail so, in a clean box
+        env.tests_import_from_cwd = True
+        again = run_hidden_tests(sb, env, case.test_timeout_s, trace=True)
+        with case.box() as clean:
+            untouched = run_hidden_tests(clean, env, case.test_timeout_s) if again.passed else None
+        if again.passed and untouched is not None and untouched.passed:
+            return v.fail("solution_passes", "noop_passes", "the hidden tests pass on the untouched environment "
+                          "once its working folder is on the import path (as `python3 -m` puts it)")
+        if again.passed:
+            first = case.first = again
+            case.noop = untouched
+        else:
+            env.tests_import_from_cwd = False
     if first.error or first.fallback:
         return v.fail("solution_passes", "verifier_error", f"{first.error or first.fallback}\n{first.output[-600:]}")
     if not first.passed:
@@ -325,7 +341,8 @@ CHECKS: tuple[Check, ...] = (
     Check("no_leak", ("tests_leaked", "solution_leaked"), no_leak, fresh=True),
     Check("kind", (), kind_checks, recorded=False),  # recorded under each kind check's own name (tools: `tools_serve`)
     Check("deterministic", ("nondeterministic_tests",), untouched_deterministic, oracle="absent"),
-    Check("solution_passes", ("solution_fails", "tools_write_outside_store", "engine_managed_change", "verifier_error"),
+    Check("solution_passes", ("solution_fails", "tools_write_outside_store", "engine_managed_change", "verifier_error",
+                              "noop_passes"),
           solution_passes,
           oracle="present"),
     Check("deterministic", ("nondeterministic_tests",), deterministic, oracle="present"),
@@ -430,7 +447,13 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
     (`runs`, else one made here) report and leave, the reward files they and the `untouched` environment's run
     wrote, and the guarded run's outcome when the tests import agent code."""
     env.tests_run_agent_code = _exposure(sb, env)
-    runs = runs or (run_hidden_tests(sb, env, test_timeout_s, trace=True),)
+    if not runs:
+        run = run_hidden_tests(sb, env, test_timeout_s, trace=True)
+        if not run.passed and not env.tests_import_from_cwd and IMPORT_FAILED.search(run.output):
+            env.tests_import_from_cwd = True  # (as solution_passes: the working folder on the path, if that passes)
+            again = run_hidden_tests(sb, env, test_timeout_s, trace=True)
+            run, env.tests_import_from_cwd = (again, True) if again.passed else (run, False)
+        runs = (run,)
     every = (*runs, *([untouched] if untouched else []))
     env.reward_files = sorted({f for r in every for f in r.reward_files})
     env.test_writes = None if any(r.wrote is None for r in every) else sorted(

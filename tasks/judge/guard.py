@@ -480,7 +480,10 @@ def run_guarded(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: list[st
     files = sorted({t.split("::", 1)[0] for t in targets})
     found, rootdir = settings_file(env, files)
     ini = found or f"/{home}/pytest.ini"
-    main = (f"import sys; sys.path.insert(0, '/{home}'); import pytest; "
+    # (tests that import from their working folder: it goes on the path after trajforge's own folder, as `python3 -m
+    # pytest` from the work dir puts it first)
+    cwd = f"sys.path.insert(1, {env.workdir!r}); " if env.tests_import_from_cwd else ""
+    main = (f"import sys; sys.path.insert(0, '/{home}'); {cwd}import pytest; "
             f"sys.exit(pytest.main(['-p', 'tf_guard', '-p', 'no:cacheprovider', '-c', {ini!r}, '--rootdir', {rootdir!r}, "
             f"'-q', *{targets!r}]))")
     names = (f"TF_GUARD_FILES={shlex.quote(json.dumps(file_digests(env, files)))} "

@@ -42,7 +42,7 @@ from ...schemas.common import FileSpec
 from ...schemas.environment import EnvSpec
 from ..sandbox.container import Sandbox, SandboxError, StateTooLarge
 from .guard import CORE, LISTS, GuardRun, file_digests
-from .verifier import RESET, SAFE_ENV, copy_tests
+from .verifier import RESET, copy_tests, safe_env
 
 MAX_RECORDS = 256  # records read back (a test command that runs a script more often is judged on these)
 RECORDS_LIMIT = 4 << 20  # bytes of the records folder read back
@@ -288,7 +288,7 @@ def run_script_guard(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: li
     command = env.test_command or "bash /tests/test.sh"
     names = (f"TF_GUARD_FILES={shlex.quote(json.dumps(files))} TF_GUARD_AGENT={shlex.quote(json.dumps(list(agent)))} "
              f"TF_GUARD_WORK={shlex.quote(env.workdir)} TF_GUARD_SITE=/{home}/site.py TF_GUARD_RECORDS=/{home}/rec ")
-    res = sandbox.exec(f"{SAFE_ENV} {names}bash -c {shlex.quote(command)}", timeout_s=timeout_s, user="root",
+    res = sandbox.exec(f"{safe_env(env)} {names}bash -c {shlex.quote(command)}", timeout_s=timeout_s, user="root",
                        workdir=env.workdir, output_limit=1 << 20)
     out = res.output[-4000:]
     sandbox.kill_agent_processes()

@@ -11,7 +11,8 @@ Functions verifier: `test_*` functions of each test file, per-test results; the 
 user, never as root; verifier containers keep SETUID/SETGID for exactly this).
 Script verifier (imported tasks), hardened whatever the task's script does: it runs with a clean
 environment (fixed PATH, HOME=/root, `PYTHONSAFEPATH=1` so `python3 -m pytest` never imports from its
-cwd, no PYTHONPATH/PYTHONHOME/PYTHONSTARTUP, no user site); `/logs/verifier` is created fresh and the
+cwd unless the reference passes only so, `EnvSpec.tests_import_from_cwd`; no PYTHONPATH/PYTHONHOME/PYTHONSTARTUP, no
+user site); `/logs/verifier` is created fresh and the
 reset is checked (root-owned, mode 0700, empty, no symlink on the way): if it cannot be trusted the run
 reports a `fallback` and the verify stage tests in a fresh container instead. The reward comes from
 `/logs/verifier/reward.json` (`{"reward": x}`, optionally `"tests": [{"name", "passed"}]`) or
@@ -91,6 +92,18 @@ PYTEST_LINE = re.compile(r"^(PASSED|FAILED|ERROR)\s+(\S+)(?:\s+-\s+(.*))?$", re.
 SUMMARY = re.compile(r"^=+ short test summary info =+$", re.M)
 SAFE_ENV = ("env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "
             "PYTHONSAFEPATH=1 PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 TEST_DIR=/tests")
+
+
+def safe_env(env: EnvSpec) -> str:
+    """The clean environment a task's test command runs in: `SAFE_ENV`, without `PYTHONSAFEPATH` for tests that
+    import from their working folder as Harbor runs them (`EnvSpec.tests_import_from_cwd`, set by the validator only
+    when the reference passes only so)."""
+    return SAFE_ENV.replace("PYTHONSAFEPATH=1 ", "") if env.tests_import_from_cwd else SAFE_ENV
+
+
+IMPORT_FAILED = re.compile(r"\b(ModuleNotFoundError|ImportError)\b")
+
+
 # (whatever the episode left at /logs, a file, a link or a FIFO, goes: the reset is trajforge's, never the agent's to break)
 RESET = ("rm -rf /tests; { [ -d /logs ] && [ ! -L /logs ]; } || rm -f /logs; rm -rf /logs/verifier; "
          "mkdir -p /logs/verifier && chmod 700 /logs /logs/verifier "
@@ -258,7 +271,7 @@ def _run_script(sandbox: Sandbox, env: EnvSpec, timeout_s: float, trace: bool = 
     if tracer is not None:
         tracer.start()
     try:
-        res = sandbox.exec(f"{tracer.prefix() if tracer else ''}{pre}{SAFE_ENV} bash -c {shlex.quote(command)}; {reap}",
+        res = sandbox.exec(f"{tracer.prefix() if tracer else ''}{pre}{safe_env(env)} bash -c {shlex.quote(command)}; {reap}",
                            timeout_s=timeout_s, user="root", workdir=env.workdir, output_limit=1 << 20)
     finally:
         traced = tracer.finish() if tracer is not None else None
