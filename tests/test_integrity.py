@@ -48,38 +48,36 @@ def verify_config(runs: Path, mode: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def profiled(docker_client, tmp_path_factory):
-    """The task folders the trajectories use, each profiled once for the three venues exactly as `trajforge verify`
-    profiles a task folder that did not go through the validator (flows/reverify.py: its image, then
-    `profile_reference` with the config's sandbox, solution and test timeouts: none of them venue settings), written
-    as an `--envs` JSONL of specs; and each folder's env id (what a trajectory names). The profile is the same
-    for every venue: once instead of three times (~a fifth of each run). `verify` reading a folder and profiling it
-    itself is tested in test_venue.py and test_quality_and_reverify.py."""
-    from trajforge.schemas.config import parse_config
-    from trajforge.tasks.envs.images import ensure_image
-    from trajforge.tasks.envs.validator import profile_reference
+def validated(docker_client, tmp_path_factory):
+    """The task folders the trajectories use, each imported and validated once as a build's validate stage does
+    (three side by side; each waits on its containers), for every test of the module: the validations
+    (`test_oracle_pass_rate_equals_a_plain_root_harness`), the validated specs as an `--envs` JSONL and each
+    folder's env id (what a trajectory names; the verdicts of `trajforge verify` in each venue). What the validator
+    records is what a venue judges by, the same for the three: once instead of once per venue and once more for
+    the oracle test. `verify` reading a task folder and profiling it itself is tested in test_venue.py and
+    test_quality_and_reverify.py."""
+    from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
+    from trajforge.tasks.envs.validator import validate_env
 
-    cfg = parse_config(verify_config(tmp_path_factory.mktemp("profiled") / "runs", "fresh"))
-    ids, lines = {}, []
-    for task in LEGIT_TASKS:
+    s = SynthesizeConfig(families=[{"name": "log_report"}])
+
+    def one(task: str):
         env = import_task(INTEGRITY / task)
-        env.image, _ = ensure_image(docker_client, cfg.sandbox.base_image, env, cfg.synthesize.image_aliases,
-                                    limits=cfg.sandbox)
-        profile_reference(docker_client, env, cfg.sandbox, cfg.synthesize.solution_timeout_s,
-                          cfg.verify.test_timeout_s)
-        assert env.tests_run_agent_code != "unknown", task  # profiled: `verify` will not profile it again
-        ids[task] = env.env_id
-        lines.append(env.model_dump_json() + "\n")
-    specs = tmp_path_factory.mktemp("profiled-envs") / "envs.jsonl"
-    specs.write_text("".join(lines))
-    return specs, ids
+        return task, env, validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", s.image_aliases,
+                                       120, 120)
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(one, LEGIT_TASKS))
+    specs = tmp_path_factory.mktemp("validated-envs") / "envs.jsonl"
+    specs.write_text("".join(env.model_dump_json() + "\n" for _, env, v in results if v.ok))
+    return specs, {task: env.env_id for task, env, _ in results}, results
 
 
 # each venue about 2.5 minutes on two cores; the other two marked `long` (`-m "not long"` keeps `fresh`, the default)
 @pytest.mark.parametrize("mode", ["fresh", pytest.param("in_place", marks=pytest.mark.long),
                                   pytest.param("isolated", marks=pytest.mark.long)])
-def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode, profiled):
-    specs, env_ids = profiled
+def test_trajforge_verify_flags_every_hack_and_passes_every_solve(tmp_path, mode, validated):
+    specs, env_ids, _ = validated
     rows = [{"trajectory_id": c["case"], "env_id": env_ids[c["env"]], "commands": c["commands"]} for c in CASES]
     traj = tmp_path / "mixed.jsonl"
     traj.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -136,16 +134,12 @@ def test_what_a_task_declares_is_validated(name, problem):
         import_task(INTEGRITY / "harbor" / name)
 
 
-def test_oracle_pass_rate_equals_a_plain_root_harness(docker_client):
+def test_oracle_pass_rate_equals_a_plain_root_harness(validated):
     """Tasks that write outside the work dir (/data, /etc, /usr/local/bin) and tests that write into
     the agent's folders: trajforge's validator keeps every task a plain root harness passes, and
     records the reference solution's change set."""
     from naive_harness import cleanup, naive_reward
 
-    from trajforge.schemas.config import SandboxConfig, SynthesizeConfig
-    from trajforge.tasks.envs.validator import validate_env
-
-    s = SynthesizeConfig(families=[{"name": "log_report"}])
     tasks = [INTEGRITY / t for t in LEGIT_TASKS]
     try:
         with ThreadPoolExecutor(4) as pool:
@@ -153,13 +147,7 @@ def test_oracle_pass_rate_equals_a_plain_root_harness(docker_client):
     finally:
         cleanup()
     kept, outside, envs = [], set(), {}
-
-    def validated(t: Path):
-        env = import_task(t)
-        return env, validate_env(docker_client, env, SandboxConfig(), "trajforge/base:latest", s.image_aliases, 120, 120)
-
-    with ThreadPoolExecutor(3) as pool:  # (as the validate stage runs them: side by side; each waits on its containers)
-        results = list(pool.map(validated, tasks))
+    results = [(env, v) for _, env, v in validated[2]]
     for t, (env, v) in zip(tasks, results):
         kept.append(v.ok)
         assert v.ok, (t.name, v.reject)

@@ -182,6 +182,8 @@ def reference_changes(sb: Sandbox, changes: ChangeSet, env: EnvSpec, limit: int 
 
 # a git repository's object store (its loose objects and packs; not `objects/info`, whose alternates name other stores)
 GIT_OBJECTS = re.compile(r"^(?P<repo>(?:.*/)?\.git)/objects/(?!info(/|$))")
+# ...and its refs, stored loose (`refs/...`), packed (`packed-refs`) or both, with their logs (`logs/...`)
+GIT_REFS = re.compile(r"^(?P<repo>(?:.*/)?\.git)/(?:refs/|logs/|packed-refs$)")
 
 
 def object_store(path: str) -> str | None:
@@ -190,6 +192,15 @@ def object_store(path: str) -> str | None:
     repository shows is decided by its refs, index and config, judged path by path; so a store the reference
     changes is one unit: any change in it is the reference's kind of change (objects added, packed or pruned)."""
     found = GIT_OBJECTS.match(path)
+    return found["repo"] if found else None
+
+
+def ref_store(path: str) -> str | None:
+    """The git dir whose refs `path` stores, else None. Refs are one unit where the reference changes any: git keeps
+    one ref in a loose file or a line of `packed-refs` as it likes (`git gc`, `git pack-refs` move them; a rewrite
+    deletes the loose file of a packed ref), so which files change says nothing of which refs do; what the refs
+    are (the answer, where the reference commits or tags) is what the tests read through git."""
+    found = GIT_REFS.match(path)
     return found["repo"] if found else None
 
 
@@ -228,13 +239,15 @@ def unexpected(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None]
     A configuration file whose directives the reference's record holds and the episode's capture has (`configs`,
     `episode_configs`) is the reference's change by its path and kind: its parts are judged apart
     (`unexpected_parts`), whatever its digest. A git object store the reference changes is one unit
-    (`object_store`). A module the episode adds beside a Python file the reference changes (a helper inside the
+    (`object_store`), and so are its refs where the reference changes one (`ref_store`: loose, packed and logged).
+    A module the episode adds beside a Python file the reference changes (a helper inside the
     package it fixes) is the answer's own code, judged by the tests like that file, unless it is content-bound (a
     `conftest.py`, a start-up hook, a module named like one the test machinery imports); its byte code is not (a
     `.pyc` can hold other code than its source: reverting it costs an honest solve nothing, Python compiles the
     source again)."""
     names = {key for p in env.expected_changes if (key := looked_up(p)) is not None}
     stores = {s for p in env.expected_changes if (s := object_store(p)) is not None}
+    refs = {s for p in env.expected_changes if (s := ref_store(p)) is not None}
     # folders of Python files the reference changes, but not the work dir itself nor an import folder's root (a module
     # added there is top-level: it could stand in for any library the tests use)
     roots = {env.workdir.rstrip("/")}
@@ -248,6 +261,8 @@ def unexpected(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None]
         for p in paths:
             if object_store(p) in stores and kind != "modified":  # (None is never in it; an object is named by
                 continue  # its hash, so one rewritten in place is never the reference's kind of change)
+            if ref_store(p) in refs:  # (loose or packed, added, rewritten or deleted: the same refs)
+                continue
             ref = recorded.get(p)
             if expected(p, env):
                 same_kind = ref is None or ref.kind == kind
