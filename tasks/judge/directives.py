@@ -51,11 +51,30 @@ def format_of(path: str) -> str | None:
     return None
 
 
+# a value the tool runs instead of reading (git's `!command` aliases, a `|command` pager or path, a `$(...)` or a
+# backquote): the same key holding a command is another directive than the key holding a value
+RUNS = re.compile(r"^\s*[|!]|\$\(|`")
+COMMAND = " (runs a command)"
+
+
+def part(fmt: str, key: str, value: object) -> str:
+    """The directive a record sets: its key, marked `COMMAND` when a keyed format's value is a command line. The
+    reference setting `core.pager = less` allows the agent's `less -R`, never `|cat /tests/expected.txt`; its own
+    `alias.l = !git log` allows another command there."""
+    if isinstance(value, tuple) and value:  # (what a writer needs: the value is the record's last part)
+        value = value[-1]
+    if isinstance(value, bytes):  # (git's values)
+        value = value.decode("utf-8", "surrogateescape")
+    if fmt in ("git", "ini", "toml", "yaml") and isinstance(value, str) and RUNS.search(value):
+        return key + COMMAND
+    return key
+
+
 def keys(path: str, data: bytes) -> list[str] | None:
-    """The directives of a config file at `path` holding `data`, sorted (a key set by several lines counts once);
-    None when `path` is no config file or `data` is too large."""
+    """The directives of a config file at `path` holding `data` (`part`), sorted (a key set by several lines counts
+    once); None when `path` is no config file or `data` is too large."""
     parsed = _records(path, data)
-    return None if parsed is None else sorted({k for k, _ in parsed[1]})
+    return None if parsed is None else sorted({part(parsed[0], k, v) for k, v in parsed[1]})
 
 
 def unexpected_keys(path: str, data: bytes, allowed: list[str] | None) -> list[str]:
@@ -76,11 +95,11 @@ def strip(path: str, data: bytes, allowed: list[str]) -> bytes | None:
         return None
     fmt, records = parsed
     keep = set(allowed)
-    out = _WRITERS[fmt]([(k, v) for k, v in records if k in keep])
+    out = _WRITERS[fmt]([(k, v) for k, v in records if part(fmt, k, v) in keep])
     if out is None:
         return None
     check = _records(path, out)  # the invariant, read back with the same parser
-    if check is None or not {k for k, _ in check[1]} <= keep:
+    if check is None or not {part(check[0], k, v) for k, v in check[1]} <= keep:
         return None
     return out
 
