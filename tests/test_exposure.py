@@ -78,3 +78,11 @@ def test_the_guarded_session_reads_settings_only_from_the_tasks_own_test_files()
     # the episode's Python files outside the work dir, by name: the guard's audit hook counts their frames as agent code
     assert agent_dirs(["/app/x.py", "/usr/local/lib/python3.11/dist-packages/pkg/__init__.py", "/opt/tool/run.sh"],
                       "/app") == ["/usr/local/lib/python3.11/dist-packages/pkg/__init__.py"]
+
+
+def test_make_over_the_work_dirs_makefile_runs_the_agents_recipes():
+    solved = {"/app/Makefile": False, "/app/data.csv": False}
+    assert exposure([FileSpec(path="test.sh", content="cd /app && make check")], None, "/app", solved) == "subprocess"
+    assert exposure([], "make -C /app test", "/app", solved) == "subprocess"
+    assert exposure([FileSpec(path="test.sh", content="cmake --version; echo remake")], None, "/app", solved) == "no"
+    assert exposure([FileSpec(path="test.sh", content="make check")], None, "/app", {"/app/data.csv": False}) == "no"

@@ -8,7 +8,8 @@ the validator marks each environment (`EnvSpec.tests_run_agent_code`) and the da
   `name.py` or package `name/`), or loads a work-dir file as code (`runpy`, `importlib`, `exec(open(`);
 - `subprocess`: a test file or the test command names a program of the solved work dir (a script or an
   executable, by path, `./name` or file name), or an executable the reference solution put elsewhere
-  (e.g. `/usr/local/bin/tool`);
+  (e.g. `/usr/local/bin/tool`), or runs `make` where the solved work dir has a Makefile (its recipes are the
+  agent's);
 - `no` otherwise.
 
 Invariant: the mark errs towards exposure (a data file named like a script counts); it is a statement about
@@ -26,6 +27,8 @@ from ...schemas.common import FileSpec
 from ...schemas.pysource import parse as parse_python
 
 SCRIPT_SUFFIXES = (".sh", ".bash", ".py", ".pl", ".rb", ".js", ".mjs", ".php", ".lua", ".tcl", ".awk", ".R", ".r")
+MAKEFILES = ("Makefile", "makefile", "GNUmakefile")
+MAKE = re.compile(r"(?<![\w./-])g?make(?![\w.-])")
 LOADS_CODE = re.compile(r"\b(runpy\.|importlib\.|exec\s*\(\s*open\s*\(|__import__\s*\(|SourceFileLoader|spec_from_file)")
 
 
@@ -75,6 +78,9 @@ def tests_run_agent_code(tests: Iterable[FileSpec], test_command: str | None, wo
         if t.path.endswith(".py") and (_imports(t.content) & modules or
                                        (LOADS_CODE.search(t.content) and root in t.content)):
             return "in_process"
+    # a build file of the work dir that the tests' `make` reads runs the agent's recipes (`make check`)
+    if any(posixpath.basename(p) in MAKEFILES for p in solved) and any(MAKE.search(text) for text in texts):
+        return "subprocess"
     programs = [p for p, x in solved.items() if _is_code(p, x)]
     programs += [p for p in elsewhere if re.search(r"/s?bin/[^/]+$", p) or p.endswith(SCRIPT_SUFFIXES)]
     for path in programs:

@@ -87,7 +87,10 @@ class Trace:
         by_agent, by_tests = set(), set()
         for pid, path in self.opened:
             if path in paths:
-                (by_agent if start(pid) is not None else by_tests).add(path)
+                began = start(pid)
+                # (the build file the tests' own `make` read is what the tests ran, as a script they hand python)
+                own = began is not None and began[0] == path and BUILD_TOOLS.match(os.path.basename(began[1][0]))
+                (by_agent if began is not None and not own else by_tests).add(path)
         for pid, argvs in self.execs.items():
             driven = pid in self.parent and start(self.parent[pid]) is not None
             for argv in argvs:  # (in order: an `exec` of another program in a process agent code already runs)
@@ -98,6 +101,12 @@ class Trace:
                 driven = driven or agent_written(argv[0]) or bool(
                     INTERPRETERS.match(os.path.basename(argv[0])) and script and agent_written(script))
         return by_agent - by_tests
+
+    def _build_file(self, pid: int, agent_written) -> str | None:
+        """The episode's build file a `make` process read (its recipes, and whatever they start, are agent code),
+        else None."""
+        return next((p for q, p in self.opened if q == pid and os.path.basename(p) in BUILD_FILES
+                     and agent_written(p)), None)
 
     def _starts(self, agent_written):
         entry: dict[int, tuple[str, list[str]] | None] = {}
@@ -116,12 +125,19 @@ class Trace:
                     found = (prog, argv)
                 elif INTERPRETERS.match(os.path.basename(prog)) and script and agent_written(script):
                     found = (script, argv)
+                elif BUILD_TOOLS.match(os.path.basename(prog)):
+                    built = self._build_file(pid, agent_written)
+                    found = (built, argv) if built else None
                 if found:
                     break
             entry[pid] = found
             return found
 
         return start
+
+
+BUILD_TOOLS = re.compile(r"^g?make$")
+BUILD_FILES = ("Makefile", "makefile", "GNUmakefile")
 
 
 def _script(argv: list[str]) -> str | None:
