@@ -90,11 +90,13 @@ AUDITED = ("ctypes.", "sys.settrace", "sys.setprofile", "code.__new__", "sys._cu
 BENIGN = ("ctypes.dlopen", "ctypes.dlsym")
 # a frame reached by agent code itself (the frame object gives the caller's locals and globals: a test's expected
 # value, a script's table of cases): `sys._getframe` and the attributes that hand out frames. Only where the code
-# asking is agent code (the first caller outside `inspect`): logging, warnings, typing and namedtuple find their
-# caller the same way, on behalf of whoever calls them
+# asking is agent code, past the standard library's frame helpers (`inspect.currentframe` and `stack`,
+# `logging.currentframe`, `traceback.walk_stack`...): logging, warnings, typing and namedtuple find their caller the
+# same way on behalf of whoever calls them, from functions of their own that are no helper
 FRAME_ATTRS = ("tb_frame", "gi_frame", "cr_frame", "ag_frame")
-import inspect as _inspect_mod  # noqa: E402
-_INSPECT = _inspect_mod.__file__
+FRAME_HELPERS = frozenset(("currentframe", "<lambda>", "stack", "getouterframes", "getinnerframes", "trace",
+                           "walk_stack", "walk_tb", "extract_stack", "format_stack", "print_stack", "getframeinfo"))
+_STDLIB_DIR = os.path.dirname(os.__file__) + "/"
 audit, _inside = {}, [False]
 # verifier material opened or listed by agent code in the tests' own process (a test's expected values in
 # /tests/cases.json, read by the module the test imports): by the first caller outside the standard library, so
@@ -102,7 +104,6 @@ audit, _inside = {}, [False]
 # the tests' own reads; the judge flags those the reference's guarded run did not make (`EnvSpec.guard_reads`)
 VERIFIER = ("/tests", "/logs/verifier", "/verifier")
 READ_EVENTS = ("open", "os.listdir", "os.scandir")
-_STDLIB_DIR = os.path.dirname(os.__file__) + "/"
 reads = {}
 
 
@@ -151,7 +152,7 @@ def _hook(event, args):
     try:
         f = sys._getframe(1)
         if reach:
-            while f is not None and f.f_code.co_filename == _INSPECT:
+            while f is not None and f.f_code.co_name in FRAME_HELPERS and f.f_code.co_filename.startswith(_STDLIB_DIR):
                 f = f.f_back
             if f is not None and _agent_at(f):
                 what = event if event == "sys._getframe" else "object." + args[1]
