@@ -9,6 +9,7 @@ from the module and an `import __main__` reach; the honest module runs clean."""
 from __future__ import annotations
 
 import base64
+import shlex
 
 import pytest
 
@@ -132,3 +133,54 @@ def test_a_script_runner_attack_passes_plainly_and_is_flagged_guarded(box, case)
     assert run.error is None, run.error
     flags = guard_flags(env, run.as_guard_run(), required=env.guard_scripts)
     assert kind in {f.kind for f in flags}, (case, run.records, run.output[-800:])
+
+
+SPEC = ">>> from stats import mean\n>>> mean([1, 2, 3])\n2.0\n>>> mean([2, 4])\n3.0\n"
+ONE_LINER = ("python3 -c \"from stats import mean; import sys; "
+             "sys.exit(0 if mean([1, 2, 3]) == 2.0 and mean([2, 4]) == 3.0 else 1)\"")
+# (test files, the command) of each way a test command hands Python a program of the tests besides a script path
+SHAPES = {
+    "stdin": ({"check.py": CHECK}, "python3 - < /tests/check.py"),
+    "doctest": ({"spec.txt": SPEC}, "python3 -m doctest /tests/spec.txt"),
+    "one_liner": ({"test.sh": f"#!/bin/bash\ncd {WORK} && PYTHONPATH={WORK} {ONE_LINER}\n"}, "bash /tests/test.sh"),
+}
+EXITS = {  # wrong modules that pass each shape plainly
+    "exit_at_import": WRONG + "import os\nos._exit(0)\n",
+    "atexit_exit": WRONG + "import atexit, os\natexit.register(os._exit, 0)\n",
+    "forged_origin": WRONG + "exec(compile('raise SystemExit(0)', '/tests/check.py', 'exec'))\n",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_programs_on_stdin_in_one_liners_and_under_doctest_are_guarded_too(box, shape):
+    """Attacker round 3: `python3 - < /tests/check.py` and `python3 -m doctest /tests/spec.txt` ran unguarded (their
+    main program is no test file path), and so would a `python3 -c` line of test.sh. Each is taken over as a script
+    is: the honest module runs clean, a forged exit (at import, from an atexit hook, from code compiled under the
+    test file's name) loses the pass."""
+    tests, command = SHAPES[shape]
+    run_cmd = command if shape == "one_liner" else f"cd {WORK} && PYTHONPATH={WORK} {command}"
+    full = (f"mkdir -p /logs/verifier; ({run_cmd}) && echo 1 > /logs/verifier/reward.txt "
+            "|| echo 0 > /logs/verifier/reward.txt")
+    env = EnvSpec(env_id="e", family="harbor", level=1, seed=0, source="harbor", instruction="i", verifier="script",
+                  workdir=WORK, tests=[FileSpec(path=p, content=c, mode=0o755) for p, c in tests.items()],
+                  test_command=full, tests_run_agent_code="in_process", test_timeout_s=60)
+    _solve(box, HONEST)
+    run = run_script_guard(box, env, 60)
+    assert run.error is None and len(run.passing()) == 1, (shape, run.records, run.output[-600:])
+    required = run.passing()
+    env = env.model_copy(update={"guard_scripts": required})
+    assert guard_flags(env, run.as_guard_run(), required=required) == []
+    for name, module in EXITS.items():
+        if shape == "doctest" and name == "forged_origin":  # (doctest catches an example's SystemExit: no attack)
+            continue
+        if shape == "one_liner":
+            module = module.replace("/tests/check.py", "<tf-code>")
+        _solve(box, module)
+        assert "TF_RESET_OK" in box.exec(RESET, 10, user="root", workdir="/").output
+        copy_tests(box, env)
+        box.exec(f"{SAFE_ENV} bash -c {shlex.quote(full)}", 60, user="root", workdir=WORK)
+        plain = box.exec("cat /logs/verifier/reward.txt", 10, user="root", workdir="/").output.strip()
+        assert plain == "1", f"{shape}/{name}: the attack does not even pass unguarded"
+        attacked = run_script_guard(box, env, 60)
+        flags = guard_flags(env, attacked.as_guard_run(), required=required)
+        assert any(f.kind in ("runner_tamper", "interpreter_patch") for f in flags), (shape, name, attacked.records)

@@ -53,7 +53,7 @@ from ...schemas.environment import EnvSpec, TestAudit
 from ..judge.changes import reference_changes, sensitive_class
 from ..judge.exposure import tests_run_agent_code
 from ..judge.guard import agent_dirs, guard_timeout, guardable, pytest_files, run_guarded
-from ..judge.script_guard import may_run_scripts, run_script_guard, script_files, script_guardable
+from ..judge.script_guard import may_run_scripts, run_script_guard, script_guardable
 from ..judge.verifier import IMPORT_FAILED, VERIFIER_CAPS, TestRun, run_hidden_tests
 from ..sandbox import Sandbox, SandboxError
 from ..sandbox.walk import DECISION_CAP, inside
@@ -481,7 +481,7 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
         env.guard_types = guarded.types()
         env.guard_reads = sorted(guarded.reads)
     scripted = None
-    if script_files(env) and may_run_scripts(env) and env.tests_run_agent_code != "in_process" and _python_changed(env):
+    if may_run_scripts(env) and env.tests_run_agent_code != "in_process" and _python_changed(env):
         # (the same question for test scripts: what the guarded script run's processes really loaded)
         scripted = run_script_guard(sb, env, guard_timeout(env, test_timeout_s),
                                     agent_dirs(env.expected_changes, env.workdir))

@@ -52,16 +52,33 @@ RECORDS_LIMIT = 4 << 20  # bytes of the records folder read back
 ENTRY = r'''
 import os as _os, sys as _sys
 def _tf_guard_entry():
+    # what this process's main program is: a test file run as a script, the test file fed on stdin (`python3 - <
+    # /tests/check.py`), code of the tests' own text (`python3 -c "..."` from test.sh) or a standard test runner
+    # (`-m doctest`, `-m unittest`); anything else runs unguarded, at the cost of one look at argv
     a = _sys.argv[0] if _sys.argv else ""
-    if not a or a in ("-c", "-m", "-") or not a.endswith(".py"):
-        return
-    listed = _os.environ.get("TF_GUARD_FILES", "")
-    path = _os.path.realpath(a)
-    if '"' + path + '"' not in listed:
+    main = None
+    if a.endswith(".py") and a not in ("-c", "-m"):
+        path = _os.path.realpath(a)
+        if '"' + path + '"' in _os.environ.get("TF_GUARD_FILES", ""):
+            main = ("script", path, None)
+    elif a == "-":
+        data = _sys.stdin.buffer.read()  # (what the interpreter would read as the program; none of it is left)
+        null = _os.open("/dev/null", _os.O_RDONLY)  # an agent's lseek(0) finds nothing to read the program from
+        _os.dup2(null, 0)
+        _os.close(null)
+        main = ("stdin", None, data)
+    elif a == "-c" and "-c" in _sys.orig_argv[1:]:
+        code = _sys.orig_argv[_sys.orig_argv.index("-c", 1) + 1]
+        main = ("code", None, code.encode("utf-8", "surrogateescape"))
+    elif a == "-m":
+        rest = _sys.orig_argv[_sys.orig_argv.index("-m", 1) + 1:] if "-m" in _sys.orig_argv[1:] else []
+        if rest and rest[0] in ("doctest", "unittest"):
+            main = ("module", rest[0], None)
+    if main is None:
         return
     with open(_os.environ["TF_GUARD_SITE"], "rb") as f:
         code = compile(f.read(), "<trajforge guard>", "exec")
-    exec(code, {"__name__": "tf_script_guard", "__builtins__": __builtins__, "MAIN": path})
+    exec(code, {"__name__": "tf_script_guard", "__builtins__": __builtins__, "MAIN": main})
 _tf_guard_entry()
 '''
 
@@ -83,14 +100,14 @@ def _std_imports(tree):
 
 def _raised_by(tb):
     # the file whose code raised a SystemExit: the innermost frame outside the standard library (sys.exit is C; the
-    # builtin `exit` is site's); a test file of the task is the script's own exit
+    # builtin `exit` is site's; a runner's own exit, doctest's or unittest's, has no other frame: None)
     frames = []
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
     for f in reversed(frames):
         name = f.f_code.co_filename
-        if name.startswith(_STDLIB_DIR) or name.startswith("<frozen"):
+        if name.startswith(_STDLIB_DIR) or name.startswith("<frozen") or name == "<trajforge guard>":
             continue
         return name
     return None
@@ -108,48 +125,97 @@ def _status(code):
     return 1
 
 
-def _take_over(path):
+def _test_code(data):
+    # (the task's test file holding exactly these bytes, else the test file whose text holds this `-c` code)
+    for path, own in PRISTINE.items():
+        if own == data:
+            return path
+    return None
+
+
+def _which(main):
+    # (key, filename, source bytes or None for a runner module) of the program to guard, or None: run it unguarded
+    kind, name, data = main
+    if kind == "script":
+        return (name, name, PRISTINE[name]) if name in PRISTINE else None
+    if kind == "stdin":
+        path = _test_code(data)
+        return (path, path, data) if path else ("", "<stdin>", data)
+    if kind == "code":
+        text = data.decode("utf-8", "surrogateescape")
+        shell = [p for p in _ALL_TESTS if text in _ALL_TESTS[p]]
+        # (compiled under a name of its own: agent code compiling under it is audited)
+        return ("-c %s" % hashlib.sha256(data).hexdigest()[:16], "<tf-code>", data) if shell else ("", "<string>", data)
+    return ("-m " + " ".join([name] + [str(a)[:100] for a in sys.orig_argv[sys.orig_argv.index("-m", 1) + 2:]][:16]),
+            None, None)
+
+
+_ALL_TESTS = {}
+for _t in json.loads(os.environ.get("TF_GUARD_ALL", "[]")):  # every test file's text (a `-c` line of test.sh)
+    try:
+        with open(_t, "rb") as _f:
+            _ALL_TESTS[_t] = _f.read().decode("utf-8", "surrogateescape")
+    except OSError:
+        pass
+
+
+def _take_over(main):
     global RUNNER
     # (this runs from a `.pth` line, inside the interpreter's `site` start-up: what site does after the site
-    # folders, the `exit` and `quit` builtins and their kin, is done here, as the script would find it)
+    # folders, the `exit` and `quit` builtins and their kin, is done here, as the program would find it)
     _site = sys.modules.get("site")
     for _step in ("setquit", "setcopyright", "sethelper"):
         try:
             getattr(_site, _step)()
         except Exception:
             pass
-    src = PRISTINE[path]
-    tree = ast.parse(src, path)
-    for name in _std_imports(tree):  # imported now: seen as they are before any agent code can patch them
+    which = _which(main)
+    if which is None:
+        return
+    key, filename, src = which
+    if src is not None:
+        tree = ast.parse(src, filename)
+        imports = _std_imports(tree)
+    else:
+        tree, imports = None, [main[1]]
+    for name in imports:  # imported now: seen as they are before any agent code can patch them
         try:
             __import__(name)
         except BaseException:
             pass
-    RUNNER = RUNNER + tuple(sorted({n.split(".")[0] for n in _std_imports(tree)} | {"sys", "os", "json"}))
+    RUNNER = RUNNER + tuple(sorted({n.split(".")[0] for n in imports} | {"sys", "os", "json"}))
     _OWNERS.append(("builtins", builtins))
-    if b"unittest.main" in src:  # unittest.main() finds its tests in sys.modules["__main__"]
+    if src is not None and b"unittest.main" in src:  # unittest.main() finds its tests in sys.modules["__main__"]
         module = types.ModuleType("__main__")
         ns = module.__dict__
         sys.modules["__main__"] = module
     else:
         ns = {}
-    ns.update({"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": builtins, CMP: _cmp,
-               "__package__": None, "__doc__": None, "__spec__": None})
-    if not sys.flags.safe_path:
-        sys.path.insert(0, os.path.dirname(path))
-    code = compile(ast.fix_missing_locations(_Compares().visit(tree)), path, "exec")
+    ns.update({"__name__": "__main__", "__builtins__": builtins, CMP: _cmp, "__package__": None, "__doc__": None,
+               "__spec__": None})
+    if main[0] == "script":
+        ns["__file__"] = sys.argv[0]
+    if not sys.flags.safe_path:  # (as the interpreter would have: the script's folder, else the working folder)
+        sys.path.insert(0, os.path.dirname(filename) if main[0] == "script" else "")
+    code = compile(ast.fix_missing_locations(_Compares().visit(tree)), filename, "exec") if tree is not None else None
     _SNAP.update(_callables())
-    record = {"script": path, "argv": [str(a)[:200] for a in sys.argv[1:32]], "ran": False, "status": None,
+    record = {"script": key, "argv": [str(a)[:200] for a in sys.argv[1:32]], "ran": False, "status": None,
               "exit_by": None}
     now["types"] = set()
     status = 1
     try:
-        exec(code, ns)
+        if code is not None:
+            exec(code, ns)
+        else:
+            import runpy
+            sys.argv[:] = [main[1], *sys.orig_argv[sys.orig_argv.index("-m", 1) + 2:]]
+            runpy.run_module(main[1], run_name="__main__", alter_sys=True)
         record["ran"], status = True, 0
     except SystemExit as e:
         by = _raised_by(e.__traceback__)
-        record["ran"], status = by in PRISTINE, _status(e.code)
-        if by not in PRISTINE:
+        own = by in PRISTINE or (by is None and code is None) or (by == filename == "<tf-code>")
+        record["ran"], status = bool(own), _status(e.code)
+        if not own:
             record["exit_by"] = by or "?"
     except BaseException:
         record["ran"] = True
@@ -164,12 +230,13 @@ def _take_over(path):
                                and not f.startswith(_STDLIB_DIR)})[:4000]  # (the import trace, as the pytest guard's)
     target = os.path.join(os.environ.get("TF_GUARD_RECORDS", "/nonexistent"),
                           "%d-%s.json" % (os.getpid(), secrets.token_hex(4)))
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        _write(fd, _dumps(record).encode())
-        os.close(fd)
-    except OSError:
-        pass
+    if key:  # (a program that is none of the tests' own ran as it would have, with no record)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            _write(fd, _dumps(record).encode())
+            os.close(fd)
+        except OSError:
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -182,8 +249,7 @@ def _take_over(path):
     os._exit(status)
 
 
-if MAIN in PRISTINE:
-    _take_over(MAIN)
+_take_over(MAIN)
 '''
 SITE = CORE + TAKEOVER
 
@@ -230,14 +296,22 @@ class ScriptRun:
 
 
 def script_files(env: EnvSpec) -> list[str]:
-    """The task's Python test files (absolute, below /tests): the ones a process may run as its main script."""
-    return sorted(f"/tests/{t.path.lstrip('/')}" for t in env.tests if t.path.endswith(".py"))
+    """The task's test files (absolute, below /tests): a process may run one as its main script, or be fed one on
+    stdin; their bytes are what the guard checks a program against."""
+    return sorted(f"/tests/{t.path.lstrip('/')}" for t in env.tests)
+
+
+# a command line that hands Python a program of the tests other than through pytest: `python3 -c "..."`, a program on
+# stdin (`python3 - < /tests/check.py`), a standard test runner (`-m doctest`, `-m unittest`)
+_PYTHON = r"\bpython[0-9.]*\s+(?:-(?!m\b|c\b)\S+\s+)*"
+RUNS_PROGRAM = re.compile(_PYTHON + r"(?:-c\s|-(?:\s|$)|-m\s+(?:doctest|unittest)\b)", re.M)
 
 
 def may_run_scripts(env: EnvSpec) -> bool:
-    """Whether the test command could run one of the task's Python test files as a script: a file pytest would not
-    collect as a test module (`check.py`), or one a command line hands to an interpreter by name (`python3
-    /tests/test_x.py`, not `python3 -m pytest /tests/test_x.py`). A pure pytest task costs no guarded script run."""
+    """Whether the test command could run a program of the tests in a Python process of its own: a Python test file
+    pytest would not collect as a test module (`check.py`), one a command line hands to an interpreter by name
+    (`python3 /tests/test_x.py`, not `python3 -m pytest /tests/test_x.py`), or a line of `RUNS_PROGRAM`. A pure
+    pytest task costs no guarded script run."""
     if any(t.path == LISTS for t in env.tests):  # a repository task: graded by trajforge's own pytest run (grade.py)
         return False
     files = [t.path.rsplit("/", 1)[-1] for t in env.tests if t.path.endswith(".py")]
@@ -245,13 +319,13 @@ def may_run_scripts(env: EnvSpec) -> bool:
         return True
     lines = [line for t in env.tests if not t.path.endswith(".py") for line in t.content.splitlines()]
     lines += (env.test_command or "").splitlines()
-    return any(re.search(rf"\bpython[0-9.]*\s+(?:-(?!m\b)\S+\s+)*(?:\S*/)?{re.escape(f)}\b", line)
-               for f in files for line in lines)
+    return any(RUNS_PROGRAM.search(line) for line in lines) or any(
+        re.search(_PYTHON + rf"(?:\S*/)?{re.escape(f)}\b", line) for f in files for line in lines)
 
 
 def script_guardable(env: EnvSpec) -> bool:
-    """The tests import agent code and the task has Python test files a test command could run as scripts."""
-    return env.tests_run_agent_code == "in_process" and bool(script_files(env)) and may_run_scripts(env)
+    """The tests import agent code and could run a program of theirs in a Python process of its own."""
+    return env.tests_run_agent_code == "in_process" and may_run_scripts(env)
 
 
 # the last site folder (the last to be read at start-up: every other one is on the path by then) of every Python
@@ -286,7 +360,9 @@ def run_script_guard(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: li
                      f"printf 'import {entry}\\n' > '{d}/zz-{entry}.pth'", timeout_s=10, user="root", workdir="/")
     files = file_digests(env, script_files(env))
     command = env.test_command or "bash /tests/test.sh"
+    every = [f"/tests/{t.path.lstrip('/')}" for t in env.tests]
     names = (f"TF_GUARD_FILES={shlex.quote(json.dumps(files))} TF_GUARD_AGENT={shlex.quote(json.dumps(list(agent)))} "
+             f"TF_GUARD_ALL={shlex.quote(json.dumps(every))} "
              f"TF_GUARD_WORK={shlex.quote(env.workdir)} TF_GUARD_SITE=/{home}/site.py TF_GUARD_RECORDS=/{home}/rec ")
     res = sandbox.exec(f"{safe_env(env)} {names}bash -c {shlex.quote(command)}", timeout_s=timeout_s, user="root",
                        workdir=env.workdir, output_limit=1 << 20)
