@@ -38,6 +38,9 @@ import time
 from dataclasses import dataclass, field
 
 VERIFIER_ROOTS = ("/tests", "/logs/verifier", "/verifier")
+# another process's memory or environment read through /proc (the tests' checker holds its cases and expected values
+# there): verifier material too, for agent code, whatever it was handed
+PROCESS_MEMORY = re.compile(r"^/proc/\d+/(?:task/\d+/)?(?:mem|environ)$")
 INTERPRETERS = re.compile(r"^(python[0-9.]*|bash|sh|dash|zsh|ksh|perl|ruby|node|nodejs|php|lua[0-9.]*|tclsh|"
                           r"awk|gawk|mawk|Rscript)$")
 ATTACH_S = 10.0  # the shell found and the tracer attached within this, else the tests run untraced
@@ -71,7 +74,7 @@ class Trace:
 
         out = []
         for pid, path in self.opened:
-            if not any(path == r or path.startswith(r + "/") for r in VERIFIER_ROOTS):
+            if not any(path == r or path.startswith(r + "/") for r in VERIFIER_ROOTS) and not PROCESS_MEMORY.match(path):
                 continue
             began = start(pid)
             if began is not None and not named(began[1], path) and (path, began[0]) not in out:
