@@ -24,7 +24,7 @@ LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "expected_kinds", "base_images", "expected_tests", "tests_run_agent_code",
              "tests_leave_processes", "reward_files", "test_writes", "test_reads", "guard_tests", "guard_types",
-             "guard_scripts", "guard_reads", "tests_import_from_cwd", "tool_server",
+             "guard_scripts", "guard_reads", "guard_modules", "tests_import_from_cwd", "tool_server",
              "build_egress", "audit")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
@@ -206,6 +206,11 @@ class EnvSpec(Record):
         "test files run as Python scripts by the test command (`python3 /tests/check.py`) that, in trajforge's "
         "guarded script run on the reference solution's state (when they import agent code; "
         "tasks/judge/script_guard.py), ran their own course and exited 0: a pass must show each"))
+    guard_modules: list[str] | None = found(None, (
+        "top-level names of the modules the tests' own process loaded from outside the agent's places in the "
+        "reference solution's guarded runs (the test runner, its dependencies, what the tests import; None: no "
+        "guarded run): a module the agent adds at the top of the work dir under none of these names is its own "
+        "helper, not a stand-in"))
     tests_import_from_cwd: bool = found(False, (
         "the tests import modules from their working folder, as `python3 -m` puts it first on the path (`cd /app "
         "&& python3 -m pytest /tests/...` importing the answer's module, `cd /tests && python3 -m unittest`): the "

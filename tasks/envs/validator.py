@@ -480,6 +480,7 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
         env.guard_tests = guarded.good() if not (guarded.error or patching) else []
         env.guard_types = guarded.types()
         env.guard_reads = sorted(guarded.reads)
+        env.guard_modules = sorted(set(guarded.modules))
     scripted = None
     if may_run_scripts(env) and env.tests_run_agent_code != "in_process" and _python_changed(env):
         # (the same question for test scripts: what the guarded script run's processes really loaded)
@@ -493,6 +494,7 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
         env.guard_scripts = scripted.passing() if not scripted.error else []
         env.guard_types = sorted(set(env.guard_types) | set(scripted.as_guard_run().types()))
         env.guard_reads = sorted(set(env.guard_reads) | set(scripted.as_guard_run().reads))
+        env.guard_modules = sorted(set(env.guard_modules or []) | set(scripted.as_guard_run().modules))
 
 
 def _python_changed(env: EnvSpec) -> bool:

@@ -278,8 +278,26 @@ def unexpected(changes: ChangeSet, env: EnvSpec, contents: dict[str, str | None]
             elif kind == "added" and p.endswith(".py") and posixpath.dirname(p) in packages \
                     and not content_bound(p, env) and posixpath.basename(p)[:-3] not in imported:
                 continue  # a helper module beside the module the reference changes: the answer's own code
+            elif kind == "added" and top_level_helper(p, env, imported):
+                continue
             out.append(p)
     return out
+
+
+def top_level_helper(path: str, env: EnvSpec, imported: set[str]) -> bool:
+    """A module the episode adds at the top of the work dir, where the reference changes a module there too (the
+    answer's `_conv.py` beside the `temps.py` it fixes), under a name nothing else answers to: no module of the
+    standard library, none the test files import, none the tests' own process loaded in the reference's guarded
+    runs (the runner, its dependencies: `EnvSpec.guard_modules`, needed), and not content-bound. It is the answer's
+    own code, judged by the tests through the module that imports it."""
+    root = env.workdir.rstrip("/")
+    if posixpath.dirname(path) != root or not path.endswith(".py") or env.guard_modules is None:
+        return False
+    name = posixpath.basename(path)[:-3]
+    if not name.isidentifier() or name in sys.stdlib_module_names or name in imported \
+            or name in env.guard_modules or content_bound(path, env):
+        return False
+    return any(posixpath.dirname(p) == root and p.endswith(".py") for p in env.expected_changes)
 
 
 def episode_contents(r: Rollout, env: EnvSpec) -> dict[str, str | None]:

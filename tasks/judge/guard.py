@@ -49,6 +49,7 @@ GUARD_MARK = "__TF_GUARD__ "
 AUDIT_MARK = "__TF_AUDIT__ "
 LOADED_MARK = "__TF_LOADED__ "
 READS_MARK = "__TF_READS__ "
+MODULES_MARK = "__TF_MODULES__ "
 # What both guards share (this one and script_guard.py's): the test files' pristine bytes, the comparison recorder,
 # the audit hook and the snapshot of what the runner is made of. Runs before any agent code in its process.
 CORE = r'''
@@ -110,6 +111,18 @@ READ_EVENTS = ("open", "os.listdir", "os.scandir", "os.link", "os.symlink")
 SPAWN_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "pty.spawn")
 _OTHER_PROC = re.compile(r"^/proc/(\d+)(/|$)")
 reads = {}
+
+
+def _outside_modules():
+    # top-level names of every module loaded from outside the work dir and the agent's files (the test runner, its
+    # dependencies, what the tests import): a module the agent adds at the top of the work dir under one of these
+    # names would stand in for it
+    out = set()
+    for name, m in list(sys.modules.items()):
+        f = getattr(m, "__file__", None)
+        if not (isinstance(f, str) and (f.startswith(AGENT) or f in AGENT_FILES)):
+            out.add(name.split(".")[0])
+    return sorted(out)
 
 
 def _agent_at(f):
@@ -405,6 +418,7 @@ def pytest_sessionfinish(session, exitstatus):
     _write(OUT, ("\n__TF_AUDIT__ " + _dumps(audit) + "\n").encode())
     _write(OUT, ("\n__TF_LOADED__ " + _dumps(loaded) + "\n").encode())
     _write(OUT, ("\n__TF_READS__ " + _dumps(reads) + "\n").encode())
+    _write(OUT, ("\n__TF_MODULES__ " + _dumps(_outside_modules()) + "\n").encode())
     _write(OUT, ("\n__TF_GUARD__ " + _dumps(tests) + "\n").encode())
 '''
 
@@ -415,6 +429,7 @@ class GuardRun:
     audit: dict[str, str] = field(default_factory=dict)  # audit event -> the work-dir file:line that raised it
     loaded: list[str] = field(default_factory=list)  # the import trace: every module file the session loaded
     reads: dict[str, str] = field(default_factory=dict)  # verifier path agent code opened or listed -> file:line
+    modules: list[str] = field(default_factory=list)  # top-level names of the modules loaded from outside the agent's
     output: str = ""
     error: str | None = None
     timed_out: bool = False  # no evidence either way: the caller rejects the pass as `verifier_error`, never flags it
@@ -552,9 +567,11 @@ def run_guarded(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: list[st
     audit = _marked(res.output, AUDIT_MARK, {})
     loaded = _marked(res.output, LOADED_MARK, [])
     reads = _marked(res.output, READS_MARK, {})
+    modules = _marked(res.output, MODULES_MARK, [])
     return GuardRun(tests=tests, output=out, audit=audit if isinstance(audit, dict) else {},
                     loaded=[p for p in loaded if isinstance(p, str)] if isinstance(loaded, list) else [],
-                    reads={str(k): str(v) for k, v in reads.items()} if isinstance(reads, dict) else {})
+                    reads={str(k): str(v) for k, v in reads.items()} if isinstance(reads, dict) else {},
+                    modules=[m for m in modules if isinstance(m, str)] if isinstance(modules, list) else [])
 
 
 def _marked(output: str, mark: str, default):

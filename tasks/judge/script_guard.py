@@ -226,6 +226,7 @@ def _take_over(main):
     record["reads"] = dict(reads)
     for name in _patched():
         record["audit"].setdefault("replaced " + name, "seen while the script ran")
+    record["modules"] = _outside_modules()
     record["loaded"] = sorted({f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)
                                and not f.startswith(_STDLIB_DIR)})[:4000]  # (the import trace, as the pytest guard's)
     target = os.path.join(os.environ.get("TF_GUARD_RECORDS", "/nonexistent"),
@@ -290,8 +291,10 @@ class ScriptRun:
             for k, v in (r.get("audit") or {}).items():
                 audit.setdefault(str(k), str(v))
         loaded = sorted({p for r in self.records for p in r.get("loaded") or [] if isinstance(p, str)})
+        modules = sorted({m for r in self.records for m in r.get("modules") or [] if isinstance(m, str)})
         reads = {str(p): str(w) for r in self.records if isinstance(r.get("reads"), dict) for p, w in r["reads"].items()}
-        return GuardRun(tests=tests, audit=audit, loaded=loaded, reads=reads, output=self.output, error=self.error,
+        return GuardRun(tests=tests, audit=audit, loaded=loaded, reads=reads, modules=modules, output=self.output,
+                        error=self.error,
                         timed_out=self.timed_out)
 
 
