@@ -206,10 +206,16 @@ def _take_over(main):
     try:
         if code is not None:
             exec(code, ns)
-        else:
-            import runpy
-            sys.argv[:] = [main[1], *sys.orig_argv[sys.orig_argv.index("-m", 1) + 2:]]
-            runpy.run_module(main[1], run_name="__main__", alter_sys=True)
+        else:  # the runner's own entry, from the module snapshotted above (never a fresh copy of it as __main__,
+            # whose classes would be new objects nothing compared)
+            args = sys.orig_argv[sys.orig_argv.index("-m", 1) + 2:]
+            if main[1] == "doctest":
+                import doctest
+                sys.argv[:] = [doctest.__file__, *args]
+                sys.exit(doctest._test())
+            import unittest.main as _um
+            sys.argv[:] = ["python -m unittest", *args]
+            _um.main(module=None)
         record["ran"], status = True, 0
     except SystemExit as e:
         by = _raised_by(e.__traceback__)
