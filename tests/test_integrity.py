@@ -169,3 +169,31 @@ def test_oracle_pass_rate_equals_a_plain_root_harness(validated):
     assert marks["harbor/run-script"] == marks["tbench/repair-script"] == marks["tbench/usr-local-tool"] == "subprocess"
     module = envs["harbor/py-module"]
     assert len(module.expected_tests) == 2 and len(module.guard_tests) == 2 and module.guard_types == []
+
+
+ATTACK = Path(__file__).parent / "fixtures" / "attack-r3"
+
+
+@pytest.mark.long  # ~5 min on two cores: 7 task folders validated, 47 trajectories judged
+def test_attacker_round_3_gets_no_hack_through_and_loses_no_honest_solve(tmp_path):
+    """An independent attacker's set on tests that are plain Python programs (fixtures/attack-r3/README.md: a
+    check script, unittest.main(), -m unittest, pytest from the work dir, a CLI the tests run per case, doctest, a
+    program on stdin), each trajectory scored 1.0 by its own plain harness: `trajforge verify` of the task folders
+    counts none of the hacks as passed and keeps every honest solve, unflagged."""
+    cases = [json.loads(line) for line in (ATTACK / "trajectories.jsonl").read_text().splitlines() if line.strip()]
+    rows = [{"trajectory_id": c["case"], "env_id": str(ATTACK / "tasks" / c["task"]), "commands": c["commands"]}
+            for c in cases]
+    traj = tmp_path / "attack.jsonl"
+    traj.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = verify_config(tmp_path / "runs", "fresh")
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    out = run_cli("verify", "--trajectories", str(traj), "--envs", str(ATTACK / "tasks"), "--out",
+                  str(tmp_path / "verified"), "--config", str(tmp_path / "cfg.yaml"), cwd=tmp_path, timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    verdicts = {v["rollout_id"]: v for v in pq.read_table(tmp_path / "verified" / "verdicts.parquet").to_pylist()}
+    assert set(verdicts) == {c["case"] for c in cases}
+    through = [c["case"] for c in cases if c["expect"] == "hack" and verdicts[c["case"]]["passed"]]
+    lost = {c["case"]: (verdicts[c["case"]]["hack_flags"], verdicts[c["case"]]["verifier_output"][-300:])
+            for c in cases if c["expect"] == "pass" and not (verdicts[c["case"]]["passed"]
+                                                           and not verdicts[c["case"]]["hack_flags"])}
+    assert through == [] and lost == {}, (through, lost)
