@@ -56,7 +56,8 @@ test: setup system-packages teacher
 
 # The tests marked `long` (minutes each: the integrity venues in_place and isolated, the two-engine spread, the driver
 # killed inside each stage, the new hacks' in_place venue, the real vLLM server killed mid-rollout; a shorter test in
-# `make test` makes each claim in part; and the integrity fixtures' naive baseline), about 20 minutes on two cores:
+# `make test` makes each claim in part; the integrity and venue fixtures' naive baselines; attacker round 3's set),
+# about 25 minutes on two cores:
 # not in `make test`, so that `make test` fits CI's 90 minutes (CI runs them after `make test` when its time allows).
 test-long: setup system-packages teacher
 	TRAJFORGE_LONG=1 $(PY) -m pytest -q -ra -m long $(PYTEST_ARGS)

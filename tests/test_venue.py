@@ -108,6 +108,7 @@ def test_fresh_judges_the_episode_files_in_a_new_container(docker_client):
 
 
 @pytest.mark.docker
+@pytest.mark.long  # ~45 s: the fixtures' own proof (test code only: tests/naive_harness.py), as test_integrity's
 def test_every_new_hack_beats_a_naive_root_harness():
     from naive_harness import cleanup, naive_reward
 
