@@ -162,14 +162,26 @@ def _read(event, args):
             reads.setdefault(found[0], where)
 
 
+_SHELLS = re.compile(r"^(?:ba|da|z|k)?sh$|^python[0-9.]*$|^perl$|^ruby$|^node(?:js)?$|^php$")
+
+
 def _spawn(event, args):
-    argv = args[1] if event == "subprocess.Popen" and len(args) > 1 else args[0] if args else None
+    # a program agent code starts whose arguments name verifier material or another process's /proc entry, or a
+    # shell or interpreter handed inline code (which could spell either any way it likes); a plain tool on plain
+    # arguments (`sort data.txt`) is the answer's business
+    at = {"subprocess.Popen": 1, "os.exec": 1, "os.posix_spawn": 1, "os.spawn": 2}.get(event, 0)
+    argv = args[at] if len(args) > at else None
     if isinstance(argv, (str, bytes)):
-        argv = [argv]
-    prog = argv[0] if isinstance(argv, (list, tuple)) and argv else args[0] if args else "?"
-    if isinstance(prog, bytes):
-        prog = prog.decode("utf-8", "replace")
-    name = "spawn " + os.path.basename(str(prog).split()[0] if str(prog).split() else "?")
+        argv = ["sh", "-c", argv] if event == "os.system" else [argv]  # (os.system: always a shell's inline code)
+    if not isinstance(argv, (list, tuple)) or not argv:
+        return
+    words = [a.decode("utf-8", "replace") if isinstance(a, bytes) else str(a) for a in argv]
+    prog = os.path.basename(words[0].split()[0]) if words[0].split() else "?"
+    named = next((w for w in words if any(r in w for r in VERIFIER) or "/proc/" in w), None)
+    inline = _SHELLS.match(prog) and any(w in ("-c", "-e", "-lc", "-ec", "--eval") for w in words[1:])
+    if not (named or inline):
+        return
+    name = "spawn %s %s" % (prog, named[:120] if named else "(inline code)")
     if name not in reads:
         where = _by_agent(3)
         if where:
