@@ -321,8 +321,8 @@ def may_run_scripts(env: EnvSpec) -> bool:
     pytest would not collect as a test module (`check.py`), one a command line hands to an interpreter by name
     (`python3 /tests/test_x.py`, not `python3 -m pytest /tests/test_x.py`), or a line of `RUNS_PROGRAM`. A pure
     pytest task costs no guarded script run."""
-    if any(t.path == LISTS for t in env.tests):  # a repository task: graded by trajforge's own pytest run (grade.py)
-        return False
+    if env.verifier != "script" or any(t.path == LISTS for t in env.tests):
+        return False  # trajforge's own runner (functions), or a repository task's own pytest grade (grade.py)
     files = [t.path.rsplit("/", 1)[-1] for t in env.tests if t.path.endswith(".py")]
     if any(not (f.startswith("test_") or f.endswith("_test.py") or f in ("conftest.py", "__init__.py")) for f in files):
         return True
