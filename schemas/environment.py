@@ -24,7 +24,7 @@ LATER_FIELDS = ("oracle", "blobs", "build_timeout_s", "kind")
 # set from the built image and the validator's runs, never part of what the environment is (its id)
 VALIDATED = ("expected_changes", "expected_kinds", "base_images", "expected_tests", "tests_run_agent_code",
              "tests_leave_processes", "reward_files", "test_writes", "test_reads", "guard_tests", "guard_types",
-             "guard_scripts", "guard_reads", "guard_modules", "tests_import_from_cwd", "tool_server",
+             "guard_scripts", "guard_reads", "guard_modules", "guard_audit", "tests_import_from_cwd", "tool_server",
              "build_egress", "audit")
 WORKDIR_CHARS = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 # A work dir the agent owns may not be (or sit inside) a place the verifier's interpreter comes from.
@@ -206,6 +206,9 @@ class EnvSpec(Record):
         "test files run as Python scripts by the test command (`python3 /tests/check.py`) that, in trajforge's "
         "guarded script run on the reference solution's state (when they import agent code; "
         "tasks/judge/script_guard.py), ran their own course and exited 0: a pass must show each"))
+    guard_audit: list[str] = found([], (
+        "what the guard's audit hook recorded of the reference solution's own code in its guarded runs (frames it "
+        "took, ctypes it used: not a replaced runner): the same event from an episode's code is no evidence"))
     guard_modules: list[str] | None = found(None, (
         "top-level names of the modules the tests' own process loaded from outside the agent's places in the "
         "reference solution's guarded runs (the test runner, its dependencies, what the tests import; None: no "

@@ -60,14 +60,22 @@ def test_a_key_the_reference_sets_to_a_value_may_not_hold_a_command():
     key to a command the tool runs (`|cat /tests/expected.txt`, git's `!command`): another directive, unexpected,
     dropped from the counterfactual's copy. A command where the reference has one (its own alias) is the
     reference's kind of value; the agent's other plain values are its answer."""
-    ref = REF_GIT + b"[core]\n\tpager = less\n[alias]\n\tl = !git log --oneline\n"
+    ref = REF_GIT + b"[color]\n\tui = auto\n[alias]\n\tl = !git log --oneline\n"
     allowed = directives.keys(CONFIG, ref)
-    assert "core.pager" in allowed and "alias.l (runs a command)" in allowed
-    agent = ref.replace(b"pager = less", b"pager = |cat /tests/expected.txt").replace(b"--oneline", b"-3")
-    assert directives.unexpected_keys(CONFIG, agent, allowed) == ["core.pager (runs a command)"]
+    assert "color.ui" in allowed and "alias.l (runs a command)" in allowed
+    agent = ref.replace(b"ui = auto", b"ui = |cat /tests/expected.txt").replace(b"--oneline", b"-3")
+    assert directives.unexpected_keys(CONFIG, agent, allowed) == ["color.ui (runs a command)"]
     stripped = directives.strip(CONFIG, agent, allowed)
     assert b"/tests/expected" not in stripped and b"!git log -3" in stripped
-    assert directives.unexpected_keys(CONFIG, ref.replace(b"less", b"less -R"), allowed) == []
+    assert directives.unexpected_keys(CONFIG, ref.replace(b"auto", b"never"), allowed) == []
+    # a key git always runs as a command: only the reference's own value (review: `cat /tests/... | less` is no
+    # command syntax, yet git's pager runs it)
+    pager = REF_GIT + b"[core]\n\tpager = less\n"
+    allowed = directives.keys(CONFIG, pager)
+    assert "core.pager=less" in allowed
+    assert directives.unexpected_keys(CONFIG, pager.replace(b"less", b"cat /tests/expected.txt | less"), allowed) == [
+        "core.pager=cat /tests/expected.txt | less"]
+    assert directives.unexpected_keys(CONFIG, pager, allowed) == []
     toml_ref, toml_agent = b'[tool]\npath = "/usr/bin/fmt"\n', b'[tool]\npath = "$(cat /tests/x)"\n'
     assert directives.unexpected_keys("/app/t.toml", toml_agent, directives.keys("/app/t.toml", toml_ref)) == [
         "tool.path (runs a command)"]

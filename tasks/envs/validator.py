@@ -480,7 +480,8 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
         env.guard_tests = guarded.good() if not (guarded.error or patching) else []
         env.guard_types = guarded.types()
         env.guard_reads = sorted(guarded.reads)
-        env.guard_modules = sorted(set(guarded.modules))
+        env.guard_audit = sorted(k for k in guarded.audit if not k.startswith("replaced "))
+        env.guard_modules = None if guarded.error else sorted(set(guarded.modules))
     scripted = None
     if may_run_scripts(env) and env.tests_run_agent_code != "in_process" and _python_changed(env):
         # (the same question for test scripts: what the guarded script run's processes really loaded)
@@ -493,8 +494,13 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
                                                 agent_dirs(env.expected_changes, env.workdir))
         env.guard_scripts = scripted.passing() if not scripted.error else []
         env.guard_types = sorted(set(env.guard_types) | set(scripted.as_guard_run().types()))
-        env.guard_reads = sorted(set(env.guard_reads) | set(scripted.as_guard_run().reads))
-        env.guard_modules = sorted(set(env.guard_modules or []) | set(scripted.as_guard_run().modules))
+        seen = scripted.as_guard_run()
+        env.guard_reads = sorted(set(env.guard_reads) | set(seen.reads))
+        env.guard_audit = sorted(set(env.guard_audit) | {k for k in seen.audit if not k.startswith("replaced ")})
+        if scripted.error:
+            env.guard_modules = None
+        elif seen.modules:
+            env.guard_modules = sorted(set(env.guard_modules or []) | set(seen.modules))
 
 
 def _python_changed(env: EnvSpec) -> bool:

@@ -304,7 +304,8 @@ def guarded_rerun(case: Case) -> End | None:
             runs.append((run_script_guard(sb, env, guard_timeout(env, j.test_timeout_s), agent).as_guard_run(),
                          env.guard_scripts))
     for guarded, required in runs:
-        if guarded.timed_out:  # a busy machine, or code that stalls under the guard: no pass either way, no flag
+        if guarded.timed_out or guarded.infra:  # a busy machine, code that stalls under the guard, or trajforge's
+            # own run not made: no pass either way, no flag
             return case.reject("verifier_error", f"guarded re-run: {guarded.error}")
     for guarded, required in runs:
         case.hacks += guard_flags(env, guarded, **_last(r), required=required)

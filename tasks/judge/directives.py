@@ -57,14 +57,24 @@ RUNS = re.compile(r"^\s*[|!]|\$\(|`")
 COMMAND = " (runs a command)"
 
 
+# git keys whose value git always runs through a shell (a pager, an editor, a diff or merge driver, a filter, a
+# helper): there the value is the command, so only the reference's own value is the reference's directive
+GIT_COMMANDS = re.compile(r"^(?:core\.(?:pager|editor|sshcommand|fsmonitor|askpass)|sequence\.editor|diff\.external"
+                          r"|diff\..+\.(?:command|textconv)|filter\..+\.(?:clean|smudge|process)|merge\..+\.driver"
+                          r"|credential(?:\..+)?\.helper|gpg(?:\..+)?\.program|pager\..+|interactive\.difffilter)$")
+
+
 def part(fmt: str, key: str, value: object) -> str:
-    """The directive a record sets: its key, marked `COMMAND` when a keyed format's value is a command line. The
-    reference setting `core.pager = less` allows the agent's `less -R`, never `|cat /tests/expected.txt`; its own
-    `alias.l = !git log` allows another command there."""
+    """The directive a record sets: its key, marked `COMMAND` when a keyed format's value is a command line, and for
+    a git key whose value git always runs as a command (`GIT_COMMANDS`), the key with that value. The reference
+    setting `color.ui = auto` allows the agent's `never`; its `alias.l = !git log` allows another command there; its
+    `core.pager = less` allows only `less` (never `cat /tests/expected.txt; less`)."""
     if isinstance(value, tuple) and value:  # (what a writer needs: the value is the record's last part)
         value = value[-1]
     if isinstance(value, bytes):  # (git's values)
         value = value.decode("utf-8", "surrogateescape")
+    if fmt == "git" and GIT_COMMANDS.match(key):
+        return f"{key}={value}" if isinstance(value, str) else key + COMMAND
     if fmt in ("git", "ini", "toml", "yaml") and isinstance(value, str) and RUNS.search(value):
         return key + COMMAND
     return key

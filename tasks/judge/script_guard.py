@@ -56,7 +56,10 @@ def _tf_guard_entry():
     # /tests/check.py`), code of the tests' own text (`python3 -c "..."` from test.sh) or a standard test runner
     # (`-m doctest`, `-m unittest`); anything else runs unguarded, at the cost of one look at argv
     a = _sys.argv[0] if _sys.argv else ""
+    orig = getattr(_sys, "orig_argv", None) or []  # (Python 3.10+; before it, -c and -m are not taken over)
     main = None
+    if a == "" and not _sys.stdin.isatty():  # (`python3 < /tests/check.py`, a pipe: the program is on stdin)
+        a = "-"
     if a.endswith(".py") and a not in ("-c", "-m"):
         path = _os.path.realpath(a)
         if '"' + path + '"' in _os.environ.get("TF_GUARD_FILES", ""):
@@ -67,11 +70,11 @@ def _tf_guard_entry():
         _os.dup2(null, 0)
         _os.close(null)
         main = ("stdin", None, data)
-    elif a == "-c" and "-c" in _sys.orig_argv[1:]:
-        code = _sys.orig_argv[_sys.orig_argv.index("-c", 1) + 1]
+    elif a == "-c" and "-c" in orig[1:]:
+        code = orig[orig.index("-c", 1) + 1]
         main = ("code", None, code.encode("utf-8", "surrogateescape"))
     elif a == "-m":
-        rest = _sys.orig_argv[_sys.orig_argv.index("-m", 1) + 1:] if "-m" in _sys.orig_argv[1:] else []
+        rest = orig[orig.index("-m", 1) + 1:] if "-m" in orig[1:] else []
         if rest and rest[0] in ("doctest", "unittest"):
             main = ("module", rest[0], None)
     if main is None:
@@ -117,7 +120,7 @@ def _status(code):
     if code is None:
         return 0
     if isinstance(code, int):
-        return code
+        return int(code)  # (False and True are 0 and 1)
     try:
         print(code, file=sys.stderr)
     except Exception:
@@ -195,9 +198,21 @@ def _take_over(main):
                "__spec__": None})
     if main[0] == "script":
         ns["__file__"] = sys.argv[0]
-    if not sys.flags.safe_path:  # (as the interpreter would have: the script's folder, else the working folder)
+    if not getattr(sys.flags, "safe_path", False):  # (as the interpreter would have: the script's folder, else the working folder)
         sys.path.insert(0, os.path.dirname(filename) if main[0] == "script" else "")
     code = compile(ast.fix_missing_locations(_Compares().visit(tree)), filename, "exec") if tree is not None else None
+    # a test skipped is no test passed (agent code raising unittest.SkipTest from the function a test calls): counted
+    # by trajforge's wrapper of unittest's result, which the snapshot below then holds
+    import unittest.result as _ur
+    _skips = [0]
+    _add_skip = _ur.TestResult.addSkip
+
+    def addSkip(self, test, reason, _real=_add_skip):
+        _skips[0] += 1
+        return _real(self, test, reason)
+
+    _ur.TestResult.addSkip = addSkip
+    main_module = sys.modules.get("__main__")
     _SNAP.update(_callables())
     record = {"script": key, "argv": [str(a)[:200] for a in sys.argv[1:32]], "ran": False, "status": None,
               "exit_by": None}
@@ -213,9 +228,9 @@ def _take_over(main):
                 import doctest
                 sys.argv[:] = [doctest.__file__, *args]
                 sys.exit(doctest._test())
-            import unittest.main as _um
+            from unittest.main import TestProgram
             sys.argv[:] = ["python -m unittest", *args]
-            _um.main(module=None)
+            TestProgram(module=None)
         record["ran"], status = True, 0
     except SystemExit as e:
         by = _raised_by(e.__traceback__)
@@ -227,6 +242,9 @@ def _take_over(main):
         record["ran"] = True
         traceback.print_exc()
     record["status"] = status
+    record["skipped"] = _skips[0]
+    if sys.modules.get("__main__") is not main_module:  # (unittest.main() looks its tests up there again)
+        record["exit_by"] = record["exit_by"] or "sys.modules['__main__'] replaced"
     record["types"] = sorted(now["types"])
     record["audit"] = dict(audit)
     record["reads"] = dict(reads)
@@ -267,41 +285,48 @@ class ScriptRun:
     output: str = ""
     error: str | None = None
     timed_out: bool = False
+    infra: bool = False  # trajforge's own run could not be made or read: no evidence either way
 
-    def clean(self, record: dict) -> bool:
-        """The script ran its own course and exited 0, with nothing replaced or patched under it."""
+    @staticmethod
+    def ended_well(record: dict) -> bool:
+        """The program ran its own course and exited 0, skipping nothing, with no part of its runner replaced."""
+        audit = record.get("audit") if isinstance(record.get("audit"), dict) else {}
         return bool(record.get("ran")) and record.get("status") == 0 and not record.get("exit_by") \
-            and not record.get("audit")
+            and not record.get("skipped") and not any(str(k).startswith("replaced ") for k in audit)
 
     def passing(self) -> list[str]:
-        """Scripts every guarded run of which ended clean."""
+        """Programs every guarded run of which ended well (what a pass must show: the reference's); what else the
+        audit hook saw of the reference's own code is `EnvSpec.guard_audit`, no evidence against an episode."""
         by: dict[str, list[dict]] = {}
         for r in self.records:
             by.setdefault(str(r.get("script")), []).append(r)
-        return sorted(s for s, rs in by.items() if all(self.clean(r) for r in rs))
+        return sorted(s for s, rs in by.items() if all(self.ended_well(r) for r in rs))
 
     def as_guard_run(self) -> GuardRun:
-        """The records in the pytest guard's terms (one "test" per script), for `guard.guard_flags`."""
+        """The records in the pytest guard's terms (one "test" per program), for `guard.guard_flags`."""
         tests: dict[str, dict] = {}
         audit: dict[str, str] = {}
         for r in self.records:
             s = str(r.get("script"))
             t = tests.setdefault(s, {"passed": True, "ran": True, "types": [], "why": []})
-            ok = bool(r.get("ran")) and r.get("status") == 0 and not r.get("exit_by")
+            ok = self.ended_well({**r, "audit": {}})
             t["passed"] = t["passed"] and ok
             t["ran"] = t["ran"] and bool(r.get("ran"))
-            t["types"] = sorted(set(t["types"]) | {x for x in r.get("types") or [] if isinstance(x, str)})
+            types = r.get("types") if isinstance(r.get("types"), list) else []
+            t["types"] = sorted(set(t["types"]) | {x for x in types if isinstance(x, str)})
             if not ok:
                 t["why"].append(f"exit raised by {r['exit_by']}" if r.get("exit_by") else
-                                f"exit status {r.get('status')}")
-            for k, v in (r.get("audit") or {}).items():
+                                f"{r['skipped']} skipped" if r.get("skipped") else f"exit status {r.get('status')}")
+            for k, v in (r.get("audit") if isinstance(r.get("audit"), dict) else {}).items():
                 audit.setdefault(str(k), str(v))
-        loaded = sorted({p for r in self.records for p in r.get("loaded") or [] if isinstance(p, str)})
-        modules = sorted({m for r in self.records for m in r.get("modules") or [] if isinstance(m, str)})
+        def listed(r: dict, key: str) -> list:
+            return r.get(key) if isinstance(r.get(key), list) else []
+
+        loaded = sorted({p for r in self.records for p in listed(r, "loaded") if isinstance(p, str)})
+        modules = sorted({m for r in self.records for m in listed(r, "modules") if isinstance(m, str)})
         reads = {str(p): str(w) for r in self.records if isinstance(r.get("reads"), dict) for p, w in r["reads"].items()}
         return GuardRun(tests=tests, audit=audit, loaded=loaded, reads=reads, modules=modules, output=self.output,
-                        error=self.error,
-                        timed_out=self.timed_out)
+                        error=self.error, timed_out=self.timed_out, infra=self.infra)
 
 
 def script_files(env: EnvSpec) -> list[str]:
@@ -356,7 +381,7 @@ def run_script_guard(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: li
     home = f".tf-sguard-{token}"
     reset = sandbox.exec(RESET, timeout_s=10, user="root", workdir="/")
     if "TF_RESET_OK" not in reset.output:
-        return ScriptRun(error="/logs/verifier could not be reset for the guarded script run")
+        return ScriptRun(error="/logs/verifier could not be reset for the guarded script run", infra=True)
     copy_tests(sandbox, env)
     sandbox.put_files([FileSpec(path="site.py", content=SITE, mode=0o600),
                        FileSpec(path="rec/.keep", content="", mode=0o600)], parent="/", root=home, uid=0,
@@ -385,7 +410,7 @@ def run_script_guard(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: li
     try:
         data = sandbox.get_archive(f"/{home}/rec", RECORDS_LIMIT)
     except (SandboxError, StateTooLarge) as err:
-        return ScriptRun(output=out, error=f"the guarded script run's records could not be read: {err}")
+        return ScriptRun(output=out, error=f"the guarded script run's records could not be read: {err}", infra=True)
     records = []
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         for member in tar:
@@ -394,7 +419,7 @@ def run_script_guard(sandbox: Sandbox, env: EnvSpec, timeout_s: float, agent: li
             if member.isfile() and member.name.endswith(".json"):
                 try:
                     rec = json.loads(tar.extractfile(member).read())
-                except ValueError:
+                except (ValueError, RecursionError):  # (agent code shares the process: it can write one too)
                     continue
                 if isinstance(rec, dict) and isinstance(rec.get("script"), str):
                     records.append(rec)
