@@ -262,28 +262,33 @@ def solution_passes(case: Case) -> Validation | None:
     stray = confined(env, env.expected_changes) if confined else None
     if stray:
         return v.fail("solution_passes", "tools_write_outside_store", stray)
-    first = case.first = run_hidden_tests(sb, env, case.test_timeout_s, trace=True)
-    if not first.passed and not first.error and not first.fallback and IMPORT_FAILED.search(first.output) \
-            and not env.tests_import_from_cwd:
-        # a Harbor-style `cd /app && python3 -m pytest` whose tests import the answer's module from the working
-        # folder: the same run with it on the path. Doing nothing must still fail so, in a clean box
-        env.tests_import_from_cwd = True
-        again = run_hidden_tests(sb, env, case.test_timeout_s, trace=True)
+    first, was = run_hidden_tests(sb, env, case.test_timeout_s, trace=True), env.tests_import_from_cwd
+    first = case.first = _from_working_folder(sb, env, first, case.test_timeout_s)
+    if env.tests_import_from_cwd and not was:  # (doing nothing must still fail so, in a clean box)
         with case.box() as clean:
-            untouched = run_hidden_tests(clean, env, case.test_timeout_s) if again.passed else None
-        if again.passed and untouched is not None and untouched.passed:
+            untouched = case.noop = run_hidden_tests(clean, env, case.test_timeout_s)
+        if untouched.passed:
             return v.fail("solution_passes", "noop_passes", "the hidden tests pass on the untouched environment "
                           "once its working folder is on the import path (as `python3 -m` puts it)")
-        if again.passed:
-            first = case.first = again
-            case.noop = untouched
-        else:
-            env.tests_import_from_cwd = False
     if first.error or first.fallback:
         return v.fail("solution_passes", "verifier_error", f"{first.error or first.fallback}\n{first.output[-600:]}")
     if not first.passed:
         failed = [f"{r.name}: {r.message}" for r in first.results if not r.passed]
         return v.fail("solution_passes", "solution_fails", "failed tests: " + "; ".join(failed)[:1200])
+
+
+def _from_working_folder(sb: Sandbox, env: EnvSpec, run: TestRun, test_timeout_s: float) -> TestRun:
+    """The reference's test run to keep: `run`, or, where it failed on an import and the same run with the working
+    folder on the path passes (a Harbor-style `cd /app && python3 -m pytest` whose tests import the answer's module
+    from there, `cd /tests && python3 -m unittest`), that run, with `EnvSpec.tests_import_from_cwd` set."""
+    if run.passed or run.error or run.fallback or env.tests_import_from_cwd or not IMPORT_FAILED.search(run.output):
+        return run
+    env.tests_import_from_cwd = True
+    again = run_hidden_tests(sb, env, test_timeout_s, trace=True)
+    if again.passed:
+        return again
+    env.tests_import_from_cwd = False
+    return run
 
 
 def deterministic(case: Case) -> Validation | None:
@@ -448,12 +453,7 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
     wrote, and the guarded run's outcome when the tests import agent code."""
     env.tests_run_agent_code = _exposure(sb, env)
     if not runs:
-        run = run_hidden_tests(sb, env, test_timeout_s, trace=True)
-        if not run.passed and not env.tests_import_from_cwd and IMPORT_FAILED.search(run.output):
-            env.tests_import_from_cwd = True  # (as solution_passes: the working folder on the path, if that passes)
-            again = run_hidden_tests(sb, env, test_timeout_s, trace=True)
-            run, env.tests_import_from_cwd = (again, True) if again.passed else (run, False)
-        runs = (run,)
+        runs = (_from_working_folder(sb, env, run_hidden_tests(sb, env, test_timeout_s, trace=True), test_timeout_s),)
     every = (*runs, *([untouched] if untouched else []))
     env.reward_files = sorted({f for r in every for f in r.reward_files})
     env.test_writes = None if any(r.wrote is None for r in every) else sorted(
