@@ -492,9 +492,9 @@ def _record_reference(sb: Sandbox, env: EnvSpec, test_timeout_s: float, *runs: T
     if script_guardable(env):  # the tests' scripts import agent code: how each ends under the guard on the reference
         scripted = scripted or run_script_guard(sb, env, guard_timeout(env, test_timeout_s),
                                                 agent_dirs(env.expected_changes, env.workdir))
-        env.guard_scripts = scripted.passing() if not scripted.error else []
-        env.guard_types = sorted(set(env.guard_types) | set(scripted.as_guard_run().types()))
         seen = scripted.as_guard_run()
+        env.guard_scripts = scripted.passing() if not scripted.error else []
+        env.guard_types = sorted(set(env.guard_types) | set(seen.types()))
         env.guard_reads = sorted(set(env.guard_reads) | set(seen.reads))
         env.guard_audit = sorted(set(env.guard_audit) | {k for k in seen.audit if not k.startswith("replaced ")})
         if scripted.error:

@@ -115,6 +115,11 @@ _OTHER_PROC = re.compile(r"^/proc/(\d+)(/|$)")
 reads = {}
 
 
+def _agent_file(name):
+    # a file of the work dir, or an episode's Python file outside it
+    return name.startswith(AGENT) or name in AGENT_FILES
+
+
 def _outside_modules():
     # top-level names of every module loaded from outside the work dir and the agent's files (the test runner, its
     # dependencies, what the tests import): a module the agent adds at the top of the work dir under one of these
@@ -122,7 +127,7 @@ def _outside_modules():
     out = set()
     for name, m in list(sys.modules.items()):
         f = getattr(m, "__file__", None)
-        if not (isinstance(f, str) and (f.startswith(AGENT) or f in AGENT_FILES)):
+        if not (isinstance(f, str) and _agent_file(f)):
             out.add(name.split(".")[0])
     return sorted(out)
 
@@ -143,7 +148,7 @@ def _trusted_file(name):
 
 def _agent_at(f):
     name = f.f_code.co_filename
-    if name.startswith(AGENT) or name in AGENT_FILES:
+    if _agent_file(name):
         return True
     if _trusted_file(name):
         return False
@@ -151,12 +156,11 @@ def _agent_at(f):
         return False
     if name.startswith("<"):  # (generated code: whose module it runs in)
         home = getattr(sys.modules.get(f.f_globals.get("__name__", "")), "__file__", None)
-        return not (isinstance(home, str) and _trusted_file(home) and not home.startswith(AGENT)
-                    and home not in AGENT_FILES)
+        return not (isinstance(home, str) and _trusted_file(home) and not _agent_file(home))
     return True
 
 
-def _first_outside_stdlib(f):
+def _first_outside_library(f):
     # the first frame that is no library's (agent code or the tests'); None where the library was only reading
     # source lines for display on a library's behalf (warnings and tracebacks through linecache)
     line_reader = False
@@ -183,7 +187,7 @@ def _verifier_path(p):
 
 
 def _by_agent(depth):
-    f = _first_outside_stdlib(sys._getframe(depth))
+    f = _first_outside_library(sys._getframe(depth))
     return "%s:%d" % (f.f_code.co_filename, f.f_lineno) if f is not None and _agent_at(f) else None
 
 
@@ -245,8 +249,7 @@ def _hook(event, args):
             name = args[1] if len(args) > 1 else None
             if isinstance(name, bytes):
                 name = name.decode("utf-8", "replace")
-            if isinstance(name, str) and (name in PRISTINE or name.startswith((_STDLIB_DIR, "<frozen", "<trajforge",
-                                                                                "<tf-"))) and _agent_at(f):
+            if isinstance(name, str) and _trusted_file(name) and _agent_at(f):
                 audit.setdefault("compile as " + name[:200], "%s:%d" % (f.f_code.co_filename, f.f_lineno))
             return
         if reach:

@@ -37,6 +37,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .exposure import MAKEFILES
+
 VERIFIER_ROOTS = ("/tests", "/logs/verifier", "/verifier")
 # another process's memory or environment read through /proc (the tests' checker holds its cases and expected values
 # there): verifier material too, for agent code, whatever it was handed
@@ -108,7 +110,7 @@ class Trace:
     def _build_file(self, pid: int, agent_written) -> str | None:
         """The episode's build file a `make` process read (its recipes, and whatever they start, are agent code),
         else None."""
-        return next((p for q, p in self.opened if q == pid and os.path.basename(p) in BUILD_FILES
+        return next((p for q, p in self.opened if q == pid and os.path.basename(p) in MAKEFILES
                      and agent_written(p)), None)
 
     def _starts(self, agent_written):
@@ -140,7 +142,6 @@ class Trace:
 
 
 BUILD_TOOLS = re.compile(r"^g?make$")
-BUILD_FILES = ("Makefile", "makefile", "GNUmakefile")
 
 
 def _script(argv: list[str]) -> str | None:
