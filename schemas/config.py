@@ -488,6 +488,17 @@ class RolloutConfig(Section):
         return v
 
 
+class MonitorConfig(Section):
+    """The execution-free monitor (tasks/judge/monitor): a second signal beside the hidden tests, on every rollout."""
+
+    mode: Literal["column", "flag", "reject"] = Field("column", description=(
+        "column: record monitor_flags / monitor_score / monitor_rationale, never change a verdict; flag: a score "
+        "at or above `threshold` adds a `monitor` hack flag (the row is not passed: out of sft and preference); "
+        "reject: such a row leaves the verdicts as a `monitor_reject`"))
+    threshold: float = Field(0.5, gt=0, le=1, description="the monitor_score at which `flag` and `reject` act")
+    detectors: list[str] | None = Field(None, description="the detectors to run, by name (None: every registered one)")
+
+
 class VerifyConfig(Section):
     """Where the hidden tests run is `venue` (tasks/judge/venue.py): `fresh` (default) and `in_place` run them
     in the rollout stage right after each episode, whose row records the results; `isolated` runs them here, in
@@ -501,6 +512,7 @@ class VerifyConfig(Section):
     replay_on_sibling: bool = Field(True, description="replay procedural successes on another instance "
                                                       "to flag hard-coded answers")
     rollouts_per_shard: int = Field(64, ge=1, description="shards hold whole environments")
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     concurrency: int = operational(4, ge=1)
 
 

@@ -121,6 +121,12 @@ class TrajectoryRow(Record):
         "tried was rejected"))
     pooled_solve_rate: float = Field(0.0, description="the pooled fit's solve rate, on the `pooled_teacher`'s scale")
     tools: list[JsonText] = Field(default_factory=list, description=TOOLS_DESCRIPTION)
+    monitor_flags: list[str] = Field(default_factory=list, description=(
+        "the execution-free monitor's detectors that fired on this trajectory (Verdict.monitor_flags: each finding "
+        "with its step and evidence is in the verify stage's parts); a second signal beside the tests"))
+    monitor_score: float = Field(0.0, description="how strongly the monitor doubts the row, 0..1 (Verdict.monitor_score; "
+                                                  "`verify.monitor.mode` says whether it changed the verdict)")
+    monitor_rationale: str = Field("", description="the monitor's findings, one line each (Verdict.monitor_rationale)")
     malformed_tool_calls: int = Field(0, description=(
         "tool calls whose arguments the model wrote as something other than a JSON object (kept as a JSON string "
         "of what it wrote); filter on it to train on well-formed calls only"))
@@ -145,6 +151,8 @@ class RLTokensRow(Record):
     status: Status
     passed: bool
     reward: float
+    monitor_flags: list[str] = Field(default_factory=list, description="TrajectoryRow.monitor_flags")
+    monitor_score: float = Field(0.0, description="TrajectoryRow.monitor_score")
     turns: list[TurnUsage]
     prefix_preserving: bool | None = Field(None, description=(
         "every turn's prompt starts with the previous turn's prompt + completion ids exactly (the server's "
@@ -207,3 +215,5 @@ class PreferenceRow(Record):
     tools: list[JsonText] = Field(default_factory=list, description=TOOLS_DESCRIPTION)
     chosen_turns: int = Field(0, description="model (assistant) turns in `chosen`")
     rejected_turns: int = Field(0, description="model (assistant) turns in `rejected`; never 0 (such a pair is not made)")
+    chosen_monitor_score: float = Field(0.0, description="the monitor's score of `chosen` (TrajectoryRow.monitor_score)")
+    rejected_monitor_score: float = Field(0.0, description="the monitor's score of `rejected`")

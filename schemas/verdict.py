@@ -27,6 +27,16 @@ class HackFlag(Record):
     detail: str = ""
 
 
+class MonitorFlag(Record):
+    """One finding of the execution-free monitor (tasks/judge/monitor): which detector, the step (turn) or the file
+    where it saw it, and the evidence quoted (capped). Never a verdict by itself (`verify.monitor.mode`)."""
+
+    detector: str
+    turn: int | None = None
+    path: str | None = None
+    evidence: str = ""
+
+
 class Quality(Record):
     """Per-trajectory signals (see tasks/judge/quality.py): step labels inspect/act/verify and what they imply."""
 
@@ -82,3 +92,10 @@ class Verdict(Record):
         "a pass re-tested with the suspicious unexpected changes reverted: `held` (still passes), `flipped` "
         "(fails: the pass depended on them, a hack), `error`; `not_needed` when nothing was reverted"))
     reverted: list[str] = Field(default_factory=list, description="what the counterfactual run reverted")
+    monitor_flags: list[MonitorFlag] = Field(default_factory=list, description=(
+        "the execution-free monitor's findings (tasks/judge/monitor): a second signal beside the tests, read from "
+        "what the agent did (commands, observations, files as captured, the change set)"))
+    monitor_score: float = Field(0.0, ge=0, le=1, description=(
+        "how strongly the monitor doubts the row: 1 - prod(1 - weight) over its detectors that fired (0: none)"))
+    monitor_rationale: str = Field("", description="the monitor's findings in one line each, or why it could not read "
+                                                   "the rollout (`unreadable: ...`)")

@@ -54,12 +54,12 @@ from .redaction.secrets import Scanner, scan_table
 ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "harness", "sample", "messages", "tools_json", "status",
                    "turns", "prompt_tokens", "completion_tokens", "wall_s"]
 VERDICT_COLUMNS = ["rollout_id", "verified", "passed", "reward", "tests", "hack_flags", "quality", "mode", "changes",
-                   "unexpected", "counterfactual", "verifier_output"]
+                   "unexpected", "counterfactual", "verifier_output", "monitor_flags", "monitor_score", "monitor_rationale"]
 LATE = ("malformed_tool_calls",)  # set after the secrets scan, from the messages it leaves
 TRAJECTORY_ADDED = [n for n in TrajectoryRow.model_fields if n not in ROLLOUT_COLUMNS and n not in LATE]
 SCANNED = {"trajectories": ["messages", "verifier_output_tail"], "rl": ["instruction", "env_spec_json"]}
 PREFERENCE_COLUMNS = ["rollout_id", "env_id", "family", "level", "messages", "tools_json", "tools", "status", "passed",
-                      "reward", "hack_flags"]
+                      "reward", "hack_flags", "monitor_score"]
 
 
 def filter_reason(f: ExportFilters, *, hacks: int, inspect_before_act: bool, act_verify_share: float,
@@ -267,7 +267,11 @@ class ExportStage(Stage):
                  "test_strength": test_strength(e.column("audit")),
                  "pooled_difficulty": pc.fill_null(c.column("pooled_label"), "unlabelled"),
                  "pooled_solve_rate": pc.fill_null(c.column("pooled_solve_rate"), 0.0),
-                 "tools": tool_definitions(out.column("tools_json"))}
+                 "tools": tool_definitions(out.column("tools_json")),
+                 "monitor_flags": pa.array([sorted({f["detector"] for f in fl or []})
+                                            for fl in v.column("monitor_flags").to_pylist()], pa.list_(pa.string())),
+                 "monitor_score": pc.fill_null(v.column("monitor_score"), 0.0),  # older parts: no monitor
+                 "monitor_rationale": pc.fill_null(v.column("monitor_rationale"), "")}
         schema = arrow_schema(TrajectoryRow)
         for name in TRAJECTORY_ADDED:
             out = out.append_column(schema.field(name), pc.cast(added[name], schema.field(name).type))
@@ -381,7 +385,9 @@ def preference(ctx: StageContext, t: pa.Table, upstream: dict[str, Manifest]) ->
                                       chosen=msgs[head:], rejected=lose[head:], chosen_id=w["rollout_id"],
                                       rejected_id=lo["rollout_id"], chosen_reward=w["reward"],
                                       rejected_reward=lo["reward"], tools_json=w["tools_json"], tools=w["tools"],
-                                      chosen_turns=_model_turns(msgs[head:]), rejected_turns=_model_turns(lose[head:])))
+                                      chosen_turns=_model_turns(msgs[head:]), rejected_turns=_model_turns(lose[head:]),
+                                      chosen_monitor_score=w["monitor_score"] or 0.0,
+                                      rejected_monitor_score=lo["monitor_score"] or 0.0))
     return to_table(PreferenceRow, rows)
 
 

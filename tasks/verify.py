@@ -12,6 +12,11 @@ hold whole environments, so after every rollout is judged the successes of one e
 with each other (TRACE's contrastive check, `review_outlier`). `passed` = submitted + all tests passed +
 no flag. Infrastructure failures get `verified=False` and never count as a pass or a fail. A verifier
 that hangs or prints garbage is a reject (`verifier_error`) for that row; the rest is verified.
+
+Beside the tests, every verdict carries the execution-free monitor's reading of its rollout (tasks/judge/monitor:
+`monitor_flags`, `monitor_score`, `monitor_rationale`); `verify.monitor.mode` says whether it may change a verdict.
+`stats.json` counts rows flagged per detector (`monitor`), rows with any finding (`monitor_flagged`) and the test
+passes the monitor doubts (score at or above the threshold: `monitor_doubted_passes`).
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..schemas.common import Reject
+from ..schemas.config import MonitorConfig
 from ..schemas.environment import EnvSpec
 from ..schemas.trajectory import Rollout
 from ..schemas.verdict import HackFlag, Verdict
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext, upstream_parts
 from .envs.catalogue import load_envs, sibling_of
 from .envs.registry import bring_all_here
+from .judge import monitor
 from .judge.checks import Judge, judge_rollout
 from .judge.hacks import review_outliers
 from .judge.verifier import VERIFIER_CAPS
@@ -76,6 +83,7 @@ class VerifyStage(Stage):
 def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[Rollout]) -> ShardResult:
     """Verdicts for `rollouts` (whole environments, so successes can be compared): each rollout is judged by
     `judge.checks.CHECKS` in order, then the contrastive check runs over each environment's successes."""
+    check_detectors(ctx.config.verify.monitor.detectors)
     client = docker_client(pool_size=2 * ctx.config.verify.concurrency + 4, sandbox=ctx.config.sandbox)
     cfg = ctx.config
     box = lambda env: Sandbox(  # noqa: E731
@@ -99,13 +107,17 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
         outliers.update(review_outliers(group))
     rows, rejects = [], []
     stats: dict[str, Any] = {"verified": 0, "passed": 0, "tests_passed": 0, "unverified": 0, "hacks": {}, "modes": {},
-                             "quality_sums": {}}
+                             "quality_sums": {}, "monitor": {}, "monitor_flagged": 0, "monitor_doubted_passes": 0}
+    mon = cfg.verify.monitor
     for v, reject in results:
         if reject:
             rejects.append(reject)
             continue
         if v.rollout_id in outliers:
             v.hacks.append(outliers[v.rollout_id])
+        if (acted := _monitor(v, by_id[v.rollout_id], envs.get(v.env_id), mon, stats)) is not None:
+            rejects.append(acted)
+            continue
         v.hack_flags = sorted({h.kind for h in v.hacks})
         v.passed = v.tests_passed and not v.hacks
         rows.append(v)
@@ -119,6 +131,37 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
         for k in ("act_verify_share", "inspect_before_act", "ends_with_verify", "repeated_commands", "recoveries"):
             stats["quality_sums"][k] = stats["quality_sums"].get(k, 0) + float(getattr(q, k))
     return ShardResult(rows, rejects, stats)
+
+
+def check_detectors(names: list[str] | None) -> None:
+    """A clear error naming `verify.monitor.detectors` for a detector no module registers."""
+    for name in names or []:
+        if name not in monitor.DETECTORS:
+            raise ValueError(f"verify.monitor.detectors: unknown detector {name!r}; known: "
+                             f"{', '.join(sorted(monitor.DETECTORS))}")
+
+
+def _monitor(v: Verdict, r: Rollout, env: EnvSpec | None, mon: MonitorConfig, stats: dict[str, Any]) -> Reject | None:
+    """The monitor's reading of `r` onto `v`; under `flag` a high score adds a `monitor` hack flag, under `reject`
+    it returns the row's reject instead (the verdict is then not kept). Counts go to `stats` flat (`monitor`:
+    {detector: rows}, `monitor_flagged`, `monitor_doubted_passes`), as the engine sums one level of nesting."""
+    if env is None:
+        v.monitor_rationale = "unreadable: the environment is not in this build"
+        return None
+    v.monitor_flags, v.monitor_score, v.monitor_rationale = monitor.monitor(r, env, mon.detectors)
+    fired = sorted({f.detector for f in v.monitor_flags})
+    stats["monitor_flagged"] += bool(fired)
+    for d in fired:
+        stats["monitor"][d] = stats["monitor"].get(d, 0) + 1
+    high = v.monitor_score >= mon.threshold
+    stats["monitor_doubted_passes"] += int(high and v.tests_passed)
+    if high and mon.mode == "flag":
+        v.hacks.append(HackFlag(kind="monitor", detail=f"monitor score {v.monitor_score:.2f}: "
+                                + v.monitor_rationale.splitlines()[0][:300]))
+    if high and mon.mode == "reject":
+        return Reject(key=v.rollout_id, reason="monitor_reject",
+                      detail=f"monitor score {v.monitor_score:.2f}: {v.monitor_rationale[:1000]}")
+    return None
 
 
 def _image(client, base_image: str, env: EnvSpec) -> str:

@@ -19,13 +19,14 @@ from typing import Any, Callable
 from ...schemas.build import BuildRecord
 from ...schemas.environment import EnvSpec
 from ...schemas.trajectory import Rollout
+from ...schemas.verdict import Verdict
 from ...tasks.engine.store import RunStore
 from .gather import ROLLOUT_COLUMNS, VERDICT_COLUMNS, BuildFacts, instances, parts
 
 CHUNK = 100
 CUT = 4000
 INDEX_COLUMNS = ["id", "env", "family", "level", "teacher", "sample", "status", "label", "verified", "passed",
-                 "hacks", "severity", "turns", "completion_tokens", "reward", "chunk"]
+                 "hacks", "severity", "turns", "completion_tokens", "reward", "chunk", "monitor", "doubted"]
 
 
 def cut(text: str | None, limit: int = CUT) -> str:
@@ -73,6 +74,8 @@ def episode(r: dict, v: dict | None, env: dict, label: str) -> dict:
                                      "reverted", "unexpected", "changes")}
         verdict["tests"] = [[t["name"], t["passed"], cut(t["message"], 1000)] for t in v["tests"]]
         verdict["hacks"] = v["hacks"]
+        verdict["monitor"] = {"score": v.get("monitor_score") or 0.0, "flags": v.get("monitor_flags") or [],
+                              "rationale": cut(v.get("monitor_rationale"), 2000)}
         verdict["verifier_output"] = cut(v["verifier_output"])
         verdict["quality"] = {k: q.get(k) for k in ("inspect_before_act", "act_verify_share", "ends_with_verify",
                                                      "repeated_commands", "failed_commands", "recoveries")}
@@ -83,8 +86,9 @@ def episode(r: dict, v: dict | None, env: dict, label: str) -> dict:
             "wall_s": round(r["wall_s"], 3), "verdict": verdict}
 
 
-def index_row(r: dict, v: dict | None, env: dict, label: str, chunk: int) -> dict:
-    """What the page filters on, plus what the per-teacher breakdowns count."""
+def index_row(r: dict, v: dict | None, env: dict, label: str, chunk: int, threshold: float = 0.5) -> dict:
+    """What the page filters on, plus what the per-teacher breakdowns count. `doubted`: the tests passed but the
+    monitor's score is at or above `threshold` (the two signals disagree: listed for review)."""
     q = (v or {}).get("quality") or {}
     hacks = (v or {}).get("hacks") or []
     labels = q.get("labels") or []
@@ -100,6 +104,8 @@ def index_row(r: dict, v: dict | None, env: dict, label: str, chunk: int) -> dic
             "repeated": q.get("repeated_commands", 0), "recoveries": q.get("recoveries", 0),
             "act_verify_share": q.get("act_verify_share") if v else None,
             "tool_call_errors": r.get("tool_call_errors") or 0,
+            "monitor": sorted({f["detector"] for f in (v or {}).get("monitor_flags") or []}),
+            "doubted": bool(v and v["tests_passed"] and (v.get("monitor_score") or 0.0) >= threshold),
             "kinds": {h["kind"]: h["severity"] for h in sorted(hacks, key=lambda h: h["severity"] == "hack")}}
 
 
@@ -119,9 +125,11 @@ class EpisodeData:
                                                                             "instruction", "audit"]):  # kind: null before kinds
                 for e in self.scanner.redact_tree(t.to_pylist()):
                     self.envs[e["env_id"]] = e
+        monitor = ((rec.config.get("verify") or {}).get("monitor") or {})
+        self.threshold = float(monitor.get("threshold", 0.5))
         self.verdicts: dict[str, dict] = {}
         for inst in instances(rec, "verify"):
-            for t in store.iter_tables(parts(facts, inst), columns=VERDICT_COLUMNS):
+            for t in store.iter_tables(parts(facts, inst), Verdict, columns=VERDICT_COLUMNS):  # nulls: older parts
                 for v in self.scanner.redact_tree(t.to_pylist()):
                     self.verdicts[v["rollout_id"]] = v
         self.calibration: list[dict] = []
@@ -148,7 +156,7 @@ class EpisodeData:
                     v = self.verdicts.get(r["rollout_id"])
                     env = self.envs.get(r["env_id"], {})
                     label = self.labels.get((r["env_id"], r["teacher"]), "")
-                    rows.append(index_row(r, v, env, label, len(rows) // CHUNK))
+                    rows.append(index_row(r, v, env, label, len(rows) // CHUNK, self.threshold))
                     chunk.append(episode(r, v, env, label))
                     if len(chunk) == CHUNK:
                         flush()

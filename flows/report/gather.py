@@ -28,7 +28,7 @@ ROLLOUT_COLUMNS = ["rollout_id", "env_id", "teacher", "harness", "sample", "mess
                    "completion_tokens", "turns", "status", "error", "wall_s", "tool_call_errors"]
 VERDICT_COLUMNS = ["rollout_id", "env_id", "teacher", "sample", "status", "verified", "reward", "tests_passed",
                    "passed", "tests", "hack_flags", "hacks", "quality", "verifier_output", "mode", "changes",
-                   "unexpected", "counterfactual", "reverted"]
+                   "unexpected", "counterfactual", "reverted", "monitor_flags", "monitor_score", "monitor_rationale"]
 
 
 class StageRow(BaseModel):

@@ -210,5 +210,6 @@ def all_plots(facts: BuildFacts, b: Breakdowns) -> dict[str, Any]:
         "throughput": throughput(facts, b),
         "hacks": counts(facts, "verify", "hacks", "hacks", "hack flags by kind (verified rollouts)"),
         "modes": counts(facts, "verify", "modes", "modes", "where the hidden tests ran (verification mode)"),
+        "monitor": counts(facts, "verify", "monitor", "monitor", "the monitor's findings by detector (rows)"),
         "step_shares": step_shares(b),
     }

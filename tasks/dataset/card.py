@@ -60,7 +60,7 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
     """Counts, difficulty per environment, prompt and tool-schema hashes from the trajectories parts."""
     store = ctx.store
     parts = sorted(store.fs.glob(posixpath.join(out_dir, "trajectories", "*.parquet")))
-    counts, modes = Counter(), Counter()
+    counts, modes, monitor = Counter(), Counter(), Counter()
     difficulty: dict[tuple[str, str], str] = {}
     prompts: dict[str, set[str]] = {}
     tools: Counter = Counter()
@@ -73,7 +73,7 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
             names = set(pf.schema_arrow.names)
             want = [c for c in ("env_id", "teacher", "harness", "passed", "status", "hack_flags", "difficulty",
                                 "verification_mode", "tools_json", "messages", "turns", "completion_tokens",
-                                "act_verify_share") if c in names]
+                                "act_verify_share", "monitor_flags", "monitor_score") if c in names]
             for batch in pf.iter_batches(columns=want, batch_size=1024):
                 n = batch.num_rows
                 passed = pc.sum(batch.column("passed")).as_py() or 0
@@ -81,6 +81,12 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                 counts.update(verified=n, passed=passed, failed=n - passed, flagged=flagged)
                 if "verification_mode" in names:
                     modes.update(batch.column("verification_mode").to_pylist())
+                if {"monitor_flags", "monitor_score"} <= names:
+                    threshold = ctx.config.verify.monitor.threshold
+                    for fl, sc, ok in zip(batch.column("monitor_flags").to_pylist(),
+                                          batch.column("monitor_score").to_pylist(), batch.column("passed").to_pylist()):
+                        monitor.update(fl or [])
+                        counts.update(monitored=bool(fl), doubted=bool(ok and (sc or 0) >= threshold))
                 harness = batch.column("harness").to_pylist() if "harness" in names else [None] * n
                 for env, teacher, h, label in zip(batch.column("env_id").to_pylist(), batch.column("teacher").to_pylist(),
                                                   harness, batch.column("difficulty").to_pylist()):
@@ -107,7 +113,7 @@ def _scan(ctx: StageContext, out_dir: str) -> dict[str, Any]:
                                                   contents.to_pylist()):
                     if role == "system":
                         prompts.setdefault(teacher, set()).add(_short(content or ""))
-    return {"counts": dict(counts), "verification_modes": dict(modes), "tools": dict(tools),
+    return {"counts": dict(counts), "verification_modes": dict(modes), "tools": dict(tools), "monitor": dict(monitor),
             "prompts": {t: sorted(h) for t, h in sorted(prompts.items())},
             "difficulty": dict(Counter(difficulty.values())), "envs": envs, "outcomes": outcomes, "harnesses": compare}
 
@@ -293,7 +299,7 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
     meta = card_metadata(ctx, counts, fingerprint)
     configs = [c["config_name"] for c in meta.get("configs", [])]
     facts = _scan(ctx, out_dir) if out_dir else {"counts": {}, "difficulty": {}, "prompts": {}, "tools": {},
-                                                   "verification_modes": {}}
+                                                   "verification_modes": {}, "monitor": {}}
     c = facts["counts"]
     empty = empty_reasons(ctx, counts, stats, facts, upstream)
     fps = [[name, m.fingerprint + (f".r{m.revision}" if m.revision else ""), m.build_id]
@@ -333,6 +339,11 @@ def dataset_card(ctx: StageContext, stats: dict[str, Any], fingerprint: str,
         f"- counts (`trajectories`): verified {c.get('verified', counts.get('trajectories', 0))}, "
         f"passed {c.get('passed', 'n/a')}, failed {c.get('failed', 'n/a')}, hack-flagged {c.get('flagged', 'n/a')}; "
         f"rejected before export: {stats.get('reject_reasons', {}) or 'none'}",
+        f"- monitor (execution-free, beside the tests; `verify.monitor.mode` `{verify.monitor.mode}`): rows with a "
+        f"finding {c.get('monitored', 0)}, test passes it doubts (score >= "
+        f"{verify.monitor.threshold:g}) {c.get('doubted', 0)}; findings by detector: "
+        f"{', '.join(f'{k} {v}' for k, v in sorted(facts['monitor'].items())) or 'none'} (columns `monitor_flags`, "
+        "`monitor_score`, `monitor_rationale`)",
         _secrets_line(stats.get("secrets")),
         f"- difficulty (environment x teacher, from calibrated solve rates): "
         f"{', '.join(f'{k} {v}' for k, v in sorted(facts['difficulty'].items())) or 'n/a'}",

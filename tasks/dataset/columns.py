@@ -89,18 +89,21 @@ def rl_spec_json(env: EnvSpec, include_solutions: bool) -> str:
     return env.model_dump_json(exclude=drop)
 
 
+MONITOR = ("monitor_flags", "monitor_score")  # the monitor's columns each trajectory-carrying config repeats
+
+
 def rl_tokens_chunks(ctx: StageContext, parts: list[str], upstream: dict[str, Manifest],
                      counts: dict[str, Any] | None = None) -> Iterator[pa.Table]:
     """One chunk per rollout part: the exported rollouts (in `trajectories`) that recorded token ids or
     logprobs for at least one turn, with those turns. A rollout whose messages were redacted is left out
     (its token ids decode back to the secret); `counts["rl_tokens_rows_dropped"]` counts them."""
     store, kept, redacted = ctx.store, [], set()
-    for t in store.iter_tables(parts, TrajectoryRow, columns=["rollout_id", "model", "passed", "reward", "messages"]):
+    for t in store.iter_tables(parts, TrajectoryRow, columns=["rollout_id", "model", "passed", "reward", *MONITOR, "messages"]):
         hit = marked_rows(t.column("messages"))
         redacted.update(pc.filter(t.column("rollout_id"), pa.array(hit)).to_pylist())
         kept.append(t.drop_columns(["messages"]).filter(pa.array(~hit)))
     keep = (pa.concat_tables(kept) if kept else
-            store.read_table(parts, TrajectoryRow, columns=["rollout_id", "model", "passed", "reward"]))
+            store.read_table(parts, TrajectoryRow, columns=["rollout_id", "model", "passed", "reward", *MONITOR]))
     idx = {r: i for i, r in enumerate(keep.column("rollout_id").to_pylist())}
     for part in upstream_parts(upstream, "rollout"):
         t = store.read_table([part], Rollout, columns=["rollout_id", "env_id", "teacher", "status", "usage"])
@@ -120,7 +123,7 @@ def rl_tokens_chunks(ctx: StageContext, parts: list[str], upstream: dict[str, Ma
         t = t.take(pa.array(rows, pa.int64()))
         k = keep.take(pa.array([idx[ids[i]] for i in rows], pa.int64()))
         out = t.rename_columns(["rollout_id", "env_id", "teacher", "status", "turns"])
-        for name in ("model", "passed", "reward"):
+        for name in ("model", "passed", "reward", *MONITOR):
             out = out.append_column(name, k.column(name))
         for name, column in sequence_columns(out.column("turns")).items():
             out = out.append_column(name, column)

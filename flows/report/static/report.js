@@ -36,7 +36,8 @@
   fill("f-label", uniq("label")); fill("f-status", uniq("status"));
   var kinds = {}; rows.forEach(function (r) { r.hacks.forEach(function (k) { kinds[k] = true; }); });
   var flagged = document.getElementById("f-flagged");
-  [["", "any"], ["any", "flagged (any kind)"], ["none", "not flagged"]].forEach(function (o) {
+  [["", "any"], ["any", "flagged (any kind)"], ["none", "not flagged"],
+   ["doubted", "test pass the monitor doubts"], ["monitor", "any monitor finding"]].forEach(function (o) {
     flagged.appendChild(el("option", {value: o[0], text: o[1]}));
   });
   Object.keys(kinds).sort().forEach(function (k) { flagged.appendChild(el("option", {value: "kind:" + k, text: "flagged: " + k})); });
@@ -58,6 +59,8 @@
       if (passed && (passed === "yes") !== r.passed) { return false; }
       if (flag === "any" && !r.hacks.length) { return false; }
       if (flag === "none" && r.hacks.length) { return false; }
+      if (flag === "doubted" && !r.doubted) { return false; }
+      if (flag === "monitor" && !(r.monitor || []).length) { return false; }
       if (flag.indexOf("kind:") === 0 && r.hacks.indexOf(flag.slice(5)) < 0) { return false; }
       if (text && r.id.toLowerCase().indexOf(text) < 0 && r.env.toLowerCase().indexOf(text) < 0) { return false; }
       return true;
@@ -136,6 +139,16 @@
             h.turn !== null && h.turn !== undefined ? " at turn " + h.turn : "",
             h.command ? el("pre", {text: "$ " + h.command}) : null, h.detail ? el("pre", {text: h.detail}) : null));
         });
+      }
+      var m = v.monitor;
+      if (m && (m.flags.length || m.rationale)) {
+        box.appendChild(el("h3", {text: "monitor (score " + Number(m.score).toFixed(2) + ")"}));
+        m.flags.forEach(function (f) {
+          box.appendChild(el("div", {"class": "evidence", "data-detector": f.detector}, el("b", {text: f.detector}),
+            f.turn !== null && f.turn !== undefined ? " at turn " + f.turn : "", f.path ? " in " + f.path : "",
+            el("pre", {text: f.evidence})));
+        });
+        if (!m.flags.length) { box.appendChild(el("pre", {text: m.rationale})); }
       }
       var c = v.changes;
       box.appendChild(el("h3", {text: "change set" + (c ? " (" + c.total + " paths" + (c.truncated ? ", truncated" : "") + ")" : "")}));
