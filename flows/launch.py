@@ -55,16 +55,23 @@ def _run_claimed(store: RunStore, cfg: BuildConfig, build_id: str, from_stage: s
     from .build import build_dataset
 
     address = dask_address or cfg.dask.address
-    runner = runtime.task_runner(address, cfg.dask.n_workers, cfg.dask.threads_per_worker,
-                                 cfg.dask.processes)
-    runtime.warm_gate()  # the driver's imports are done: Great Expectations loads while it waits below
-    runtime.ensure_prefect_api()  # leftover sandboxes are reaped by the stages' `sandboxes` service (services.py)
-    err_console.print(f"build {build_id} of dataset {cfg.dataset!r} in {store.url(store.build_dir(build_id))}"
-                      + (f" on Dask scheduler {address}" if address else " on a local Dask cluster"))
-    from ..tasks.redaction.secrets import shown_config  # Prefect stores flow-run parameters: env values redacted
+    # the build's own cluster starts now, its workers importing the stage code while the API server boots
+    early = None if address else runtime.EarlyCluster(cfg.dask.n_workers, cfg.dask.threads_per_worker,
+                                                      cfg.dask.processes)
+    try:
+        runtime.warm_gate()  # the driver's imports are done: Great Expectations loads while it waits below
+        runtime.ensure_prefect_api()  # leftover sandboxes are reaped by the stages' `sandboxes` service (services.py)
+        runner = runtime.task_runner(address, cfg.dask.n_workers, cfg.dask.threads_per_worker, cfg.dask.processes,
+                                     early)
+        err_console.print(f"build {build_id} of dataset {cfg.dataset!r} in {store.url(store.build_dir(build_id))}"
+                          + (f" on Dask scheduler {address}" if address else " on a local Dask cluster"))
+        from ..tasks.redaction.secrets import shown_config  # Prefect stores flow-run parameters: env values redacted
 
-    return build_dataset.with_options(task_runner=runner)(
-        shown_config(cfg.model_dump(mode="json")), build_id, from_stage, only, force, retry=retry, accept=accept)
+        return build_dataset.with_options(task_runner=runner)(
+            shown_config(cfg.model_dump(mode="json")), build_id, from_stage, only, force, retry=retry, accept=accept)
+    finally:
+        if early is not None:
+            early.close()
 
 
 def run_stage(cfg: BuildConfig, build_id: str, stage: str, dask_address: str | None = None, force: bool = True,

@@ -223,7 +223,9 @@ def flow_scheduler_address() -> str | None:
     from prefect.context import FlowRunContext
 
     context = FlowRunContext.get()
-    return getattr(context.task_runner, "address", None) if context is not None else None
+    if context is None or getattr(context.task_runner, "local", False):
+        return None
+    return getattr(context.task_runner, "address", None)
 
 
 def reap_on_workers(address: str, build_id: str | None = None, engine: str | None = None) -> dict[str, int]:
@@ -245,13 +247,72 @@ def reap_on_workers(address: str, build_id: str | None = None, engine: str | Non
         return c.run(safe, build_id, engine)
 
 
-def task_runner(address: str | None, n_workers: int, threads_per_worker: int, processes: bool = True):
-    """DaskTaskRunner on a running scheduler (`address`) or a new LocalCluster (of processes, or of threads of
-    this process)."""
+def task_runner(address: str | None, n_workers: int, threads_per_worker: int, processes: bool = True,
+                early: "EarlyCluster | None" = None):
+    """DaskTaskRunner on a running scheduler (`address`), on the build's own local cluster started early
+    (`early`: `LocalRunner`, which the flow's services treat as sharing this host), or a new LocalCluster (of
+    processes, or of threads of this process) made when the flow starts."""
     from prefect_dask import DaskTaskRunner
 
     if address:
         return DaskTaskRunner(address=address)
-    return DaskTaskRunner(cluster_kwargs={"n_workers": n_workers, "threads_per_worker": threads_per_worker,
-                                          "processes": processes, "silence_logs": logging.ERROR,
-                                          "dashboard_address": "127.0.0.1:0"})
+    if early is not None:
+        return local_runner_class()(address=early.address())
+    return DaskTaskRunner(cluster_kwargs=cluster_kwargs(n_workers, threads_per_worker, processes))
+
+
+def cluster_kwargs(n_workers: int, threads_per_worker: int, processes: bool) -> dict:
+    return {"n_workers": n_workers, "threads_per_worker": threads_per_worker, "processes": processes,
+            "silence_logs": logging.ERROR, "dashboard_address": "127.0.0.1:0"}
+
+
+def local_runner_class():
+    """DaskTaskRunner on the build's own local cluster: attached by address (Prefect duplicates a runner from its
+    settings, so a cluster object would be lost), marked `local` so `flow_scheduler_address` says None (its
+    workers share this host and its engine)."""
+    from prefect_dask import DaskTaskRunner
+
+    global _LocalRunner
+    if _LocalRunner is None:
+        _LocalRunner = type("LocalRunner", (DaskTaskRunner,), {"local": True, "__module__": __name__})
+    return _LocalRunner
+
+
+_LocalRunner = None
+
+
+class EarlyCluster:
+    """The build's local Dask cluster, started in a thread as soon as the build is claimed: its worker processes
+    start and import the stage modules (preload `flows/dask_warm.py`) while the driver waits for its Prefect API
+    server. `address()` waits for it (a start that failed raises here, naming the cause); `close()` stops it
+    (idempotent; the flow never owns it)."""
+
+    def __init__(self, n_workers: int, threads_per_worker: int, processes: bool):
+        self._kw = {**cluster_kwargs(n_workers, threads_per_worker, processes),
+                    **({"preload": ["trajforge.flows.dask_warm"]} if processes else {})}
+        self._cluster = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, name="trajforge-early-cluster", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            from distributed import LocalCluster
+
+            self._cluster = LocalCluster(**self._kw)
+        except BaseException as err:  # said by address(), in the driver's thread
+            self._error = err
+
+    def address(self) -> str:
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"the build's local Dask cluster did not start: {self._error.__class__.__name__}: "
+                               f"{self._error}") from self._error
+        return self._cluster.scheduler_address
+
+    def close(self) -> None:
+        self._thread.join()
+        cluster, self._cluster = self._cluster, None
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=10)
