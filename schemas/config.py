@@ -310,6 +310,10 @@ class SynthesizeConfig(Section):
         "MinHash Jaccard at or above which an environment is a near duplicate; null disables (at most "
         f"{MAX_DEDUP_THRESHOLD}: MinHash LSH with 128 permutations cannot separate higher similarities)"))
     validate_envs: bool = Field(True, description="run the validator's checks in Docker")
+    reuse_validations: bool = operational(True, description=(
+        "read back a kept validation of the same environment content and id, image id, synthesize code version and "
+        "admission and sandbox settings from the host's cache (`$TRAJFORGE_CACHE/validations`) instead of running "
+        "it again (tasks/envs/validations.py); rejects are always tried again. false: every build validates anew"))
     solution_timeout_s: float = Field(120, gt=0)
     test_timeout_s: float = Field(120, gt=0)
     build_concurrency: int = operational(2, ge=1)

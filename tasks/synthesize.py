@@ -16,6 +16,7 @@ environments audited, test runs, seconds, weak (kept with `synthesize.audit: fla
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +26,7 @@ from ..schemas.common import Reject
 from ..schemas.config import BuildConfig, fingerprint_view
 from ..schemas.environment import EnvSpec
 from .engine import Manifest, Retryable, Shard, ShardResult, Stage, StageContext
+from .envs import validations
 from .envs.catalogue import merge_candidates, source_kind, source_priority
 from .envs.images import BuildOptions, ImageBuildError, ensure_image
 from .envs.registry import lookup, push
@@ -137,12 +139,35 @@ class SynthesizeStage(Stage):
                 except ImageBuildError as err:
                     return env, Reject(key=env.env_id, reason="image_build_failed",
                                        detail=f"[{err.cause}] {err.log_tail[-1500:]}"), False, 0.0
+            if s.reuse_validations and (known := _recalled(env)) is not None:
+                return known, None, False, 0.0
             try:
                 v = validate_configured(client, env, s, cfg.sandbox, build=options, log_sink=keep_log,
                                         labels={"trajforge.build": ctx.build_id})
             except SandboxError as err:  # e.g. the base image is missing: not this environment's fault
                 return env, Reject(key=env.env_id, reason="validation_infra", detail=str(err)[:1500]), False, 0.0
+            if v.reject is None and s.reuse_validations:
+                with contextlib.suppress(Exception):  # recording is only a later saving
+                    validations.record(validations.key(env, client.images.get(env.image).id, code, settings), env)
             return env, v.reject, v.built, v.seconds
+
+        code, settings = self.code_version(), self.config_section(cfg)
+        reused: set[str] = set()
+
+        def _recalled(env: EnvSpec) -> EnvSpec | None:
+            """The environment as a validation of the same inputs kept it (tasks/envs/validations.py), else None
+            (then it is validated: an image that does not build or an engine that fails is the validator's to say)."""
+            try:
+                image, _ = ensure_image(client, cfg.sandbox.base_image, env, s.image_aliases, limits=cfg.sandbox,
+                                        options=options, log_sink=keep_log)
+                image_id = client.images.get(image).id
+            except Exception:  # noqa: BLE001 - the validator meets the same fault and names it
+                return None
+            known = validations.recall(validations.key(env, image_id, code, settings), env)
+            if known is not None:
+                known.image = image
+                reused.add(env.env_id)
+            return known
 
         registry = cfg.sandbox.registry
 
@@ -173,13 +198,16 @@ class SynthesizeStage(Stage):
                 stats["images_built"] += int(built)
                 stats["images_pushed"] += int(pushed)
                 stats["validation_seconds"] += seconds
-                if env.audit.status in ("strong", "weak", "skip"):  # the test audit's cost (tasks/envs/audit.py)
+                if env.env_id in reused and reject is None:  # a kept validation read back: no cost spent here
+                    stats["validations_reused"] = stats.get("validations_reused", 0) + 1
+                elif env.audit.status in ("strong", "weak", "skip"):  # the test audit's cost (tasks/envs/audit.py)
                     a = stats["audit"]
                     a["envs"] += env.audit.status != "skip"
                     a["test_runs"] += env.audit.test_runs
                     a["seconds"] = round(a["seconds"] + env.audit.seconds, 3)
                     a["weak"] += env.audit.status == "weak"
                     a["skip"] += env.audit.status == "skip"
+                if env.audit.status in ("strong", "weak", "skip"):
                     bucket = strength_bucket(env.audit.strength)
                     stats["test_strength"][bucket] = stats["test_strength"].get(bucket, 0) + 1
                 if reject:
