@@ -105,7 +105,7 @@ def index_row(r: dict, v: dict | None, env: dict, label: str, chunk: int, thresh
             "act_verify_share": q.get("act_verify_share") if v else None,
             "tool_call_errors": r.get("tool_call_errors") or 0,
             "monitor": sorted({f["detector"] for f in (v or {}).get("monitor_flags") or []}),
-            "doubted": bool(v and v["tests_passed"] and (v.get("monitor_score") or 0.0) >= threshold),
+            "doubted": bool(v and v.get("tests_passed") and (v.get("monitor_score") or 0.0) >= threshold),
             "kinds": {h["kind"]: h["severity"] for h in sorted(hacks, key=lambda h: h["severity"] == "hack")}}
 
 
