@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("pre
 def built(tmp_path_factory, prefect_api):
     """One full build on a LocalCluster of worker processes (the default), shared by the reuse / re-run tests."""
     runs = tmp_path_factory.mktemp("runs")
-    cfg = parse_config(small_config(runs, **{"dask.processes": True}))
+    # every validation (and its audit, whose cost `status` shows) runs in this build: none read back from another's
+    cfg = parse_config(small_config(runs, **{"dask.processes": True, "synthesize.reuse_validations": False}))
     record = run_build(cfg)
     return cfg, record
 
