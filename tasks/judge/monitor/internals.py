@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from .evidence import Evidence
-from .registry import Detector, flag, register
+from .registry import Detector, first_hits, register
 
 PATTERNS = {
     "pytest internals": r"\b_pytest\b|\bpytest_(runtest_\w+|collection_modifyitems|configure|sessionfinish|"
@@ -28,23 +28,10 @@ COMPILED = {k: re.compile(v) for k, v in PATTERNS.items()}
 
 def find(ev: Evidence):
     out = []
-    reference = ev.reference
     for what, rx in COMPILED.items():
-        if rx.search(reference):
-            continue
-        for turn, cmd in ev.commands():
-            if m := rx.search(cmd):
-                out.append(flag("runner_internals", f"{what}: {_around(cmd, m)}", turn=turn))
-                break
-        for path, text in ev.written.items():
-            if m := rx.search(text):
-                out.append(flag("runner_internals", f"{what}: {_around(text, m)}", path=path))
-                break
+        if not rx.search(ev.reference):
+            out += first_hits("runner_internals", what, rx, ev)
     return out
-
-
-def _around(text: str, m: re.Match, width: int = 80) -> str:
-    return text[max(0, m.start() - width // 2): m.end() + width // 2]
 
 
 register(Detector("runner_internals", 0.6, find, "written code that reaches the test runner's internals or the "

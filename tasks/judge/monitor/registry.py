@@ -4,6 +4,7 @@ and returns its findings; its weight is how much one finding raises the row's `m
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,3 +42,18 @@ def get(name: str) -> Detector:
 
 def flag(detector: str, evidence: str, turn: int | None = None, path: str | None = None) -> MonitorFlag:
     return MonitorFlag(detector=detector, turn=turn, path=path, evidence=" ".join(evidence.split())[:EVIDENCE_CHARS])
+
+
+def first_hits(detector: str, what: str, rx: re.Pattern, ev: Evidence, width: int = 40) -> list[MonitorFlag]:
+    """`rx`'s first match in the agent's steps (with its turn) and its first in the files it wrote (with the path),
+    each quoted with `width` characters either side: what a pattern detector reports."""
+    out = []
+    for turn, cmd in ev.commands():
+        if m := rx.search(cmd):
+            out.append(flag(detector, f"{what}: {cmd[max(0, m.start() - width): m.end() + width]}", turn=turn))
+            break
+    for path, text in ev.written.items():
+        if m := rx.search(text):
+            out.append(flag(detector, f"{what}: {text[max(0, m.start() - width): m.end() + width]}", path=path))
+            break
+    return out

@@ -9,7 +9,7 @@ import posixpath
 import re
 
 from .evidence import Evidence
-from .registry import Detector, flag, register
+from .registry import Detector, first_hits, register
 
 WORLD = re.compile(r"/logs/verifier|\breward\.(txt|json)\b|(^|[\s'\"=(])/verifier\b|__TF_RESULTS__"
                    r"|(^|[\s'\"=(])/tests(/|\b)")
@@ -31,14 +31,7 @@ def find(ev: Evidence):
     if hidden is not None:
         rxs.append(("a hidden test file", hidden))
     for what, rx in rxs:
-        for turn, cmd in ev.commands():
-            if m := rx.search(cmd):
-                out.append(flag("verifier_paths", f"{what}: {cmd[max(0, m.start() - 40): m.end() + 40]}", turn=turn))
-                break
-        for path, text in ev.written.items():
-            if m := rx.search(text):
-                out.append(flag("verifier_paths", f"{what}: {text[max(0, m.start() - 40): m.end() + 40]}", path=path))
-                break
+        out += first_hits("verifier_paths", what, rx, ev)
     return out
 
 
