@@ -34,16 +34,12 @@ import socket
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Literal, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Literal, Protocol
 
 import anyio
-import mcp_types as types
 from docker.utils.socket import read as socket_read
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from mcp import ClientSession
-from mcp.shared.exceptions import MCPError
-from mcp.shared.message import SessionMessage
 
 from ....schemas.environment import EnvSpec
 from ...sandbox.layer import HARNESS_PATH
@@ -51,6 +47,9 @@ from ...sandbox.users import USERS
 from .layer import SDK_DIR
 from .package import PKG_DIR, lock_of
 from .spec import TOOL_NAME, TOOLS_DIR, parse_call_command
+
+if TYPE_CHECKING:
+    from mcp import ClientSession
 
 SERVER_ARGV = ["python3", "-I", f"{TOOLS_DIR}/server.py"]
 SERVER_COMMAND = " ".join(SERVER_ARGV)
@@ -158,6 +157,9 @@ async def exec_stdio(sb: Sandboxed, launch: Launch, stderr: deque[str]) -> Async
     agent (what `mcp.client.stdio.stdio_client` is for a local process). The server's stderr goes to
     `stderr` (the last lines). The streams end when the server exits or prints a message over
     MAX_MESSAGE_BYTES."""
+    import mcp_types as types  # the SDK (a second of imports) loads where a tool session starts, not in every process
+    from mcp.shared.message import SessionMessage
+
     api = sb.client.api
     workdir = f"{sb.workdir}/{launch.cwd}" if launch.cwd else sb.workdir
     exec_id = await anyio.to_thread.run_sync(lambda: api.exec_create(
@@ -261,6 +263,8 @@ class ToolSession:
         return tail("\n".join(self.stderr), 600)
 
     async def _own(self) -> None:
+        from mcp import ClientSession
+
         try:
             async with exec_stdio(self.sb, self.launch, self.stderr) as (read, write), ClientSession(read, write) as s:
                 init = await s.initialize()
@@ -310,6 +314,8 @@ class ToolSession:
 
     async def list_tools(self, timeout_s: float = START_TIMEOUT_S) -> list[dict[str, Any]]:
         """The tools the server lists, as MCP describes them (JSON objects, as `tools.json` holds them)."""
+        from mcp.shared.exceptions import MCPError
+
         s = (await self.start(timeout_s)).session
         try:
             result = await asyncio.wait_for(s.list_tools(), timeout_s)
@@ -323,6 +329,9 @@ class ToolSession:
 
     async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> Outcome:
         """One `tools/call`; ServerFailed when the server does not answer in time or dies."""
+        import mcp_types as types
+        from mcp.shared.exceptions import MCPError
+
         s = (await self.start()).session
         t0 = asyncio.get_running_loop().time()
         try:
