@@ -12,6 +12,7 @@ import json
 import sqlite3
 import sys
 import tarfile
+import tempfile
 import time
 from typing import Any
 
@@ -376,19 +377,27 @@ async def sdk_conformance(command: str, args: list[str], cwd: str | None = None)
         return bool(getattr(result, "is_error", None) or getattr(result, "isError", False))
 
     params = StdioServerParameters(command=command, args=args, cwd=cwd)
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
-        init = await s.initialize()
-        assert (getattr(init, "server_info", None) or init.serverInfo).name == "trajforge-tools"
-        listed = (await s.list_tools()).tools
-        assert [t.name for t in listed] == [t.name for t in LEDGER.tools]
-        assert (getattr(listed[1], "input_schema", None) or listed[1].inputSchema) == LEDGER.tools[1].parameters
-        ok = await s.call_tool("transfer", {"source": "alice", "target": "bob", "amount": 30})
-        assert not is_error(ok) and json.loads(ok.content[0].text) == {"ok": True}
-        domain = await s.call_tool("get_account", {"name": "zed"})
-        assert is_error(domain) and domain.content[0].text == "error: no account 'zed'"
-        with pytest.raises(Exception) as err:
-            await s.call_tool("transfer", {"source": "alice", "target": "bob", "amount": "30"})
-        assert err.value.error.code == -32602 and "amount must be integer" in err.value.error.message
+    # the server's stderr goes to a real file: `stdio_client`'s default is the `sys.stderr` of the moment the SDK
+    # was imported, which under pytest's capture (the SDK now loads lazily, inside the test) has no file descriptor
+    with tempfile.TemporaryFile("w+") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as s:
+            await _conformance(s, is_error)
+
+
+async def _conformance(s: Any, is_error: Any) -> None:
+    """The ledger's conformance checks on one initialized-to-be client session."""
+    init = await s.initialize()
+    assert (getattr(init, "server_info", None) or init.serverInfo).name == "trajforge-tools"
+    listed = (await s.list_tools()).tools
+    assert [t.name for t in listed] == [t.name for t in LEDGER.tools]
+    assert (getattr(listed[1], "input_schema", None) or listed[1].inputSchema) == LEDGER.tools[1].parameters
+    ok = await s.call_tool("transfer", {"source": "alice", "target": "bob", "amount": 30})
+    assert not is_error(ok) and json.loads(ok.content[0].text) == {"ok": True}
+    domain = await s.call_tool("get_account", {"name": "zed"})
+    assert is_error(domain) and domain.content[0].text == "error: no account 'zed'"
+    with pytest.raises(Exception) as err:
+        await s.call_tool("transfer", {"source": "alice", "target": "bob", "amount": "30"})
+    assert err.value.error.code == -32602 and "amount must be integer" in err.value.error.message
 
 
 def test_the_official_mcp_client_lists_and_calls_the_tools(tmp_path):
