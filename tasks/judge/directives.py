@@ -87,6 +87,13 @@ def keys(path: str, data: bytes) -> list[str] | None:
     return None if parsed is None else sorted({part(parsed[0], k, v) for k, v in parsed[1]})
 
 
+def records(path: str, data: bytes) -> list[tuple[str, object]] | None:
+    """The (key, value) records of a config file as its own parser reads them (git: bytes or None); None when
+    `path` is no config file or it cannot be read by parts."""
+    parsed = _records(path, data)
+    return None if parsed is None else parsed[1]
+
+
 def unexpected_keys(path: str, data: bytes, allowed: list[str] | None) -> list[str]:
     """The directives of the episode's file that the reference's file (`allowed`) does not set."""
     if allowed is None:

@@ -17,7 +17,18 @@ from __future__ import annotations
 from ....schemas.environment import EnvSpec
 from ....schemas.trajectory import Rollout
 from ....schemas.verdict import MonitorFlag
-from . import grounding, internals, outlives, tool_output, unexplained_writes, verifier_paths  # noqa: F401 (register)
+from . import (  # noqa: F401 (register)
+    encoded,
+    grounding,
+    internals,
+    outlives,
+    processes,
+    siblings,
+    test_aware,
+    tool_output,
+    unexplained_writes,
+    verifier_paths,
+)
 from .evidence import Evidence, gather
 from .registry import DETECTORS, Detector, flag, get, register
 
