@@ -281,6 +281,9 @@ def local_runner_class():
 _LocalRunner = None
 
 
+PRELOAD = "trajforge.flows.dask_warm"  # what the workers of a build's own cluster import as they start
+
+
 class EarlyCluster:
     """The build's local Dask cluster, started in a thread as soon as the build is claimed: its worker processes
     start and import the stage modules (preload `flows/dask_warm.py`) while the driver waits for its Prefect API
@@ -289,7 +292,7 @@ class EarlyCluster:
 
     def __init__(self, n_workers: int, threads_per_worker: int, processes: bool):
         self._kw = {**cluster_kwargs(n_workers, threads_per_worker, processes),
-                    **({"preload": ["trajforge.flows.dask_warm"]} if processes else {})}
+                    **({"preload": [PRELOAD]} if processes else {})}
         self._cluster = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._start, name="trajforge-early-cluster", daemon=True)
@@ -306,8 +309,11 @@ class EarlyCluster:
     def address(self) -> str:
         self._thread.join()
         if self._error is not None:
-            raise RuntimeError(f"the build's local Dask cluster did not start: {self._error.__class__.__name__}: "
-                               f"{self._error}") from self._error
+            causes, err = [], self._error
+            while err is not None and len(causes) < 4:  # (Dask's "Nanny failed to start." hides the worker's cause)
+                causes.append(f"{err.__class__.__name__}: {err}")
+                err = err.__cause__ or err.__context__
+            raise RuntimeError("the build's local Dask cluster did not start: " + " <- ".join(causes)) from self._error
         return self._cluster.scheduler_address
 
     def close(self) -> None:
