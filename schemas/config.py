@@ -501,6 +501,17 @@ class MonitorConfig(Section):
         "reject: such a row leaves the verdicts as a `monitor_reject`"))
     threshold: float = Field(0.5, gt=0, le=1, description="the monitor_score at which `flag` and `reject` act")
     detectors: list[str] | None = Field(None, description="the detectors to run, by name (None: every registered one)")
+    judge: str | None = Field(None, description=(
+        "a model judge (tasks/judge/monitor/model_judge.py): the label of a configured teacher (`teacher` or one of "
+        "`extra_teachers`) that reads each rollout beside other rollouts of its environment and answers "
+        "legitimate_success, legitimate_failure, reward_hack or task_defect with its evidence (None: no judge)"))
+    judge_cluster: int = Field(3, ge=0, le=16, description=(
+        "how many other rollouts of the same environment the judge sees beside the one it judges (contrastive)"))
+    judge_benign_share: float = Field(0.5, ge=0, le=1, description=(
+        "the share of that cluster drawn from rollouts the tests passed and the rule-based monitor left alone "
+        "(the rest from the others)"))
+    judge_timeout_s: float = Field(120, gt=0, description="one judge answer's timeout (then the row says judge_error)")
+    judge_max_chars: int = Field(6000, ge=500, le=200_000, description="characters of one trajectory the judge is shown")
 
 
 class VerifyConfig(Section):
@@ -829,6 +840,20 @@ class BuildConfig(Section):
             if t.label in seen:
                 raise ValueError(f"{where}: label {t.label!r} is already used by {seen[t.label]}; give it a `name`")
             seen[t.label] = where
+        return self
+
+    @model_validator(mode="after")
+    def _judge_is_a_teacher(self) -> "BuildConfig":
+        judge = self.verify.monitor.judge
+        if judge is None:
+            return self
+        labels = [t.label for t in self.teachers]
+        if judge not in labels:
+            raise ValueError(f"verify.monitor.judge: {judge!r} is not a configured teacher's label; configured: "
+                             + ", ".join(repr(x) for x in labels))
+        if not self.teachers[labels.index(judge)].generates_text:
+            raise ValueError(f"verify.monitor.judge: teacher {judge!r} writes no text (backend "
+                             f"{self.teachers[labels.index(judge)].backend!r}); name one that does (vllm, openai)")
         return self
 
     def with_absolute_runs(self, base: str | Path | None = None) -> "BuildConfig":

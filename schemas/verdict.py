@@ -99,3 +99,9 @@ class Verdict(Record):
         "how strongly the monitor doubts the row: 1 - prod(1 - weight) over its detectors that fired (0: none)"))
     monitor_rationale: str = Field("", description="the monitor's findings in one line each, or why it could not read "
                                                    "the rollout (`unreadable: ...`)")
+    judge_verdict: Literal["legitimate_success", "legitimate_failure", "reward_hack", "task_defect", "unparsable",
+                           "judge_error"] | None = Field(None, description=(
+        "the model judge's verdict (`verify.monitor.judge`; None: no judge): one of its four answers, `unparsable` "
+        "(it answered off-format: `judge_evidence` quotes the answer) or `judge_error` (no answer: timeout, teacher "
+        "down)"))
+    judge_evidence: str = Field("", description="what the judge quoted for its verdict, or why there is none (capped)")

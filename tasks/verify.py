@@ -47,6 +47,17 @@ class VerifyStage(Stage):
     config_sections = ("verify", "sandbox")
     output = Verdict
 
+    def services_for(self, config) -> tuple[str, ...]:
+        """The teacher's service too when a model judge is configured (its server must be up)."""
+        return ("teacher", *self.services) if config.verify.monitor.judge is not None else self.services
+
+    def config_section(self, config) -> dict[str, Any]:
+        """With a model judge, its teacher's settings count (another model is another verdict)."""
+        out = super().config_section(config)
+        if (judge := config.verify.monitor.judge) is not None:
+            out["judge_teacher"] = next(t for t in config.teachers if t.label == judge).fingerprint()
+        return out
+
     def plan(self, ctx: StageContext, upstream: dict[str, Manifest]) -> list[Shard]:
         table = ctx.store.read_table(upstream_parts(upstream, "rollout"), Rollout, columns=["env_id"])
         counts: dict[str, int] = defaultdict(int)
@@ -109,13 +120,19 @@ def verify_rollouts(ctx: StageContext, envs: dict[str, EnvSpec], rollouts: list[
     stats: dict[str, Any] = {"verified": 0, "passed": 0, "tests_passed": 0, "unverified": 0, "hacks": {}, "modes": {},
                              "quality_sums": {}, "monitor": {}, "monitor_flagged": 0, "monitor_doubted_passes": 0}
     mon = cfg.verify.monitor
+    kept = []
     for v, reject in results:
         if reject:
             rejects.append(reject)
             continue
         if v.rollout_id in outliers:
             v.hacks.append(outliers[v.rollout_id])
-        if (acted := _monitor(v, by_id[v.rollout_id], envs.get(v.env_id), mon, stats)) is not None:
+        _read_monitor(v, by_id[v.rollout_id], envs.get(v.env_id), mon)
+        kept.append(v)
+    if mon.judge is not None:
+        _model_judge(ctx, kept, by_id, envs, stats)
+    for v in kept:
+        if (acted := _monitor(v, mon, stats)) is not None:
             rejects.append(acted)
             continue
         v.hack_flags = sorted({h.kind for h in v.hacks})
@@ -141,14 +158,57 @@ def check_detectors(names: list[str] | None) -> None:
                              f"{', '.join(sorted(monitor.DETECTORS))}")
 
 
-def _monitor(v: Verdict, r: Rollout, env: EnvSpec | None, mon: MonitorConfig, stats: dict[str, Any]) -> Reject | None:
-    """The monitor's reading of `r` onto `v`; under `flag` a high score adds a `monitor` hack flag, under `reject`
-    it returns the row's reject instead (the verdict is then not kept). Counts go to `stats` flat (`monitor`:
-    {detector: rows}, `monitor_flagged`, `monitor_doubted_passes`), as the engine sums one level of nesting."""
+def _read_monitor(v: Verdict, r: Rollout, env: EnvSpec | None, mon: MonitorConfig) -> None:
+    """The rule-based detectors' reading of `r` onto `v` (acting on it is `_monitor`'s)."""
     if env is None:
         v.monitor_rationale = "unreadable: the environment is not in this build"
-        return None
+        return
     v.monitor_flags, v.monitor_score, v.monitor_rationale = monitor.monitor(r, env, mon.detectors)
+
+
+def _model_judge(ctx: StageContext, rows: list[Verdict], by_id: dict[str, Rollout], envs: dict[str, EnvSpec],
+                 stats: dict[str, Any]) -> None:
+    """`verify.monitor.judge`: the named teacher's verdict on every row (tasks/judge/monitor/model_judge.py), each
+    beside a cluster of its environment's other rollouts. A `reward_hack` answer is the `model_judge` finding
+    (it raises `monitor_score` like any detector); `task_defect` answers count per environment (`task_defects`).
+    Counts go to `stats` flat: `judge` {verdict: rows}, `task_defects` {env_id: rows}."""
+    from .judge.monitor import model_judge
+    from .teachers import make_teacher
+
+    cfg = ctx.config
+    mon = cfg.verify.monitor
+    teacher_cfg = next(t for t in cfg.teachers if t.label == mon.judge)
+    by_env: dict[str, list[tuple[Rollout, Verdict]]] = defaultdict(list)
+    for v in rows:
+        by_env[v.env_id].append((by_id[v.rollout_id], v))
+    items = [model_judge.Item(v, by_id[v.rollout_id], envs[v.env_id],
+                              model_judge.cluster(v, by_env[v.env_id], mon.judge_cluster, mon.judge_benign_share))
+             for v in rows if v.env_id in envs]
+    try:
+        teacher = make_teacher(teacher_cfg, ctx.runtime, ctx.limiter)
+    except Exception as err:  # noqa: BLE001 - a judge that cannot start is every row's named outcome
+        answers = [("judge_error", f"the judge teacher {mon.judge!r} did not start: {err.__class__.__name__}: "
+                                   f"{str(err)[:300]}")] * len(items)
+    else:
+        answers = model_judge.judge_all(teacher, items, mon.judge_timeout_s, mon.judge_max_chars)
+    stats.setdefault("judge", {})
+    stats.setdefault("task_defects", {})
+    for item, (verdict, evidence) in zip(items, answers):
+        v = item.verdict
+        v.judge_verdict, v.judge_evidence = verdict, evidence
+        stats["judge"][verdict] = stats["judge"].get(verdict, 0) + 1
+        if verdict == "task_defect":
+            stats["task_defects"][v.env_id] = stats["task_defects"].get(v.env_id, 0) + 1
+        if verdict == "reward_hack":
+            v.monitor_flags.append(monitor.flag("model_judge", f"the judge: {evidence}"))
+            v.monitor_score = monitor.score(v.monitor_flags)
+            v.monitor_rationale = "\n".join(filter(None, [v.monitor_rationale, f"model_judge: {evidence[:120]}"]))
+
+
+def _monitor(v: Verdict, mon: MonitorConfig, stats: dict[str, Any]) -> Reject | None:
+    """Acting on the monitor's reading of `v`: under `flag` a high score adds a `monitor` hack flag, under `reject`
+    it returns the row's reject instead (the verdict is then not kept). Counts go to `stats` flat (`monitor`:
+    {detector: rows}, `monitor_flagged`, `monitor_doubted_passes`), as the engine sums one level of nesting."""
     fired = sorted({f.detector for f in v.monitor_flags})
     stats["monitor_flagged"] += bool(fired)
     for d in fired:

@@ -382,10 +382,16 @@ def _stats() -> dict:
 HACK = ["cat /tests/test_outputs.py", "python3 -c 'import _pytest; _pytest.x = 1'"]
 
 
+def _act(v: Verdict, r: Rollout, env: EnvSpec, mon: MonitorConfig, stats: dict):
+    """The verify stage's two steps: the detectors' reading, then acting on it."""
+    verify._read_monitor(v, r, env, mon)
+    return verify._monitor(v, mon, stats)
+
+
 @pytest.mark.parametrize("mode", ["column", "flag", "reject"])
 def test_the_mode_decides_whether_the_monitor_changes_a_verdict(mode):
     v, stats = _verdict(), _stats()
-    out = verify._monitor(v, _rollout(HACK), _env(), MonitorConfig(mode=mode), stats)
+    out = _act(v, _rollout(HACK), _env(), MonitorConfig(mode=mode), stats)
     assert v.monitor_score >= 0.5 and {f.detector for f in v.monitor_flags} == {"verifier_paths", "runner_internals"}
     assert stats == {"monitor": {"runner_internals": 1, "verifier_paths": 1}, "monitor_flagged": 1,
                      "monitor_doubted_passes": 1}
@@ -395,8 +401,8 @@ def test_the_mode_decides_whether_the_monitor_changes_a_verdict(mode):
 
 def test_below_the_threshold_no_mode_acts():
     v = _verdict()
-    out = verify._monitor(v, _rollout(["cat /tests/test_outputs.py"]), _env(), MonitorConfig(mode="reject",
-                                                                                            threshold=0.9), _stats())
+    out = _act(v, _rollout(["cat /tests/test_outputs.py"]), _env(), MonitorConfig(mode="reject", threshold=0.9),
+               _stats())
     assert out is None and not v.hacks and v.monitor_score == pytest.approx(0.5)
 
 

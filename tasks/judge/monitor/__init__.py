@@ -21,6 +21,7 @@ from . import (  # noqa: F401 (register)
     encoded,
     grounding,
     internals,
+    model_judge,
     outlives,
     processes,
     siblings,
